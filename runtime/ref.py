@@ -1,0 +1,106 @@
+"""`ActorRef`: the only handle to an actor, the same whether the actor is local or remote.
+
+Calls are method-call style: `await ref.ask.push(batch)`, `await ref.tell.push(batch)`,
+`ref.tell_nowait.push(batch)`, `await ref.ask(timeout=2.0).push(batch)`. Subclasses supply the
+three primitives (`_tell`, `_tell_nowait`, `_ask`); a local ref puts into a mailbox, a remote
+ref writes a frame on a link. Refs are used from tasks on the owning system's event loop.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+DEFAULT_ASK_TIMEOUT = 10.0
+
+
+class ActorRef(ABC):
+    """A handle to one actor, compared and hashed by its path."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @abstractmethod
+    async def _tell(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Deliver without a reply, waiting while the mailbox or the link has no room."""
+
+    @abstractmethod
+    def _tell_nowait(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Deliver without a reply or raise `MailboxFull` at once."""
+
+    @abstractmethod
+    async def _ask(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
+    ) -> Any:
+        """Deliver and wait for the handler's result, raising `AskTimeout` after `timeout` s."""
+
+    @property
+    def tell(self) -> _TellProxy:
+        return _TellProxy(self)
+
+    @property
+    def tell_nowait(self) -> _TellNowaitProxy:
+        return _TellNowaitProxy(self)
+
+    @property
+    def ask(self) -> _AskProxy:
+        return _AskProxy(self, DEFAULT_ASK_TIMEOUT)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorRef) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path}>"
+
+
+class _TellProxy:
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: ActorRef) -> None:
+        self._ref = ref
+
+    def __getattr__(self, method: str) -> Callable[..., Awaitable[None]]:
+        ref = self._ref
+
+        def send(*args: Any, **kwargs: Any) -> Awaitable[None]:
+            return ref._tell(method, args, kwargs)
+
+        return send
+
+
+class _TellNowaitProxy:
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: ActorRef) -> None:
+        self._ref = ref
+
+    def __getattr__(self, method: str) -> Callable[..., None]:
+        ref = self._ref
+
+        def send(*args: Any, **kwargs: Any) -> None:
+            ref._tell_nowait(method, args, kwargs)
+
+        return send
+
+
+class _AskProxy:
+    __slots__ = ("_ref", "_timeout")
+
+    def __init__(self, ref: ActorRef, timeout: float) -> None:
+        self._ref = ref
+        self._timeout = timeout
+
+    def __call__(self, *, timeout: float) -> _AskProxy:
+        return _AskProxy(self._ref, timeout)
+
+    def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
+        ref, timeout = self._ref, self._timeout
+
+        def call(*args: Any, **kwargs: Any) -> Awaitable[Any]:
+            return ref._ask(method, args, kwargs, timeout)
+
+        return call

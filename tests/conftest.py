@@ -1,0 +1,1 @@
+"""Shared fixtures: every test that starts processes or ports cleans them up, even on failure."""
