@@ -1,0 +1,19 @@
+"""Errors of the environment ecosystem; each message names the fix (the closest id, the newest version)."""
+
+from shoal.errors import ShoalError
+
+
+class EnvError(ShoalError):
+    """Root of the errors raised by shoal.envs."""
+
+
+class UnknownEnvironment(EnvError):
+    """No environment is registered under this id; the message names the closest ids."""
+
+
+class DeprecatedEnvironment(EnvError):
+    """The id names an outdated version; the message names the newest one."""
+
+
+class InvalidAction(EnvError):
+    """An action is outside the environment's action space."""
