@@ -1,0 +1,23 @@
+"""Errors of the learner: one named exception per way a fragment, a policy or a checkpoint is wrong.
+
+Shared by the learning core (fragment, policy, PPO, checkpoints) and the training system around it
+(rollout, intake, learner group); add classes, don't rename them.
+"""
+
+from shoal.errors import ShoalError
+
+
+class LearnerError(ShoalError):
+    """Root of the errors raised by shoal.learner."""
+
+
+class BadFragment(LearnerError):
+    """A trajectory fragment has a missing field, a wrong dtype or a shape that disagrees with T×N."""
+
+
+class PolicyError(LearnerError):
+    """A policy was built for an unsupported space, or given observations, actions or weights that don't fit it."""
+
+
+class CheckpointError(LearnerError):
+    """A checkpoint could not be written (disk full, no permission) or read back intact."""
