@@ -1,0 +1,248 @@
+"""The replicated commands: their schemas and the pure validation run BEFORE proposing.
+
+A command is a plain dict `{"op", "op_id", "at", "args"}`. The proposer stamps `op_id` (which
+makes a retry idempotent) and `at` (the only time the state machine ever sees), so applying a
+command needs no clock, randomness or I/O. `validate_command` accepts exactly what
+`StateMachine.apply` can apply without raising; state-dependent refusals (unknown id, duplicate
+id) are results of `apply`, identical on every replica.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from shoal.raft.errors import ValidationError
+from shoal.raft.model import LIVENESS, TASK_STATES
+from shoal.raft.schema import Schema, check
+
+MAX_COMMAND_BYTES = 1 << 20
+MAX_BATCH = 10_000
+MAX_JSON_DEPTH = 16
+
+ID: Schema = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 128,
+    "pattern": r"[A-Za-z0-9][A-Za-z0-9._:@/-]*",
+}
+TEXT: Schema = {"type": "string", "maxLength": 4096}
+FREE_OBJECT: Schema = {"type": "object"}
+STAMP: Schema = {"type": "number", "minimum": 0}
+
+GPU: Schema = {
+    "type": "object",
+    "required": ["index", "uuid"],
+    "additionalProperties": False,
+    "properties": {
+        "index": {"type": "integer", "minimum": 0, "maximum": 1023},
+        "uuid": {"type": "string", "minLength": 1, "maxLength": 128},
+        "island": {"type": "string", "maxLength": 128},
+        "domain": {"type": "string", "maxLength": 128},
+    },
+}
+NODE_RESOURCES: Schema = {
+    "type": "object",
+    "required": ["cpus", "memory"],
+    "additionalProperties": False,
+    "properties": {
+        "cpus": {"type": "number", "minimum": 0},
+        "memory": {"type": "integer", "minimum": 0},
+        "gpus": {"type": "array", "maxItems": 1024, "items": GPU},
+    },
+}
+TASK_RESOURCES: Schema = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "cpus": {"type": "number", "minimum": 0},
+        "memory": {"type": "integer", "minimum": 0},
+        "gpus": {"type": "integer", "minimum": 0, "maximum": 1024},
+    },
+}
+TASK_SPEC: Schema = {
+    "type": "object",
+    "required": ["task_id", "kind", "actor"],
+    "additionalProperties": False,
+    "properties": {
+        "task_id": ID,
+        "kind": {"type": "string", "minLength": 1, "maxLength": 64},
+        "actor": {
+            "type": "string",
+            "maxLength": 256,
+            "pattern": r"[A-Za-z_][\w.]*:[A-Za-z_]\w*",
+        },
+        "args": FREE_OBJECT,
+        "resources": TASK_RESOURCES,
+    },
+}
+
+
+def _obj(required: list[str], **props: Schema) -> Schema:
+    return {
+        "type": "object",
+        "required": required,
+        "additionalProperties": False,
+        "properties": props,
+    }
+
+
+def _list_of(item: Schema) -> Schema:
+    return {"type": "array", "maxItems": MAX_BATCH, "items": item}
+
+
+# op -> schema of its args; the API's request bodies reuse these (see api.py).
+ARG_SCHEMAS: dict[str, Schema] = {
+    "register_node": _obj(
+        ["node_id", "address", "resources"],
+        node_id=ID,
+        address={"type": "string", "minLength": 1, "maxLength": 256},
+        resources=NODE_RESOURCES,
+        labels={"type": "object", "additionalProperties": {"type": "string", "maxLength": 256}},
+    ),
+    "set_liveness": _obj(
+        ["changes"],
+        changes=_list_of(
+            _obj(["node_id", "liveness"], node_id=ID, liveness={"enum": list(LIVENESS)})
+        ),
+    ),
+    "report_health": _obj(
+        ["reports"],
+        reports=_list_of(
+            _obj(["node_id", "health"], node_id=ID, health=FREE_OBJECT, last_heartbeat=STAMP)
+        ),
+    ),
+    "set_cordon": _obj(["node_id", "cordoned"], node_id=ID, cordoned={"type": "boolean"}),
+    "set_draining": _obj(["node_id", "draining"], node_id=ID, draining={"type": "boolean"}),
+    "submit_job": _obj(
+        ["job_id"],
+        job_id=ID,
+        spec=FREE_OBJECT,
+        tasks={"type": "array", "maxItems": 4096, "items": TASK_SPEC},
+    ),
+    "stop_job": _obj(["job_id"], job_id=ID),
+    "add_tasks": _obj(
+        ["job_id", "tasks"],
+        job_id=ID,
+        tasks={"type": "array", "maxItems": 4096, "items": TASK_SPEC},
+    ),
+    "place_tasks": _obj(
+        ["placements"],
+        placements=_list_of(
+            _obj(["task_id", "node_id"], task_id=ID, node_id={**ID, "type": ["string", "null"]})
+        ),
+    ),
+    "set_task_state": _obj(
+        ["task_id", "state"],
+        task_id=ID,
+        state={"enum": list(TASK_STATES)},
+        generation={"type": "integer", "minimum": 0},
+        message=TEXT,
+    ),
+    "record_checkpoint": _obj(
+        ["job_id", "path", "step", "sha256", "complete"],
+        job_id=ID,
+        path={"type": "string", "minLength": 1, "maxLength": 1024},
+        step={"type": "integer", "minimum": 0},
+        sha256={"type": "string", "pattern": "[0-9a-f]{64}"},
+        complete={"type": "boolean"},
+    ),
+    "add_event": _obj(
+        ["kind", "message"],
+        kind={"type": "string", "minLength": 1, "maxLength": 64},
+        message=TEXT,
+        fields=FREE_OBJECT,
+    ),
+    "announce_leader": _obj(
+        ["replica_id", "raft", "api", "term"],
+        replica_id=ID,
+        raft={"type": "string", "maxLength": 256},
+        api={"type": "string", "maxLength": 256},
+        term={"type": "integer", "minimum": 0},
+    ),
+    "barrier": _obj([]),
+}
+
+COMMAND: Schema = _obj(
+    ["op", "op_id", "at", "args"],
+    op={"enum": sorted([*ARG_SCHEMAS, "batch"])},
+    op_id=ID,
+    at=STAMP,
+    args=FREE_OBJECT,
+)
+
+
+def check_json(value: Any, field: str, depth: int = 0) -> None:
+    """Free-form fields (spec, args, health) must still be plain finite JSON of bounded depth."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValidationError(field, f"nests deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValidationError(field, f"object keys must be strings, got {key!r}")
+            check_json(item, f"{field}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_json(item, f"{field}[{i}]", depth + 1)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValidationError(field, "must be a finite number")
+    elif not isinstance(value, str | int | bool | type(None)):
+        raise ValidationError(field, f"is not JSON (a {type(value).__name__})")
+
+
+def validate_args(op: str, args: Any, field: str = "args") -> None:
+    """Raise `ValidationError` unless `args` are well-formed for `op` (no state is consulted)."""
+    if op not in ARG_SCHEMAS:
+        raise ValidationError("op", f"unknown command {op!r}; known: {sorted(ARG_SCHEMAS)}")
+    check_json(args, field)
+    check(ARG_SCHEMAS[op], args, field)
+    _check_unique(op, args, field)
+
+
+def _check_unique(op: str, args: dict[str, Any], field: str) -> None:
+    lists = {
+        "register_node": ("resources", "gpus", "index"),
+        "submit_job": (None, "tasks", "task_id"),
+        "add_tasks": (None, "tasks", "task_id"),
+        "place_tasks": (None, "placements", "task_id"),
+        "set_liveness": (None, "changes", "node_id"),
+        "report_health": (None, "reports", "node_id"),
+    }
+    if op not in lists:
+        return
+    parent, name, key = lists[op]
+    holder = args.get(parent, {}) if parent else args
+    seen: set[Any] = set()
+    for i, item in enumerate(holder.get(name, [])):
+        if item[key] in seen:
+            where = f"{field}.{parent}.{name}" if parent else f"{field}.{name}"
+            raise ValidationError(f"{where}[{i}].{key}", f"duplicate {key} {item[key]!r}")
+        seen.add(item[key])
+
+
+def validate_command(command: Any) -> None:
+    """Validate a whole command (including every member of a batch) before it is proposed."""
+    check_json(command, "command")
+    check(COMMAND, command, "command")
+    if command["op"] == "batch":
+        members = command["args"].get("commands")
+        check({"type": "array", "maxItems": MAX_BATCH}, members, "command.args.commands")
+        for i, member in enumerate(members):
+            check(COMMAND, member, f"command.args.commands[{i}]")
+            if member["op"] == "batch":
+                raise ValidationError(f"command.args.commands[{i}].op", "batches do not nest")
+            validate_args(member["op"], member["args"], f"command.args.commands[{i}].args")
+    else:
+        validate_args(command["op"], command["args"], "command.args")
+    size = len(json.dumps(command, separators=(",", ":")))
+    if size > MAX_COMMAND_BYTES:
+        raise ValidationError("command", f"is {size} bytes, more than {MAX_COMMAND_BYTES}")
+
+
+def make_command(op: str, args: dict[str, Any], op_id: str, at: float) -> dict[str, Any]:
+    """Build and validate one command; raises `ValidationError` naming the bad field."""
+    command = {"op": op, "op_id": op_id, "at": at, "args": args}
+    validate_command(command)
+    return command

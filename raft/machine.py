@@ -1,0 +1,344 @@
+"""The pure cluster state machine: `apply(command)` is the only writer, and it is deterministic.
+
+No clock, randomness or I/O: every time and id arrives inside the command. `apply` never raises
+on a command that passed `validate_command`; a refusal that depends on the state (unknown id,
+duplicate id, stale generation) is returned as a result, the same on every replica. A command
+whose `op_id` was already applied returns the first result again without a second effect.
+Not thread-safe: ClusterState serialises access.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from shoal.raft.model import (
+    Checkpoint,
+    Event,
+    Gpu,
+    Job,
+    LeaderRecord,
+    Node,
+    Resources,
+    Task,
+    TaskResources,
+)
+
+Result = dict[str, Any]
+MAX_EVENTS = 5000
+MAX_APPLIED_OPS = 20_000
+
+
+def ok(**fields: Any) -> Result:
+    return {"ok": True, **fields}
+
+
+def refused(error: str, message: str, field: str | None = None) -> Result:
+    return {"ok": False, "error": error, "message": message, "field": field}
+
+
+class StateMachine:
+    """Nodes, jobs, tasks, checkpoints, events and the table of applied operation ids."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.jobs: dict[str, Job] = {}
+        self.tasks: dict[str, Task] = {}
+        self.checkpoints: dict[tuple[str, str], Checkpoint] = {}
+        self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
+        self.event_seq = 0
+        self.leader: LeaderRecord | None = None
+        self.applied: OrderedDict[str, Result] = OrderedDict()
+        self.applied_count = 0
+
+    # -- the one writer -------------------------------------------------------------------
+
+    def apply(self, command: dict[str, Any]) -> Result:
+        op_id = command["op_id"]
+        if op_id in self.applied:
+            return self.applied[op_id]
+        if command["op"] == "batch":
+            result = ok(results=[self.apply(member) for member in command["args"]["commands"]])
+        else:
+            result = _HANDLERS[command["op"]](self, command["args"], command["at"])
+        self.applied[op_id] = result
+        self.applied_count += 1
+        while len(self.applied) > MAX_APPLIED_OPS:
+            self.applied.popitem(last=False)
+        return result
+
+    def _event(self, at: float, kind: str, message: str, **fields: Any) -> None:
+        self._append_event(at, kind, message, fields)
+
+    def _append_event(self, at: float, kind: str, message: str, fields: dict[str, Any]) -> None:
+        self.event_seq += 1
+        self.events.append(Event(self.event_seq, at, kind, message, fields))
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    def _register_node(self, args: dict[str, Any], at: float) -> Result:
+        res = args["resources"]
+        gpus = [
+            Gpu(g["index"], g["uuid"], g.get("island", ""), g.get("domain", ""))
+            for g in res.get("gpus", [])
+        ]
+        resources = Resources(float(res["cpus"]), res["memory"], gpus)
+        node_id = args["node_id"]
+        node = self.nodes.get(node_id)
+        if node is None:
+            node = Node(node_id, args["address"], resources, dict(args.get("labels", {})), at)
+            self.nodes[node_id] = node
+        else:
+            node.address, node.resources = args["address"], resources
+            node.labels = dict(args.get("labels", {}))
+        node.liveness, node.last_heartbeat = "alive", at
+        self._event(at, "node_registered", f"node {node_id} registered", node=node_id)
+        return ok(node=asdict(node))
+
+    def _set_liveness(self, args: dict[str, Any], at: float) -> Result:
+        changed = []
+        for change in args["changes"]:
+            node = self.nodes.get(change["node_id"])
+            if node is None or node.liveness == change["liveness"]:
+                continue
+            old, node.liveness = node.liveness, change["liveness"]
+            changed.append(node.id)
+            self._event(
+                at,
+                "node_liveness",
+                f"node {node.id} {old} -> {node.liveness}",
+                node=node.id,
+                old=old,
+                new=node.liveness,
+            )
+        return ok(changed=changed)
+
+    def _report_health(self, args: dict[str, Any], at: float) -> Result:
+        unknown = []
+        for report in args["reports"]:
+            node = self.nodes.get(report["node_id"])
+            if node is None:
+                unknown.append(report["node_id"])
+                continue
+            node.health = report["health"]
+            node.last_heartbeat = report.get("last_heartbeat", at)
+        return ok(unknown=unknown)
+
+    def _node_flag(self, args: dict[str, Any], at: float, flag: str) -> Result:
+        node = self.nodes.get(args["node_id"])
+        if node is None:
+            return refused("not_found", f"no node {args['node_id']!r}", "node_id")
+        value = args[flag]
+        setattr(node, flag, value)
+        if flag == "draining" and value:
+            node.cordoned = True
+        self._event(at, f"node_{flag}", f"node {node.id} {flag}={value}", node=node.id, value=value)
+        return ok(node=asdict(node))
+
+    def _set_cordon(self, args: dict[str, Any], at: float) -> Result:
+        if not args["cordoned"]:
+            node = self.nodes.get(args["node_id"])
+            if node is not None:
+                node.draining = False
+        return self._node_flag(args, at, "cordoned")
+
+    def _set_draining(self, args: dict[str, Any], at: float) -> Result:
+        return self._node_flag(args, at, "draining")
+
+    # -- jobs and tasks ---------------------------------------------------------------------
+
+    def _new_tasks(self, job: Job, specs: list[dict[str, Any]]) -> Result | None:
+        for i, spec in enumerate(specs):
+            if spec["task_id"] in self.tasks:
+                return refused(
+                    "conflict", f"task {spec['task_id']!r} exists", f"tasks[{i}].task_id"
+                )
+        for spec in specs:
+            res = spec.get("resources", {})
+            task = Task(
+                spec["task_id"],
+                job.id,
+                spec["kind"],
+                spec["actor"],
+                dict(spec.get("args", {})),
+                TaskResources(
+                    float(res.get("cpus", 0.0)), res.get("memory", 0), res.get("gpus", 0)
+                ),
+            )
+            self.tasks[task.id] = task
+        return None
+
+    def _submit_job(self, args: dict[str, Any], at: float) -> Result:
+        job_id = args["job_id"]
+        if job_id in self.jobs:
+            return refused("conflict", f"job {job_id!r} exists; pick another id", "job_id")
+        job = Job(job_id, dict(args.get("spec", {})), at)
+        refusal = self._new_tasks(job, args.get("tasks", []))
+        if refusal is not None:
+            return refusal
+        self.jobs[job_id] = job
+        self._event(at, "job_submitted", f"job {job_id} submitted", job=job_id)
+        return ok(job=asdict(job))
+
+    def _add_tasks(self, args: dict[str, Any], at: float) -> Result:
+        job = self.jobs.get(args["job_id"])
+        if job is None:
+            return refused("not_found", f"no job {args['job_id']!r}", "job_id")
+        if job.state == "stopped":
+            return refused("conflict", f"job {job.id!r} is stopped", "job_id")
+        refusal = self._new_tasks(job, args["tasks"])
+        return refusal or ok(task_ids=[spec["task_id"] for spec in args["tasks"]])
+
+    def _stop_job(self, args: dict[str, Any], at: float) -> Result:
+        job = self.jobs.get(args["job_id"])
+        if job is None:
+            return refused("not_found", f"no job {args['job_id']!r}", "job_id")
+        if job.state != "stopped":
+            job.state, job.stopped_at = "stopped", at
+            for task in self.tasks.values():
+                if task.job_id == job.id and task.state in ("pending", "running"):
+                    task.state = "stopped"
+            self._event(at, "job_stopped", f"job {job.id} stopped", job=job.id)
+        return ok(job=asdict(job))
+
+    def _place_tasks(self, args: dict[str, Any], at: float) -> Result:
+        for i, placement in enumerate(args["placements"]):
+            task = self.tasks.get(placement["task_id"])
+            if task is None:
+                return refused(
+                    "not_found", f"no task {placement['task_id']!r}", f"placements[{i}].task_id"
+                )
+            node_id = placement["node_id"]
+            if node_id is not None:
+                node = self.nodes.get(node_id)
+                if node is None:
+                    return refused("not_found", f"no node {node_id!r}", f"placements[{i}].node_id")
+                if node.cordoned or node.liveness == "dead":
+                    return refused(
+                        "conflict", f"node {node_id!r} takes no tasks", f"placements[{i}].node_id"
+                    )
+            if self.jobs[task.job_id].state == "stopped":
+                return refused(
+                    "conflict", f"job {task.job_id!r} is stopped", f"placements[{i}].task_id"
+                )
+        for placement in args["placements"]:
+            task = self.tasks[placement["task_id"]]
+            if task.state in ("failed", "stopped") or (task.node and task.state == "running"):
+                task.restarts += 1
+            task.node, task.state = placement["node_id"], "pending"
+            task.generation += 1
+            self._event(
+                at,
+                "task_placed",
+                f"task {task.id} -> {task.node}",
+                task=task.id,
+                node=task.node,
+                generation=task.generation,
+            )
+        return ok(placed=len(args["placements"]))
+
+    def _set_task_state(self, args: dict[str, Any], at: float) -> Result:
+        task = self.tasks.get(args["task_id"])
+        if task is None:
+            return refused("not_found", f"no task {args['task_id']!r}", "task_id")
+        generation = args.get("generation", task.generation)
+        if generation != task.generation:
+            return refused(
+                "conflict",
+                f"stale report: generation {generation}, task is at {task.generation}",
+                "generation",
+            )
+        task.state, task.message = args["state"], args.get("message", "")
+        self._event(
+            at, "task_state", f"task {task.id} {task.state}", task=task.id, state=task.state
+        )
+        return ok(task=asdict(task))
+
+    # -- checkpoints, events, leadership ------------------------------------------------------
+
+    def _record_checkpoint(self, args: dict[str, Any], at: float) -> Result:
+        if args["job_id"] not in self.jobs:
+            return refused("not_found", f"no job {args['job_id']!r}", "job_id")
+        key = (args["job_id"], args["path"])
+        old = self.checkpoints.get(key)
+        if old is not None and old.complete and not args["complete"]:
+            return refused("conflict", "a complete checkpoint cannot become incomplete", "complete")
+        cp = Checkpoint(
+            args["job_id"], args["path"], args["step"], args["sha256"], args["complete"], at
+        )
+        self.checkpoints[key] = cp
+        self._event(
+            at, "checkpoint", f"checkpoint {cp.path} step {cp.step}", job=cp.job_id, step=cp.step
+        )
+        return ok(checkpoint=asdict(cp))
+
+    def _add_event(self, args: dict[str, Any], at: float) -> Result:
+        self._append_event(at, args["kind"], args["message"], dict(args.get("fields", {})))
+        return ok(seq=self.event_seq)
+
+    def _announce_leader(self, args: dict[str, Any], at: float) -> Result:
+        if self.leader is not None and args["term"] < self.leader.term:
+            return refused(
+                "conflict", f"term {args['term']} is older than {self.leader.term}", "term"
+            )
+        self.leader = LeaderRecord(args["replica_id"], args["raft"], args["api"], args["term"], at)
+        self._event(
+            at,
+            "leader",
+            f"{args['replica_id']} leads term {args['term']}",
+            replica=args["replica_id"],
+        )
+        return ok()
+
+    def _barrier(self, args: dict[str, Any], at: float) -> Result:
+        return ok(applied=self.applied_count)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def assignments(self) -> dict[str, list[str]]:
+        """node id -> ids of the tasks placed there, derived from the tasks."""
+        out: dict[str, list[str]] = {node_id: [] for node_id in self.nodes}
+        for task in self.tasks.values():
+            if task.node is not None:
+                out.setdefault(task.node, []).append(task.id)
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything replicated, as canonical plain data (the digest hashes this)."""
+        return {
+            "nodes": [asdict(n) for n in self.nodes.values()],
+            "jobs": [asdict(j) for j in self.jobs.values()],
+            "tasks": [asdict(t) for t in self.tasks.values()],
+            "checkpoints": [asdict(c) for c in self.checkpoints.values()],
+            "events": [asdict(e) for e in self.events],
+            "event_seq": self.event_seq,
+            "leader": None if self.leader is None else asdict(self.leader),
+            "applied": list(self.applied.items()),
+            "applied_count": self.applied_count,
+        }
+
+    def digest(self) -> str:
+        text = json.dumps(self.snapshot(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+_HANDLERS: dict[str, Callable[[StateMachine, dict[str, Any], float], Result]] = {
+    "register_node": StateMachine._register_node,
+    "set_liveness": StateMachine._set_liveness,
+    "report_health": StateMachine._report_health,
+    "set_cordon": StateMachine._set_cordon,
+    "set_draining": StateMachine._set_draining,
+    "submit_job": StateMachine._submit_job,
+    "stop_job": StateMachine._stop_job,
+    "add_tasks": StateMachine._add_tasks,
+    "place_tasks": StateMachine._place_tasks,
+    "set_task_state": StateMachine._set_task_state,
+    "record_checkpoint": StateMachine._record_checkpoint,
+    "add_event": StateMachine._add_event,
+    "announce_leader": StateMachine._announce_leader,
+    "barrier": StateMachine._barrier,
+}

@@ -1,0 +1,105 @@
+"""The records ClusterState holds: plain typed data, JSON-able with `dataclasses.asdict`.
+
+Times are seconds since the epoch, stamped by the replica that proposed the command (never read
+from a clock while applying). Assignments are not stored: `Task.node` is the only placement, and
+`assignments()` derives node -> task ids from it so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+LIVENESS = ("alive", "suspect", "dead")
+TASK_STATES = ("pending", "running", "stopped", "failed")
+JOB_STATES = ("running", "stopped")
+
+
+@dataclass
+class Gpu:
+    index: int
+    uuid: str
+    island: str
+    domain: str
+
+
+@dataclass
+class Resources:
+    cpus: float
+    memory: int
+    gpus: list[Gpu] = field(default_factory=list)
+
+
+@dataclass
+class Node:
+    id: str
+    address: str
+    resources: Resources
+    labels: dict[str, str]
+    registered_at: float
+    liveness: str = "alive"
+    cordoned: bool = False
+    draining: bool = False
+    health: dict[str, Any] = field(default_factory=dict)
+    last_heartbeat: float = 0.0
+
+
+@dataclass
+class TaskResources:
+    cpus: float = 0.0
+    memory: int = 0
+    gpus: int = 0
+
+
+@dataclass
+class Task:
+    id: str
+    job_id: str
+    kind: str
+    actor: str
+    args: dict[str, Any]
+    resources: TaskResources
+    node: str | None = None
+    state: str = "pending"
+    restarts: int = 0
+    generation: int = 0
+    message: str = ""
+
+
+@dataclass
+class Job:
+    id: str
+    spec: dict[str, Any]
+    submitted_at: float
+    state: str = "running"
+    stopped_at: float | None = None
+
+
+@dataclass
+class Checkpoint:
+    job_id: str
+    path: str
+    step: int
+    sha256: str
+    complete: bool
+    recorded_at: float
+
+
+@dataclass
+class Event:
+    seq: int
+    at: float
+    kind: str
+    message: str
+    fields: dict[str, Any]
+
+
+@dataclass
+class LeaderRecord:
+    """The replica that last announced itself leader, so followers can reach its admin API."""
+
+    replica_id: str
+    raft: str
+    api: str
+    term: int
+    since: float

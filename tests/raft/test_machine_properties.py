@@ -1,0 +1,129 @@
+"""Property tests of the pure state machine: determinism, idempotency, validation before apply."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shoal.raft.commands import ARG_SCHEMAS, validate_command
+from shoal.raft.errors import ValidationError
+from shoal.raft.machine import StateMachine
+
+from .strategies import any_command, args_by_op, json_value, op_ids, stamps
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(st.lists(any_command, max_size=30))
+def test_three_replicas_applying_the_same_log_have_equal_digests(log: list[dict[str, Any]]) -> None:
+    replicas = [StateMachine() for _ in range(3)]
+    for command in log:
+        validate_command(command)
+        results = [replica.apply(copy.deepcopy(command)) for replica in replicas]
+        assert results[0] == results[1] == results[2]
+    digests = {replica.digest() for replica in replicas}
+    assert len(digests) == 1
+    restored = pickle.loads(pickle.dumps(replicas[0]))
+    assert restored.digest() == replicas[0].digest()
+
+
+@FAST
+@given(st.lists(any_command, max_size=20), any_command)
+def test_a_retried_operation_is_applied_once_and_answers_the_first_result(
+    log: list[dict[str, Any]], command: dict[str, Any]
+) -> None:
+    machine = StateMachine()
+    for entry in log:
+        machine.apply(entry)
+    first = machine.apply(command)
+    digest = machine.digest()
+    assert machine.apply(copy.deepcopy(command)) == first
+    assert machine.digest() == digest
+
+
+@FAST
+@given(st.lists(any_command, max_size=25))
+def test_derived_assignments_match_task_placements(log: list[dict[str, Any]]) -> None:
+    machine = StateMachine()
+    for entry in log:
+        machine.apply(entry)
+    placed = sorted(t for ids in machine.assignments().values() for t in ids)
+    assert placed == sorted(t.id for t in machine.tasks.values() if t.node is not None)
+    assert all(t.node in machine.nodes for t in machine.tasks.values() if t.node is not None)
+    assert all(t.job_id in machine.jobs for t in machine.tasks.values())
+    seqs = [e.seq for e in machine.events]
+    assert seqs == sorted(seqs)
+    assert len(set(seqs)) == len(seqs)
+
+
+def _mutate(args: dict[str, Any], key: str | None, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(args)
+    if key is None:
+        return out
+    out[key] = value
+    return out
+
+
+@FAST
+@given(
+    st.sampled_from(sorted(ARG_SCHEMAS)).flatmap(lambda op: st.tuples(st.just(op), args_by_op[op])),
+    st.none() | st.text(max_size=10),
+    json_value,
+    op_ids,
+    stamps,
+)
+def test_validation_rejects_whatever_apply_would_choke_on(
+    op_args: tuple[str, dict[str, Any]], key: str | None, junk: Any, op_id: str, at: float
+) -> None:
+    op, args = op_args
+    command = {"op": op, "op_id": op_id, "at": at, "args": _mutate(args, key, junk)}
+    try:
+        validate_command(command)
+    except ValidationError as exc:
+        field = exc.field
+    else:
+        field = None
+    if field is not None:
+        assert field.startswith("command")
+        return
+    result = StateMachine().apply(command)
+    assert isinstance(result["ok"], bool)
+
+
+@given(json_value)
+def test_validation_rejects_arbitrary_junk_as_a_command(junk: Any) -> None:
+    try:
+        validate_command(junk)
+    except ValidationError:
+        return
+    StateMachine().apply(junk)
+
+
+def test_validation_names_the_field() -> None:
+    bad = {
+        "op": "register_node",
+        "op_id": "x",
+        "at": 1.0,
+        "args": {"node_id": "n1", "address": "a", "resources": {"cpus": 1, "memory": -1}},
+    }
+    with pytest.raises(ValidationError, match=">= 0") as exc:
+        validate_command(bad)
+    assert exc.value.field == "command.args.resources.memory"
+
+
+def test_non_finite_numbers_are_rejected() -> None:
+    bad = {
+        "op": "add_event",
+        "op_id": "x",
+        "at": 1.0,
+        "args": {"kind": "k", "message": "m", "fields": {"v": float("nan")}},
+    }
+    with pytest.raises(ValidationError, match="finite") as exc:
+        validate_command(bad)
+    assert exc.value.field == "command.args.fields.v"
