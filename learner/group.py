@@ -1,0 +1,212 @@
+"""A learner group: the learner ranks of one job joined in a torch.distributed process group.
+
+Every rank trains the same model on its own share of fragments; after each backward pass the
+gradients are averaged across ranks (one flattened all-reduce, as DDP does with its buckets), so
+the optimisers take identical steps and the parameters stay identical without ever being sent.
+Rank 0 leads: it publishes weights to rollout actors and writes checkpoints. Rank, world size and
+the rendezvous address come from whoever starts the process (the embedded run or a node daemon),
+as `GroupSpec` arguments or `SHOAL_GROUP_*` environment variables. A group that lost a rank is not
+repaired in place: its processes are replaced and the new group resumes from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from shoal.errors import ConfigError
+from shoal.learner.errors import LearnerError
+
+Backend = Literal["auto", "gloo", "nccl"]
+
+
+class GroupError(LearnerError):
+    """The learner group could not form, or a collective failed because a rank is gone."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Where and as whom this process joins its learner group."""
+
+    rank: int = 0
+    world_size: int = 1
+    addr: str = "127.0.0.1"
+    port: int = 0
+    backend: Backend = "auto"
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ConfigError(f"group world_size = {self.world_size} must be >= 1")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(
+                f"group rank = {self.rank} must be in [0, {self.world_size - 1}] for world_size "
+                f"{self.world_size}"
+            )
+        if self.world_size > 1 and not 1 <= self.port <= 65535:
+            raise ConfigError(
+                f"group port = {self.port} must be a TCP port (1-65535) when world_size > 1"
+            )
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"group backend = {self.backend!r}; valid: 'auto', 'gloo', 'nccl'")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"group timeout_s = {self.timeout_s} must be > 0")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> GroupSpec:
+        """Read SHOAL_GROUP_RANK, _WORLD_SIZE, _ADDR, _PORT, _BACKEND (defaults: a group of one)."""
+        env = os.environ if environ is None else environ
+
+        def number(key: str, default: str) -> int:
+            text = env.get(key, default)
+            try:
+                return int(text)
+            except ValueError:
+                raise ConfigError(f"{key} = {text!r} must be an integer") from None
+
+        backend = env.get("SHOAL_GROUP_BACKEND", "auto")
+        if backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"SHOAL_GROUP_BACKEND = {backend!r}; valid: auto, gloo, nccl")
+        return cls(
+            rank=number("SHOAL_GROUP_RANK", "0"),
+            world_size=number("SHOAL_GROUP_WORLD_SIZE", "1"),
+            addr=env.get("SHOAL_GROUP_ADDR", "127.0.0.1"),
+            port=number("SHOAL_GROUP_PORT", "0"),
+            backend=backend,  # type: ignore[arg-type]
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables that make a child process join as this spec says."""
+        return {
+            "SHOAL_GROUP_RANK": str(self.rank),
+            "SHOAL_GROUP_WORLD_SIZE": str(self.world_size),
+            "SHOAL_GROUP_ADDR": self.addr,
+            "SHOAL_GROUP_PORT": str(self.port),
+            "SHOAL_GROUP_BACKEND": self.backend,
+        }
+
+
+def resolve_backend(backend: Backend) -> Literal["gloo", "nccl"]:
+    """NCCL where CUDA is there, gloo on CPUs; an explicit choice is checked, not overridden."""
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise GroupError(
+            "backend 'nccl' needs CUDA, which this machine lacks; use 'gloo' or 'auto'"
+        )
+    return backend
+
+
+def assign(actor_ids: Sequence[str], world_size: int) -> list[list[str]]:
+    """Split rollout actors across ranks round-robin, in the given order (each rank's share)."""
+    if world_size < 1:
+        raise GroupError(f"world_size must be >= 1, got {world_size}")
+    return [list(actor_ids[rank::world_size]) for rank in range(world_size)]
+
+
+class LearnerGroup:
+    """This process's membership in the group; a group of one needs no torch.distributed at all.
+
+    Call from the thread that runs the PPO update: collectives block until every rank joins.
+    """
+
+    def __init__(self, spec: GroupSpec) -> None:
+        self.spec = spec
+        self.backend = resolve_backend(spec.backend)
+        self._joined = False
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def is_leader(self) -> bool:
+        return self.spec.rank == 0
+
+    def __repr__(self) -> str:
+        state = "joined" if self._joined else "not joined"
+        return f"<LearnerGroup rank={self.rank}/{self.world_size} {self.backend} {state}>"
+
+    def join(self) -> None:
+        """Rendezvous with the other ranks (blocks until all have joined or the timeout passes)."""
+        if self.world_size == 1 or self._joined:
+            return
+        try:
+            dist.init_process_group(
+                backend=self.backend,
+                init_method=f"tcp://{self.spec.addr}:{self.spec.port}",
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=timedelta(seconds=self.spec.timeout_s),
+            )
+        except (RuntimeError, ValueError) as exc:
+            raise GroupError(
+                f"rank {self.rank} could not join the group at {self.spec.addr}:{self.spec.port} "
+                f"within {self.spec.timeout_s:.0f} s: {exc}"
+            ) from exc
+        self._joined = True
+
+    def leave(self) -> None:
+        if self._joined:
+            dist.destroy_process_group()
+            self._joined = False
+
+    def broadcast_module(self, model: nn.Module) -> None:
+        """Make every rank's parameters and buffers equal to rank 0's (after init or a restore)."""
+        if self.world_size == 1:
+            return
+        with torch.no_grad():
+            tensors = [t.data for t in (*model.parameters(), *model.buffers())]
+            flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+            self._collective(lambda: dist.broadcast(flat, src=0))
+            _unflatten_into(flat, tensors)
+
+    def grad_sync(self, model: nn.Module) -> None:
+        """Average every parameter's gradient across ranks in one all-reduce (PPOLearner's hook)."""
+        if self.world_size == 1:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self._collective(lambda: dist.all_reduce(flat, op=dist.ReduceOp.SUM))
+        flat.div_(self.world_size)
+        _unflatten_into(flat, grads)
+
+    def all_agree(self, flag: bool) -> bool:
+        """True on every rank if `flag` is True on any rank (e.g. "stop now")."""
+        if self.world_size == 1:
+            return flag
+        device = "cuda" if self.backend == "nccl" else "cpu"
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+        self._collective(lambda: dist.all_reduce(value, op=dist.ReduceOp.MAX))
+        return bool(value.item())
+
+    def _collective(self, call: Callable[[], object]) -> None:
+        if not self._joined:
+            raise GroupError("join() the group before any collective")
+        try:
+            call()
+        except RuntimeError as exc:
+            raise GroupError(
+                f"collective on rank {self.rank} failed (a peer rank is probably gone): {exc}"
+            ) from exc
+
+
+def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    offset = 0
+    for tensor in tensors:
+        count = tensor.numel()
+        tensor.copy_(flat[offset : offset + count].view_as(tensor))
+        offset += count
