@@ -1,0 +1,308 @@
+"""Plain records the scheduler reads and writes: nodes, GPUs, tasks, placements.
+
+They are frozen and JSON-able (`to_dict`/`from_dict`) because the Raft coordinator replicates
+them and node daemons receive them over the wire; nothing here knows about Raft.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.scheduler.errors import TopologyError
+
+NODE_STATES = ("ready", "cordoned", "draining", "dead")
+TASK_KINDS = ("learner", "rollout")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise TopologyError(message)
+
+
+def _nonneg(name: str, value: float, what: str) -> None:
+    _require(
+        isinstance(value, int | float) and math.isfinite(value) and value >= 0,
+        f"{what}: {name} must be a finite number >= 0, got {value!r}",
+    )
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU; `island` names its NVLink island, which may span several nodes."""
+
+    index: int
+    island: str
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.index, int) and self.index >= 0,
+            f"GPU index must be an int >= 0, got {self.index!r}",
+        )
+        _require(bool(self.island), f"GPU {self.index}: island label must be a non-empty string")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "island": self.island}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Gpu:
+        return cls(index=int(data["index"]), island=str(data["island"]))
+
+
+@dataclass(frozen=True)
+class Node:
+    """A host: its capacity, its GPUs, its RDMA domain and whether it may take new work."""
+
+    name: str
+    cpus: float
+    memory_mb: int
+    gpus: tuple[Gpu, ...] = ()
+    domain: str = "default"
+    state: str = "ready"
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "node name must be a non-empty string")
+        _nonneg("cpus", self.cpus, f"node {self.name!r}")
+        _nonneg("memory_mb", self.memory_mb, f"node {self.name!r}")
+        _require(
+            self.state in NODE_STATES,
+            f"node {self.name!r}: state {self.state!r} is not one of {', '.join(NODE_STATES)}",
+        )
+        indices = [gpu.index for gpu in self.gpus]
+        _require(
+            len(set(indices)) == len(indices),
+            f"node {self.name!r}: GPU indices {indices} repeat; each GPU needs its own index",
+        )
+
+    @property
+    def schedulable(self) -> bool:
+        """Cordoned, draining and dead nodes take no new tasks."""
+        return self.state == "ready"
+
+    def island_of(self, index: int) -> str:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu.island
+        raise TopologyError(f"node {self.name!r} has no GPU {index}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "gpus": [gpu.to_dict() for gpu in self.gpus],
+            "domain": self.domain,
+            "state": self.state,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Node:
+        return cls(
+            name=str(data["name"]),
+            cpus=float(data["cpus"]),
+            memory_mb=int(data["memory_mb"]),
+            gpus=tuple(Gpu.from_dict(g) for g in data.get("gpus", ())),
+            domain=str(data.get("domain", "default")),
+            state=str(data.get("state", "ready")),
+        )
+
+
+@dataclass(frozen=True)
+class LearnerGroup:
+    """`ranks` processes with `gpus_per_rank` GPUs each, placed as one gang or not at all.
+
+    A rank's GPUs are always on one node (a rank is one process); the gang as a whole wants one
+    NVLink island. `gpus_per_rank=0` is a CPU learner (gloo) and only needs one RDMA domain.
+    """
+
+    name: str
+    ranks: int
+    gpus_per_rank: int
+    cpus_per_rank: float = 1.0
+    memory_mb_per_rank: int = 0
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "learner group name must be a non-empty string")
+        _require(
+            isinstance(self.ranks, int) and self.ranks >= 1,
+            f"learner group {self.name!r}: ranks must be an int >= 1, got {self.ranks!r}",
+        )
+        _require(
+            isinstance(self.gpus_per_rank, int) and self.gpus_per_rank >= 0,
+            f"learner group {self.name!r}: gpus_per_rank must be an int >= 0, "
+            f"got {self.gpus_per_rank!r}",
+        )
+        _nonneg("cpus_per_rank", self.cpus_per_rank, f"learner group {self.name!r}")
+        _nonneg("memory_mb_per_rank", self.memory_mb_per_rank, f"learner group {self.name!r}")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.ranks * self.gpus_per_rank
+
+    def rank_task(self, rank: int) -> str:
+        """The task name of one rank, e.g. `ppo/rank3`."""
+        return f"{self.name}/rank{rank}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ranks": self.ranks,
+            "gpus_per_rank": self.gpus_per_rank,
+            "cpus_per_rank": self.cpus_per_rank,
+            "memory_mb_per_rank": self.memory_mb_per_rank,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LearnerGroup:
+        return cls(
+            name=str(data["name"]),
+            ranks=int(data["ranks"]),
+            gpus_per_rank=int(data["gpus_per_rank"]),
+            cpus_per_rank=float(data.get("cpus_per_rank", 1.0)),
+            memory_mb_per_rank=int(data.get("memory_mb_per_rank", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class RolloutActor:
+    """A rollout actor's request; it may run on any ready node with room for it."""
+
+    name: str
+    cpus: float = 1.0
+    memory_mb: int = 0
+    gpus: int = 0
+    movable: bool = True
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "rollout actor name must be a non-empty string")
+        _nonneg("cpus", self.cpus, f"rollout actor {self.name!r}")
+        _nonneg("memory_mb", self.memory_mb, f"rollout actor {self.name!r}")
+        _require(
+            isinstance(self.gpus, int) and self.gpus >= 0,
+            f"rollout actor {self.name!r}: gpus must be an int >= 0, got {self.gpus!r}",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "gpus": self.gpus,
+            "movable": self.movable,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RolloutActor:
+        return cls(
+            name=str(data["name"]),
+            cpus=float(data.get("cpus", 1.0)),
+            memory_mb=int(data.get("memory_mb", 0)),
+            gpus=int(data.get("gpus", 0)),
+            movable=bool(data.get("movable", True)),
+        )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One task on one node with the resources reserved for it there.
+
+    `group` is the learner group a rank belongs to ("" for rollout actors); the balancer needs
+    it to know whether the group is at a checkpoint boundary.
+    """
+
+    task: str
+    node: str
+    kind: str
+    gpus: tuple[int, ...] = ()
+    cpus: float = 0.0
+    memory_mb: int = 0
+    group: str = ""
+    movable: bool = True
+
+    def __post_init__(self) -> None:
+        _require(bool(self.task), "placement task name must be a non-empty string")
+        _require(
+            self.kind in TASK_KINDS,
+            f"task {self.task!r}: kind {self.kind!r} is not one of {', '.join(TASK_KINDS)}",
+        )
+        _require(
+            len(set(self.gpus)) == len(self.gpus),
+            f"task {self.task!r}: GPU list {list(self.gpus)} repeats a GPU",
+        )
+        _nonneg("cpus", self.cpus, f"task {self.task!r}")
+        _nonneg("memory_mb", self.memory_mb, f"task {self.task!r}")
+
+    def moved_to(self, node: str, gpus: tuple[int, ...]) -> Placement:
+        """The same task and reservation on another node."""
+        return Placement(
+            task=self.task,
+            node=node,
+            kind=self.kind,
+            gpus=gpus,
+            cpus=self.cpus,
+            memory_mb=self.memory_mb,
+            group=self.group,
+            movable=self.movable,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "node": self.node,
+            "kind": self.kind,
+            "gpus": list(self.gpus),
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "group": self.group,
+            "movable": self.movable,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Placement:
+        return cls(
+            task=str(data["task"]),
+            node=str(data["node"]),
+            kind=str(data["kind"]),
+            gpus=tuple(int(g) for g in data.get("gpus", ())),
+            cpus=float(data.get("cpus", 0.0)),
+            memory_mb=int(data.get("memory_mb", 0)),
+            group=str(data.get("group", "")),
+            movable=bool(data.get("movable", True)),
+        )
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A task that was not placed, and why, in words a user can act on."""
+
+    task: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Refusal:
+        return cls(task=str(data["task"]), reason=str(data["reason"]))
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """What `place` decided: new placements, and the tasks it refused."""
+
+    placements: tuple[Placement, ...] = ()
+    refused: tuple[Refusal, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "placements": [p.to_dict() for p in self.placements],
+            "refused": [r.to_dict() for r in self.refused],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlacementPlan:
+        return cls(
+            placements=tuple(Placement.from_dict(p) for p in data.get("placements", ())),
+            refused=tuple(Refusal.from_dict(r) for r in data.get("refused", ())),
+        )

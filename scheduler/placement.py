@@ -1,0 +1,235 @@
+"""Where new tasks go: learner groups as one gang, rollout actors spread by free capacity.
+
+Pure: the inputs are records, the output is a plan; nothing is mutated. A learner group goes
+onto ONE NVLink island when one has room (best fit: the fullest island that still fits, so
+large empty islands stay whole for large groups), else inside ONE RDMA domain, else it is
+refused with what it needs and what is free. Rollout actors go to the least-loaded ready node
+(reserved CPU/memory fraction), ties broken by node name, so the same input gives the same plan.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+
+from shoal.scheduler.errors import PlacementRefused, TopologyError
+from shoal.scheduler.ledger import CPU_EPSILON, Ledger, NodeUsage
+from shoal.scheduler.model import LearnerGroup, Placement, PlacementPlan, Refusal, RolloutActor
+from shoal.scheduler.topology import Topology
+
+
+def place(
+    topology: Topology,
+    existing: Sequence[Placement] = (),
+    groups: Sequence[LearnerGroup] = (),
+    actors: Sequence[RolloutActor] = (),
+) -> PlacementPlan:
+    """Plan new placements around `existing` ones; the largest groups are placed first."""
+    ledger = Ledger(topology, existing)
+    _check_names(ledger, groups, actors)
+    placements: list[Placement] = []
+    refused: list[Refusal] = []
+    for group in sorted(groups, key=lambda g: (-g.total_gpus, -g.ranks, g.name)):
+        try:
+            ranks = _place_group(ledger, topology, group)
+        except PlacementRefused as exc:
+            refused.append(Refusal(exc.task, exc.reason))
+            continue
+        for p in ranks:
+            ledger.add(p)
+        placements.extend(ranks)
+    spread, unplaced = _spread_actors(ledger, actors)
+    placements.extend(spread)
+    refused.extend(unplaced)
+    return PlacementPlan(tuple(placements), tuple(refused))
+
+
+def place_group(
+    topology: Topology, existing: Sequence[Placement], group: LearnerGroup
+) -> tuple[Placement, ...]:
+    """One group's rank placements, or `PlacementRefused` saying why not."""
+    ledger = Ledger(topology, existing)
+    _check_names(ledger, [group], [])
+    return tuple(_place_group(ledger, topology, group))
+
+
+def _check_names(
+    ledger: Ledger, groups: Sequence[LearnerGroup], actors: Sequence[RolloutActor]
+) -> None:
+    names = [g.rank_task(r) for g in groups for r in range(g.ranks)] + [a.name for a in actors]
+    seen = set(ledger.where)
+    for name in names:
+        if name in seen:
+            raise TopologyError(f"task {name!r} is requested twice or is already placed")
+        seen.add(name)
+
+
+def _rank_slots(usage: NodeUsage, group: LearnerGroup, island: str | None) -> int:
+    """How many ranks of `group` this node can still take (on `island` if given)."""
+    if not usage.node.schedulable:
+        return 0
+    limits = [group.ranks]
+    if group.gpus_per_rank:
+        limits.append(len(usage.free_gpus(island)) // group.gpus_per_rank)
+    if group.cpus_per_rank:
+        limits.append(math.floor((usage.free_cpus + CPU_EPSILON) / group.cpus_per_rank))
+    if group.memory_mb_per_rank:
+        limits.append(usage.free_memory_mb // group.memory_mb_per_rank)
+    return max(0, min(limits))
+
+
+def _place_group(ledger: Ledger, topology: Topology, group: LearnerGroup) -> list[Placement]:
+    domains = topology.domains()
+    if group.gpus_per_rank:
+        islands = _island_nodes(topology)
+        fits = _fitting(ledger, group, {label: (nodes, label) for label, nodes in islands.items()})
+        if fits is not None:
+            nodes, label = fits
+            return _assign(ledger, group, nodes, label)
+    fits_domain = _fitting(ledger, group, {d: (nodes, None) for d, nodes in domains.items()})
+    if fits_domain is not None:
+        nodes, _ = fits_domain
+        return _assign(ledger, group, nodes, None)
+    raise PlacementRefused(group.name, _refusal(ledger, topology, group))
+
+
+def _island_nodes(topology: Topology) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for label, gpus in topology.islands().items():
+        names = out.setdefault(label, [])
+        for node, _ in gpus:
+            if not names or names[-1] != node:
+                names.append(node)
+    return out
+
+
+def _fitting(
+    ledger: Ledger, group: LearnerGroup, candidates: dict[str, tuple[list[str], str | None]]
+) -> tuple[list[str], str | None] | None:
+    """Best fit: of the candidates with room for every rank, the one with the fewest free GPUs."""
+    best: tuple[int, str] | None = None
+    for key, (nodes, island) in candidates.items():
+        slots = sum(_rank_slots(ledger.usage[n], group, island) for n in nodes)
+        if slots < group.ranks:
+            continue
+        free = sum(
+            len(ledger.usage[n].free_gpus(island))
+            for n in nodes
+            if ledger.usage[n].node.schedulable
+        )
+        if best is None or (free, key) < best:
+            best = (free, key)
+    return None if best is None else candidates[best[1]]
+
+
+def _assign(
+    ledger: Ledger, group: LearnerGroup, nodes: list[str], island: str | None
+) -> list[Placement]:
+    """Pack ranks onto the nodes with most room first, so a gang spans as few nodes as it can."""
+    ranked = sorted(nodes, key=lambda n: (-_rank_slots(ledger.usage[n], group, island), n))
+    out: list[Placement] = []
+    for name in ranked:
+        usage = ledger.usage[name]
+        take = min(_rank_slots(usage, group, island), group.ranks - len(out))
+        free = usage.free_gpus(island)
+        for k in range(take):
+            gpus = tuple(free[k * group.gpus_per_rank : (k + 1) * group.gpus_per_rank])
+            out.append(
+                Placement(
+                    task=group.rank_task(len(out)),
+                    node=name,
+                    kind="learner",
+                    gpus=gpus,
+                    cpus=group.cpus_per_rank,
+                    memory_mb=group.memory_mb_per_rank,
+                    group=group.name,
+                    movable=False,
+                )
+            )
+        if len(out) == group.ranks:
+            break
+    return out
+
+
+def _refusal(ledger: Ledger, topology: Topology, group: LearnerGroup) -> str:
+    need = (
+        f"learner group {group.name!r} needs {group.total_gpus} GPUs "
+        f"({group.ranks} ranks × {group.gpus_per_rank}, {group.cpus_per_rank:g} CPUs and "
+        f"{group.memory_mb_per_rank} MB each)"
+    )
+    parts = [need + (" on one NVLink island" if group.gpus_per_rank else " in one RDMA domain")]
+    if group.gpus_per_rank:
+        free_by_island = {
+            label: sum(
+                len(ledger.usage[n].free_gpus(label))
+                for n in nodes
+                if ledger.usage[n].node.schedulable
+            )
+            for label, nodes in _island_nodes(topology).items()
+        }
+        if free_by_island:
+            label = max(sorted(free_by_island), key=lambda k: free_by_island[k])
+            parts.append(f"largest free island has {free_by_island[label]} ({label})")
+        else:
+            parts.append("the cluster has no GPUs")
+    by_domain = {
+        d: sum(_rank_slots(ledger.usage[n], group, None) for n in nodes)
+        for d, nodes in topology.domains().items()
+    }
+    if by_domain:
+        d = max(sorted(by_domain), key=lambda k: by_domain[k])
+        parts.append(f"one RDMA domain fits at most {by_domain[d]} of {group.ranks} ranks ({d})")
+    parts.append("free resources, add nodes or shrink the group")
+    return "; ".join(parts)
+
+
+def _spread_actors(
+    ledger: Ledger, actors: Sequence[RolloutActor]
+) -> tuple[list[Placement], list[Refusal]]:
+    heap = [(u.reserved_load(), name) for name, u in ledger.usage.items() if u.node.schedulable]
+    heapq.heapify(heap)
+    placed: list[Placement] = []
+    refused: list[Refusal] = []
+    for actor in actors:
+        skipped = []
+        chosen: NodeUsage | None = None
+        while heap:
+            load, name = heapq.heappop(heap)
+            usage = ledger.usage[name]
+            if usage.fits(actor.cpus, actor.memory_mb) and len(usage.free_gpus()) >= actor.gpus:
+                chosen = usage
+                break
+            skipped.append((load, name))
+        for item in skipped:
+            heapq.heappush(heap, item)
+        if chosen is None:
+            refused.append(Refusal(actor.name, _actor_refusal(ledger, actor)))
+            continue
+        p = Placement(
+            task=actor.name,
+            node=chosen.node.name,
+            kind="rollout",
+            gpus=tuple(chosen.free_gpus()[: actor.gpus]),
+            cpus=actor.cpus,
+            memory_mb=actor.memory_mb,
+            movable=actor.movable,
+        )
+        ledger.add(p)
+        placed.append(p)
+        heapq.heappush(heap, (chosen.reserved_load(), chosen.node.name))
+    return placed, refused
+
+
+def _actor_refusal(ledger: Ledger, actor: RolloutActor) -> str:
+    ready = [u for u in ledger.usage.values() if u.node.schedulable]
+    if not ready:
+        return f"rollout actor {actor.name!r}: no ready node (all cordoned, draining or dead)"
+    cpus = max(u.free_cpus for u in ready)
+    mem = max(u.free_memory_mb for u in ready)
+    gpus = max(len(u.free_gpus()) for u in ready)
+    return (
+        f"rollout actor {actor.name!r} needs {actor.cpus:g} CPUs, {actor.memory_mb} MB and "
+        f"{actor.gpus} GPUs on one node; the most free on any ready node is {cpus:g} CPUs, "
+        f"{mem} MB, {gpus} GPUs; add nodes or lower the request"
+    )
