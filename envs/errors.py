@@ -17,3 +17,11 @@ class DeprecatedEnvironment(EnvError):
 
 class InvalidAction(EnvError):
     """An action is outside the environment's action space."""
+
+
+class InvalidEnvironmentId(EnvError):
+    """The text is not an environment id at all; the message shows the accepted forms."""
+
+
+class RegistrationError(EnvError):
+    """An environment cannot be registered as asked (id taken, bad time limit)."""

@@ -1,0 +1,159 @@
+"""Adapters both ways between shoal's `BaseEnvironment` and Gymnasium's `Env`.
+
+`GymEnvironment` runs any installed Gymnasium environment as a shoal one (registry ids
+`gym:<Gymnasium id>`); `ShoalGymEnv` hands a shoal environment to Gymnasium code, and passes
+`gymnasium.utils.env_checker.check_env`. The only translation is the step signature:
+Gymnasium's `(terminated, truncated)` pair against shoal's `done` plus `info["truncated"]`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Callable
+from typing import Any, SupportsFloat
+
+import gymnasium
+import numpy as np
+
+from shoal.envs.base import BaseEnvironment
+from shoal.envs.errors import EnvError
+
+# Packages that register their environments with Gymnasium when imported.
+GYMNASIUM_PLUGINS: tuple[str, ...] = ("ale_py", "minigrid")
+
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Import the installed Gymnasium plugins once, so their ids are in Gymnasium's registry."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    for module in GYMNASIUM_PLUGINS:
+        try:
+            plugin = importlib.import_module(module)
+        except ImportError:
+            continue
+        if module == "ale_py":
+            gymnasium.register_envs(plugin)
+    _plugins_loaded = True
+
+
+def gymnasium_ids() -> list[str]:
+    """Every id in Gymnasium's registry, plugins included, sorted."""
+    load_plugins()
+    return sorted(gymnasium.envs.registry)
+
+
+def requirements_of(entry_point: object) -> tuple[str, ...]:
+    """The distributions a Gymnasium environment depends on, for its environment hash."""
+    module = entry_point if isinstance(entry_point, str) else getattr(entry_point, "__module__", "")
+    module = str(module).partition(":")[0]
+    names = {"gymnasium"}
+    top = module.split(".")[0]
+    names.update(importlib.metadata.packages_distributions().get(top, []))
+    for engine in ("mujoco", "box2d"):
+        if f".{engine}" in module:
+            names.add(engine)
+    return tuple(sorted(names))
+
+
+def gym_spec(full_id: str, gym_id: str, not_found: Callable[[str], EnvError]) -> Any:
+    """A shoal `EnvSpec` for the Gymnasium id `gym_id`, or the registry's lookup error."""
+    from shoal.envs.registry import EnvSpec
+
+    load_plugins()
+    gym_spec_ = gymnasium.envs.registry.get(gym_id)
+    if gym_spec_ is None:
+        raise not_found(full_id)
+    return EnvSpec(
+        id=full_id,
+        entry_point=make_gym,
+        kwargs={"gym_id": gym_id},
+        max_episode_steps=None,
+        vector_entry_point=None,
+        requirements=requirements_of(gym_spec_.entry_point),
+        description=f"Gymnasium's {gym_id} (time limit {gym_spec_.max_episode_steps})",
+    )
+
+
+def make_gym(gym_id: str, **kwargs: Any) -> GymEnvironment:
+    """Make a Gymnasium environment and wrap it; Gymnasium applies its own time limit."""
+    try:
+        env = gymnasium.make(gym_id, **kwargs)
+    except gymnasium.error.Error as exc:
+        raise EnvError(f"Gymnasium cannot make {gym_id}: {exc}") from exc
+    return GymEnvironment(env)
+
+
+class GymEnvironment(BaseEnvironment[Any, Any]):
+    """A Gymnasium `Env` behind shoal's interface; `seed(n)` applies at the next `reset`."""
+
+    def __init__(self, env: gymnasium.Env[Any, Any]) -> None:
+        self.env = env
+        self.observation_space = env.observation_space
+        self.action_space = env.action_space
+        self._pending_seed: int | None = None
+
+    def seed(self, seed: int | None) -> None:
+        self._pending_seed = seed
+
+    def reset(self) -> tuple[Any, dict[str, Any]]:
+        seed, self._pending_seed = self._pending_seed, None
+        obs, info = self.env.reset(seed=seed)
+        return obs, dict(info)
+
+    def step(self, action: Any) -> tuple[Any, float, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        info = dict(info)
+        info["truncated"] = bool(truncated) and not terminated
+        return obs, float(reward), bool(terminated or truncated), info
+
+    def render(self, mode: str = "human") -> np.ndarray | None:
+        frame = self.env.render()
+        return frame if isinstance(frame, np.ndarray) else None
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __repr__(self) -> str:
+        return f"<GymEnvironment {self.env}>"
+
+
+class ShoalGymEnv(gymnasium.Env[Any, Any]):
+    """A shoal environment as a Gymnasium `Env`: `reset(seed=n)` seeds it, then resets it."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, env: BaseEnvironment[Any, Any], render_mode: str | None = None) -> None:
+        self.env = env
+        self.observation_space = env.observation_space
+        self.action_space = env.action_space
+        self.render_mode = render_mode
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self.env.seed(seed)
+        return self.env.reset()
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        obs, reward, done, info = self.env.step(action)
+        truncated = bool(info.get("truncated", False))
+        return obs, reward, done and not truncated, truncated, info
+
+    def render(self) -> Any:
+        return self.env.render(self.render_mode or "human")
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def to_gymnasium(env_id: str, **kwargs: Any) -> ShoalGymEnv:
+    """A registered shoal environment, ready for Gymnasium code (`check_env`, wrappers, vectors)."""
+    from shoal.envs.registry import make
+
+    return ShoalGymEnv(make(env_id, **kwargs))

@@ -1,0 +1,188 @@
+"""The batched interface the learner codes against, and `VectorRunner`, its generic form.
+
+A `VectorEnvironment` steps N copies of one environment with one call and resets each copy the
+moment its episode ends, so a rollout loop never branches per environment. Built-ins provide a
+native numpy implementation (one array operation per step for all N); anything else is run by
+`VectorRunner` over N single instances, which is correct for every environment but pays one
+Python call per copy per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from shoal.envs.base import BaseEnvironment
+from shoal.envs.errors import EnvError, InvalidAction
+
+
+@dataclass
+class VectorStep:
+    """What one `VectorEnvironment.step` returns; every array has the batch as its first axis.
+
+    `done` is `terminated or truncated`. `truncated` is True only where the time limit ended an
+    episode that did not also terminate, so a learner bootstraps from `final_obs` exactly there.
+    """
+
+    obs: np.ndarray
+    reward: np.ndarray
+    done: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray
+    episode_return: np.ndarray
+    episode_length: np.ndarray
+
+
+class VectorEnvironment:
+    """N copies of one environment stepped together; not thread-safe, owned by one actor."""
+
+    num_envs: int
+    single_observation_space: spaces.Space[Any]
+    single_action_space: spaces.Space[Any]
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        """Start a new episode in every copy; `seed` reseeds first. Returns obs [N, *obs_shape]."""
+        raise NotImplementedError
+
+    def step(self, actions: np.ndarray) -> VectorStep:
+        """Advance every copy one step; copies whose episode ended are reset before returning."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the copies hold."""
+
+    def __enter__(self) -> VectorEnvironment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_num_envs(num_envs: int) -> None:
+    """Refuse a batch size that cannot be stepped, before anything is allocated."""
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise EnvError(f"num_envs must be a positive integer, got {num_envs!r}")
+
+
+def check_actions(actions: np.ndarray, num_envs: int, space: spaces.Space[Any]) -> np.ndarray:
+    """Return `actions` as an array of shape [N, *action_shape], or raise `InvalidAction`.
+
+    Discrete spaces are checked in two reductions (min and max), so the check costs a few
+    microseconds even for thousands of copies.
+    """
+    array = np.asarray(actions)
+    expected = (num_envs, *(space.shape or ()))
+    if array.shape != expected:
+        raise InvalidAction(
+            f"expected actions of shape {expected} (one per environment), got shape {array.shape}"
+        )
+    if isinstance(space, spaces.Discrete):
+        if array.dtype.kind not in "iu":
+            raise InvalidAction(f"expected integer actions for {space}, got dtype {array.dtype}")
+        low, high = int(space.start), int(space.start + space.n - 1)
+        if num_envs and (array.min() < low or array.max() > high):
+            raise InvalidAction(f"actions must lie in [{low}, {high}] for {space}")
+    return array
+
+
+class VectorRunner(VectorEnvironment):
+    """N single environments made by `factory`, stepped one after another in this process.
+
+    Copy i is seeded with `seed + i`, so two runners built with the same seed produce the same
+    episodes. The single environments' own `done`/`info["truncated"]` drive the auto-reset.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], BaseEnvironment[Any, Any]],
+        num_envs: int,
+        seed: int | None = None,
+    ) -> None:
+        check_num_envs(num_envs)
+        self.envs: list[BaseEnvironment[Any, Any]] = []
+        try:
+            for _ in range(num_envs):
+                self.envs.append(factory())
+        except BaseException:
+            self.close()
+            raise
+        self.num_envs = num_envs
+        self.single_observation_space = self.envs[0].observation_space
+        self.single_action_space = self.envs[0].action_space
+        self._seed = seed
+        self._returns = np.zeros(num_envs, dtype=np.float64)
+        self._lengths = np.zeros(num_envs, dtype=np.int32)
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        if seed is not None:
+            self._seed = seed
+        if self._seed is not None:
+            for i, env in enumerate(self.envs):
+                env.seed(self._seed + i)
+            self._seed = None
+        self._returns[:] = 0.0
+        self._lengths[:] = 0
+        return self._stack([env.reset()[0] for env in self.envs])
+
+    def step(self, actions: np.ndarray) -> VectorStep:
+        actions = check_actions(actions, self.num_envs, self.single_action_space)
+        n = self.num_envs
+        obs_list: list[Any] = []
+        final_list: list[Any] = []
+        reward = np.zeros(n, dtype=np.float32)
+        done = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        for i, env in enumerate(self.envs):
+            obs, r, d, info = env.step(_item(actions[i], self.single_action_space))
+            reward[i] = r
+            final_list.append(obs)
+            if d:
+                done[i] = True
+                truncated[i] = bool(info.get("truncated", False))
+                obs = env.reset()[0]
+            obs_list.append(obs)
+        self._returns += reward
+        self._lengths += 1
+        episode_return = np.where(done, self._returns, 0.0).astype(np.float32)
+        episode_length = np.where(done, self._lengths, 0).astype(np.int32)
+        self._returns[done] = 0.0
+        self._lengths[done] = 0
+        return VectorStep(
+            obs=self._stack(obs_list),
+            reward=reward,
+            done=done,
+            truncated=truncated,
+            final_obs=self._stack(final_list),
+            episode_return=episode_return,
+            episode_length=episode_length,
+        )
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def _stack(self, observations: Sequence[Any]) -> np.ndarray:
+        array = np.stack([np.asarray(obs) for obs in observations])
+        return array.astype(np.float32) if array.dtype.kind == "f" else array
+
+
+def _item(action: np.ndarray, space: spaces.Space[Any]) -> Any:
+    """One copy's action in the form its single environment expects (int for Discrete)."""
+    return int(action) if isinstance(space, spaces.Discrete) else action
+
+
+def make_vector(
+    env_id: str, num_envs: int, seed: int | None = None, **kwargs: Any
+) -> VectorEnvironment:
+    """N copies of `env_id`: the native batched implementation where one is registered.
+
+    `seed` seeds the batch (the next `reset()` starts from it); kwargs go to the environment
+    as in `make`, including `max_episode_steps` to override the registered time limit.
+    """
+    from shoal.envs.registry import default_registry
+
+    return default_registry.make_vector(env_id, num_envs, seed=seed, **kwargs)
