@@ -1,0 +1,255 @@
+"""CheckpointManager: complete-or-ignored checkpoints, corruption skipped, disk full survived."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shoal.errors import ConfigError
+from shoal.learner.checkpoint import CheckpointManager, SaveSchedule
+from shoal.learner.errors import CheckpointError
+from shoal.learner.policy import ActorCritic
+
+
+def state_for(step: int) -> dict:
+    return {
+        "step": step,
+        "weights": torch.full((4, 4), float(step)),
+        "extra": {"arr": np.arange(3)},
+    }
+
+
+@pytest.fixture
+def manager(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt", keep=5)
+    try:
+        yield mgr
+    finally:
+        mgr._writer.shutdown(wait=True)
+
+
+def test_round_trip_of_a_policy_and_optimizer(manager):
+    from gymnasium import spaces
+
+    model = ActorCritic((4,), spaces.Discrete(2))
+    opt = torch.optim.Adam(model.parameters())
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "spec": model.spec(),
+        "step": 7,
+    }
+    info = manager.save(state, 7, meta={"env_hash": "abc"}, block=True)
+    latest = manager.latest()
+    assert latest == info
+    assert latest.meta == {"env_hash": "abc"}
+    loaded = manager.load(latest)
+    clone = ActorCritic.from_spec(loaded["spec"])
+    clone.load_state_dict(loaded["model"])
+    for a, b in zip(model.parameters(), clone.parameters()):
+        torch.testing.assert_close(a, b)
+    assert loaded["step"] == 7
+
+
+def test_the_snapshot_is_taken_at_save_time(manager):
+    weights = torch.zeros(3)
+    manager.save({"w": weights}, 1)
+    weights.add_(5.0)  # training goes on while the writer thread works
+    manager.wait()
+    torch.testing.assert_close(manager.load(manager.latest())["w"], torch.zeros(3))
+
+
+def test_numpy_arrays_come_back_as_tensors(manager):
+    manager.save(state_for(1), 1, block=True)
+    loaded = manager.load(manager.latest())
+    torch.testing.assert_close(loaded["extra"]["arr"], torch.arange(3))
+
+
+def test_newest_complete_wins_and_keep_prunes(tmp_path):
+    with CheckpointManager(tmp_path, keep=2) as mgr:
+        for step in (10, 20, 30):
+            mgr.save(state_for(step), step)
+        mgr.wait()
+        assert mgr.latest().step == 30
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "ckpt-000000000020.json", "ckpt-000000000020.pt",
+            "ckpt-000000000030.json", "ckpt-000000000030.pt",
+        ]  # fmt: skip
+
+
+def corrupt_flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def corrupt_truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-10])
+
+
+def corrupt_drop_manifest(path: Path) -> None:
+    path.with_suffix(".json").unlink()
+
+
+def corrupt_garble_manifest(path: Path) -> None:
+    path.with_suffix(".json").write_text("{not json")
+
+
+def corrupt_drop_data(path: Path) -> None:
+    path.unlink()
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "warning"),
+    [
+        (corrupt_flip, "sha256 does not match"),
+        (corrupt_truncate, "sha256 does not match"),
+        (corrupt_drop_manifest, "manifest is missing"),
+        (corrupt_garble_manifest, "unreadable"),
+        (corrupt_drop_data, "unreadable"),
+    ],
+)
+def test_broken_newest_checkpoint_is_skipped_with_a_warning(manager, caplog, corrupt, warning):
+    manager.save(state_for(1), 1)
+    newest = manager.save(state_for(2), 2)
+    manager.wait()
+    corrupt(newest.path)
+    with caplog.at_level(logging.WARNING, logger="shoal.learner.checkpoint"):
+        latest = manager.latest()
+    assert latest is not None
+    assert latest.step == 1
+    assert warning in caplog.text
+    assert manager.load(latest)["step"] == 1
+
+
+def test_load_refuses_a_corrupt_file(manager):
+    info = manager.save(state_for(3), 3, block=True)
+    corrupt_flip(info.path)
+    with pytest.raises(CheckpointError, match="does not match its recorded sha256"):
+        manager.load(info)
+
+
+def test_no_checkpoint_gives_none(manager):
+    assert manager.latest() is None
+
+
+def test_load_never_unpickles_arbitrary_objects(manager):
+    """A file whose hash matches but holds a pickled object is refused by weights_only."""
+    info = manager.save(state_for(1), 1, block=True)
+    payload = _pickled_fraction()
+    info.path.write_bytes(payload)
+    manifest = json.loads(info.manifest.read_text())
+    manifest["sha256"] = hashlib.sha256(payload).hexdigest()
+    info.manifest.write_text(json.dumps(manifest))
+    forged = manager.latest()
+    assert forged is not None
+    with pytest.raises(CheckpointError, match="cannot be loaded"):
+        manager.load(forged)
+
+
+def _pickled_fraction() -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save({"evil": Fraction(1, 3)}, buffer)
+    return buffer.getvalue()
+
+
+def test_unstorable_state_is_refused_naming_the_path(manager):
+    with pytest.raises(CheckpointError, match=r"state\['cfg'\] is a Fraction"):
+        manager.save({"cfg": Fraction(1, 2)}, 1)
+    with pytest.raises(CheckpointError, match="step must be an integer >= 0"):
+        manager.save({}, -1)
+    with pytest.raises(CheckpointError, match="state must be a dict"):
+        manager.save([1], 1)  # type: ignore[arg-type]
+
+
+def test_disk_full_raises_and_keeps_the_previous_checkpoint(manager):
+    """A real ENOSPC: the new checkpoint's temp file is a link to /dev/full."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("/dev/full is not available on this system")
+    manager.save(state_for(1), 1, block=True)
+    (manager.directory / ".ckpt-000000000002.pt.tmp").symlink_to("/dev/full")
+    with pytest.raises(CheckpointError, match=r"disk is full.*older checkpoints are untouched"):
+        manager.save(state_for(2), 2, block=True)
+    latest = manager.latest()
+    assert latest.step == 1
+    assert manager.load(latest)["step"] == 1
+    assert not (manager.directory / ".ckpt-000000000002.pt.tmp").exists()
+
+
+@pytest.mark.timeout(120)
+def test_file_size_limit_in_a_child_process_is_reported_and_survived(tmp_path):
+    """RLIMIT_FSIZE makes the child's real write fail (EFBIG); its old checkpoint stays loadable."""
+    with CheckpointManager(tmp_path, keep=3) as mgr:
+        mgr.save(state_for(1), 1, block=True)
+    script = textwrap.dedent(
+        f"""
+        import resource, signal, sys, torch
+        from shoal.learner.checkpoint import CheckpointManager
+        from shoal.learner.errors import CheckpointError
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+        mgr = CheckpointManager({str(tmp_path)!r}, keep=3)
+        try:
+            mgr.save({{"big": torch.zeros(1 << 20)}}, 2, block=True)
+        except CheckpointError as exc:
+            print(exc)
+            sys.exit(3)
+        sys.exit(0)
+        """
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=100
+    )
+    assert child.returncode == 3, child.stderr
+    assert "checkpoint step 2" in child.stdout
+    assert "older checkpoints are untouched" in child.stdout
+    with CheckpointManager(tmp_path, keep=3) as mgr:
+        latest = mgr.latest()
+        assert latest.step == 1
+        assert mgr.load(latest)["step"] == 1
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_periodic_schedule_with_an_injected_clock(manager):
+    now = [100.0]
+    schedule = manager.periodic(interval_s=2.0, clock=lambda: now[0])
+    assert not schedule.due()
+    now[0] = 101.5
+    assert schedule.remaining() == pytest.approx(0.5)
+    now[0] = 102.0
+    assert schedule.due()
+    schedule.mark_saved()
+    assert not schedule.due()
+    assert SaveSchedule().interval_s == 900.0
+
+
+@pytest.mark.parametrize("interval", [0, -1.0, float("inf"), "5", True])
+def test_bad_interval_is_a_config_error(interval):
+    with pytest.raises(ConfigError, match=r"checkpoint\.interval"):
+        SaveSchedule(interval)
+
+
+@pytest.mark.parametrize("keep", [0, -2, 1.5, True])
+def test_bad_keep_is_a_config_error(tmp_path, keep):
+    with pytest.raises(ConfigError, match=r"checkpoint\.keep"):
+        CheckpointManager(tmp_path, keep=keep)
+
+
+def test_unwritable_directory_is_a_checkpoint_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(CheckpointError, match="cannot create checkpoint directory"):
+        CheckpointManager(blocker / "sub")
