@@ -14,6 +14,8 @@ class RaftError(ShoalError):
 
     http_status = 500
     code = "internal"
+    field: str | None = None
+    """The request field at fault, when one is (a dotted path such as `body.resources.memory`)."""
 
 
 class ValidationError(RaftError):
@@ -41,12 +43,20 @@ class NotFound(RaftError):
     http_status = 404
     code = "not_found"
 
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
 
 class Conflict(RaftError):
     """The command contradicts the current state (duplicate id, stale generation, cordoned node)."""
 
     http_status = 409
     code = "conflict"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Unauthorized(RaftError):

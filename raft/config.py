@@ -1,0 +1,136 @@
+"""Typed configuration of a coordinator replica; every check names the key, value and fix."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shoal.errors import ConfigError
+
+
+def parse_address(key: str, value: str) -> tuple[str, int]:
+    """'HOST:PORT' -> (host, port), or ConfigError naming `key`."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}={value!r} is not HOST:PORT with a port in 1..65535")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True if `host` names only loopback addresses (resolved once, here, at start-up)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+@dataclass(frozen=True)
+class RaftTimings:
+    """pysyncobj timings. The defaults aim at a 0.2-0.3 s failover on a LAN (pysyncobj's own
+    defaults give 0.5-1.4 s) and unbatched appends for low latency of sequential writes."""
+
+    append_period: float = 0.05
+    """Leader heartbeat (append_entries) interval, seconds; below min_timeout / 3."""
+    min_timeout: float = 0.2
+    """Shortest election timeout, seconds."""
+    max_timeout: float = 0.35
+    """Longest election timeout, seconds; the spread avoids split votes."""
+    connection_timeout: float = 1.0
+    """Silence after which a peer connection counts as dead; >= max_timeout."""
+    reconnect_period: float = 0.2
+    """How often to retry a lost peer (pysyncobj's 5 s default slows a restarted replica)."""
+    leader_fallback: float = 1.0
+    """A leader that hears from no majority this long steps down, so writes fail fast."""
+    batch_appends: bool = False
+    """Batch log entries per append (throughput) instead of sending each at once (latency)."""
+    tick_period: float = 0.05
+    """Longest sleep of pysyncobj's tick thread when no socket is ready."""
+
+    def __post_init__(self) -> None:
+        for key in ("append_period", "min_timeout", "tick_period", "reconnect_period"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"raft.{key}={getattr(self, key)!r} must be > 0 seconds")
+        if not self.min_timeout > 3 * self.append_period:
+            raise ConfigError(
+                f"raft.min_timeout={self.min_timeout} must exceed 3 x raft.append_period "
+                f"({3 * self.append_period:g})"
+            )
+        if not self.max_timeout > self.min_timeout:
+            raise ConfigError(
+                f"raft.max_timeout={self.max_timeout} must exceed raft.min_timeout={self.min_timeout}"
+            )
+        if not self.connection_timeout >= self.max_timeout:
+            raise ConfigError(
+                f"raft.connection_timeout={self.connection_timeout} must be >= raft.max_timeout={self.max_timeout}"
+            )
+        if not self.leader_fallback > self.append_period:
+            raise ConfigError(
+                f"raft.leader_fallback={self.leader_fallback} must exceed raft.append_period"
+            )
+
+
+@dataclass(frozen=True)
+class LivenessConfig:
+    """How long the leader waits without a heartbeat before it marks a node suspect, then dead."""
+
+    suspect_after: float = 3.0
+    dead_after: float = 10.0
+    check_period: float = 0.25
+    """How often the leader looks for overdue nodes (bounds dead-node detection jitter)."""
+    health_period: float = 2.0
+    """Health summaries are replicated in one batched command this often."""
+
+    def __post_init__(self) -> None:
+        for key in ("suspect_after", "check_period", "health_period"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"liveness.{key}={getattr(self, key)!r} must be > 0 seconds")
+        if not self.dead_after > self.suspect_after:
+            raise ConfigError(
+                f"liveness.dead_after={self.dead_after} must exceed liveness.suspect_after={self.suspect_after}"
+            )
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """One replica: its ids and addresses, its data directory, its secrets, its timings."""
+
+    replica_id: str
+    raft: str
+    peers: tuple[str, ...]
+    api: str
+    data_dir: Path
+    secret: str | None
+    token: str
+    timings: RaftTimings = field(default_factory=RaftTimings)
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    write_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.replica_id or not self.replica_id.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"--id={self.replica_id!r} must be letters, digits, '-' or '_'")
+        hosts = [parse_address("--raft", self.raft)[0], parse_address("--api", self.api)[0]]
+        hosts += [parse_address("--peers", peer)[0] for peer in self.peers]
+        if self.raft in self.peers:
+            raise ConfigError(
+                f"--peers lists this replica's own --raft address {self.raft}; list only the others"
+            )
+        if not self.token:
+            raise ConfigError("the API token is empty; pass --token-file with a non-empty token")
+        if self.secret is None and not all(is_loopback(h) for h in hosts):
+            raise ConfigError(
+                "refusing to start without the cluster secret: Raft traffic is pickled, so off "
+                "loopback it must be encrypted; pass --secret-file (every replica the same file)"
+            )
+        if not self.write_timeout > 0:
+            raise ConfigError(f"write_timeout={self.write_timeout!r} must be > 0 seconds")
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.api}"

@@ -1,0 +1,108 @@
+"""One coordinator replica as a process: pysyncobj on its own thread, the admin API and the
+leader's duties on the event loop, journal and dump files in the data directory.
+
+`Coordinator.serve` runs until `stop` is set (SIGTERM/SIGINT in `main`), then closes the API,
+stops Raft and lets pysyncobj flush its journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import aiohttp
+from aiohttp import web
+from pysyncobj import SyncObj, SyncObjConf
+
+from shoal.raft.api import build_app
+from shoal.raft.bridge import RaftBridge
+from shoal.raft.config import CoordinatorConfig, RaftTimings, parse_address
+from shoal.raft.handlers import ApiContext
+from shoal.raft.leader import LeaderDuties
+from shoal.raft.liveness import LivenessTable
+from shoal.raft.state import ClusterState
+
+log = logging.getLogger(__name__)
+FORWARD_TIMEOUT = 5.0
+
+
+def syncobj_conf(config: CoordinatorConfig, bridge: RaftBridge) -> SyncObjConf:
+    t: RaftTimings = config.timings
+    return SyncObjConf(
+        password=config.secret,
+        journalFile=str(config.data_dir / "raft.journal"),
+        fullDumpFile=str(config.data_dir / "raft.dump"),
+        appendEntriesUseBatch=t.batch_appends,
+        appendEntriesPeriod=t.append_period,
+        raftMinTimeout=t.min_timeout,
+        raftMaxTimeout=t.max_timeout,
+        connectionTimeout=t.connection_timeout,
+        connectionRetryTime=t.reconnect_period,
+        leaderFallbackTimeout=t.leader_fallback,
+        autoTickPeriod=t.tick_period,
+        onStateChanged=bridge.on_state_changed,
+        commandsWaitLeader=True,
+    )
+
+
+class Coordinator:
+    """A replica: build it, then `await serve(stop)` on the main thread's event loop."""
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        config = self.config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        state = ClusterState()
+        bridge = RaftBridge(state, asyncio.get_running_loop())
+        # SyncObj's tick thread watches the thread that built it: build it on this (main) thread.
+        sync = SyncObj(
+            config.raft, list(config.peers), syncobj_conf(config, bridge), consumers=[state]
+        )
+        bridge.attach(sync)
+        ctx = ApiContext(config, state, bridge, LivenessTable(config.liveness))
+        duties = LeaderDuties(ctx)
+        bridge.add_listener(duties.on_leadership)
+        runner = web.AppRunner(build_app(ctx), access_log=None)
+        try:
+            ctx.session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT)
+            )
+            await runner.setup()
+            host, port = parse_address("--api", config.api)
+            await web.TCPSite(runner, host, port).start()
+            log.info(
+                "replica %s: raft %s, api %s, peers %s",
+                config.replica_id,
+                config.raft,
+                config.api_url,
+                config.peers,
+            )
+            await stop.wait()
+        finally:
+            await duties.stop()
+            await runner.cleanup()
+            if ctx.session is not None:
+                await ctx.session.close()
+            sync.destroy()
+            await asyncio.get_running_loop().run_in_executor(None, _join_tick_thread, sync)
+            log.info("replica %s stopped", config.replica_id)
+
+
+def _join_tick_thread(sync: SyncObj) -> None:
+    thread = getattr(sync, "_SyncObj__thread", None)
+    if thread is not None:
+        thread.join(timeout=5.0)
+
+
+async def serve_until_signalled(config: CoordinatorConfig) -> None:
+    """Run one replica until SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await Coordinator(config).serve(stop)

@@ -1,0 +1,602 @@
+"""The admin API's handlers and its route table (`ROUTES`), over one explicit `ApiContext`.
+
+Writes go through `ApiContext.write`: the command is validated, stamped with the proposer's
+clock and the request's operation id, proposed on the local replica (pysyncobj forwards it to
+the leader when this replica follows) and answered once applied here, so a client reads its
+own writes on the replica it wrote to. Heartbeats are the exception: they live in the leader's
+memory, so a follower forwards them to the leader's API over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from shoal.raft import commands as cmd
+from shoal.raft.bridge import RaftBridge
+from shoal.raft.config import CoordinatorConfig
+from shoal.raft.errors import Conflict, NotFound, NotLeader, RaftError
+from shoal.raft.liveness import LivenessTable
+from shoal.raft.machine import Result, StateMachine
+from shoal.raft.metrics import Labels, Metrics
+from shoal.raft.model import JOB_STATES, LIVENESS, TASK_STATES
+from shoal.raft.routes import Call, Param, Route
+from shoal.raft.schema import Schema
+from shoal.raft.state import ClusterState
+
+MAX_EVENTS_PER_READ = 1000
+POLL_PERIOD = 0.05
+
+
+@dataclass
+class ApiContext:
+    """Everything a handler may touch; built once per replica (a test can build one in a line)."""
+
+    config: CoordinatorConfig
+    state: ClusterState
+    bridge: RaftBridge
+    liveness: LivenessTable
+    metrics: Metrics = field(default_factory=Metrics)
+    session: aiohttp.ClientSession | None = None
+
+    async def write(self, op: str, args: dict[str, Any], op_id: str) -> Result:
+        command = cmd.make_command(op, args, op_id, time.time())
+        result = await self.bridge.propose(command, self.config.write_timeout)
+        self.metrics.inc(
+            "shoal_raft_commands_total", "commands committed", op=op, ok=str(result["ok"]).lower()
+        )
+        raise_refusal(result)
+        return result
+
+    async def barrier(self) -> None:
+        """Linearizable read: once a fresh no-op is applied here, every earlier write is too."""
+        await self.write("barrier", {}, uuid.uuid4().hex)
+
+    def read(self, fn: Any) -> Any:
+        return self.state.read(fn)
+
+
+def raise_refusal(result: Result) -> None:
+    if result["ok"]:
+        return
+    error = NotFound if result["error"] == "not_found" else Conflict
+    raise error(result["message"], result.get("field"))
+
+
+def reply(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+def _find(items: dict[str, Any], key: str, what: str, listing: str) -> Any:
+    if key not in items:
+        raise NotFound(f"no {what} {key!r}; see GET {listing}")
+    return items[key]
+
+
+async def _maybe_consistent(ctx: ApiContext, call: Call) -> None:
+    if call.query.get("consistent"):
+        await ctx.barrier()
+
+
+CONSISTENT = Param(
+    "consistent", {"type": "boolean"}, "read through the Raft log first (linearizable)"
+)
+
+# -- cluster --------------------------------------------------------------------------------
+
+
+async def healthz(ctx: ApiContext, call: Call) -> web.Response:
+    return reply({"ok": True, "replica": ctx.config.replica_id, "leader": ctx.bridge.is_leader()})
+
+
+async def get_cluster(ctx: ApiContext, call: Call) -> web.Response:
+    await _maybe_consistent(ctx, call)
+    status = ctx.bridge.status()
+    leader = ctx.state.leader_record()
+    digest, applied = ctx.read(lambda m: (m.digest(), m.applied_count))
+    return reply(
+        {
+            "replica": ctx.config.replica_id,
+            "raft": ctx.config.raft,
+            "api": ctx.config.api_url,
+            **status,
+            "leader_api": leader["api"] if leader and leader["raft"] == status["leader"] else None,
+            "leader_id": leader["replica_id"]
+            if leader and leader["raft"] == status["leader"]
+            else None,
+            "digest": digest,
+            "applied_commands": applied,
+        }
+    )
+
+
+async def batch(ctx: ApiContext, call: Call) -> web.Response:
+    members = [
+        {
+            "op": c["op"],
+            "op_id": c.get("op_id") or uuid.uuid4().hex,
+            "at": time.time(),
+            "args": c["args"],
+        }
+        for c in call.body["commands"]
+    ]
+    command = {"op": "batch", "op_id": call.op_id, "at": time.time(), "args": {"commands": members}}
+    cmd.validate_command(command)
+    result = await ctx.bridge.propose(command, ctx.config.write_timeout)
+    ctx.metrics.inc(
+        "shoal_raft_commands_total", "commands committed", len(members), op="batch", ok="true"
+    )
+    return reply(result)
+
+
+# -- nodes ----------------------------------------------------------------------------------
+
+
+def _node_view(m: StateMachine, node_id: str) -> dict[str, Any]:
+    node = _find(m.nodes, node_id, "node", "/v1/nodes")
+    tasks = [t.id for t in m.tasks.values() if t.node == node_id]
+    return {**asdict(node), "tasks": tasks}
+
+
+async def list_nodes(ctx: ApiContext, call: Call) -> web.Response:
+    await _maybe_consistent(ctx, call)
+    want = call.query.get("liveness")
+    nodes = ctx.read(lambda m: [asdict(n) for n in m.nodes.values() if want in (None, n.liveness)])
+    return reply({"nodes": nodes})
+
+
+async def get_node(ctx: ApiContext, call: Call) -> web.Response:
+    await _maybe_consistent(ctx, call)
+    return reply(ctx.read(lambda m: _node_view(m, call.path["node_id"])))
+
+
+async def register_node(ctx: ApiContext, call: Call) -> web.Response:
+    result = await ctx.write("register_node", call.body, call.op_id)
+    if ctx.bridge.is_leader():
+        ctx.liveness.heartbeat(call.body["node_id"], time.time(), None)
+    return reply(result["node"], 201)
+
+
+async def _flag(ctx: ApiContext, call: Call, op: str, key: str, value: bool) -> web.Response:
+    result = await ctx.write(op, {"node_id": call.path["node_id"], key: value}, call.op_id)
+    return reply(result["node"])
+
+
+async def cordon_node(ctx: ApiContext, call: Call) -> web.Response:
+    return await _flag(ctx, call, "set_cordon", "cordoned", True)
+
+
+async def uncordon_node(ctx: ApiContext, call: Call) -> web.Response:
+    return await _flag(ctx, call, "set_cordon", "cordoned", False)
+
+
+async def drain_node(ctx: ApiContext, call: Call) -> web.Response:
+    return await _flag(ctx, call, "set_draining", "draining", True)
+
+
+async def heartbeat(ctx: ApiContext, call: Call) -> web.StreamResponse:
+    node_id = call.path["node_id"]
+    if not ctx.bridge.is_leader():
+        return await _forward_to_leader(ctx, call)
+    view = ctx.read(lambda m: _node_view(m, node_id))
+    ctx.liveness.heartbeat(node_id, time.time(), call.body.get("health"))
+    ctx.metrics.inc("shoal_heartbeats_total", "heartbeats received by the leader")
+    tasks = ctx.read(lambda m: [asdict(m.tasks[t]) for t in view["tasks"]])
+    return reply(
+        {
+            "node_id": node_id,
+            "liveness": view["liveness"],
+            "cordoned": view["cordoned"],
+            "tasks": tasks,
+        }
+    )
+
+
+async def _forward_to_leader(ctx: ApiContext, call: Call) -> web.StreamResponse:
+    status = ctx.bridge.status()
+    leader = ctx.state.leader_record()
+    if (
+        leader is None
+        or status["leader"] is None
+        or leader["raft"] != status["leader"]
+        or ctx.session is None
+    ):
+        raise NotLeader("no leader known to this replica yet; retry shortly", status["leader"])
+    url = f"{leader['api']}{call.raw.rel_url}"
+    headers = {"Authorization": call.raw.headers.get("Authorization", "")}
+    try:
+        async with ctx.session.post(url, json=call.body, headers=headers) as resp:
+            data = await resp.json(content_type=None)
+            return reply(data, resp.status)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise NotLeader(
+            f"the leader at {leader['api']} did not answer ({exc!r})", leader["api"]
+        ) from None
+
+
+# -- jobs and tasks -------------------------------------------------------------------------
+
+
+async def list_jobs(ctx: ApiContext, call: Call) -> web.Response:
+    await _maybe_consistent(ctx, call)
+    want = call.query.get("state")
+    jobs = ctx.read(lambda m: [asdict(j) for j in m.jobs.values() if want in (None, j.state)])
+    return reply({"jobs": jobs})
+
+
+async def submit_job(ctx: ApiContext, call: Call) -> web.Response:
+    args = {"job_id": uuid.uuid4().hex[:12], **call.body}
+    result = await ctx.write("submit_job", args, call.op_id)
+    return reply(result["job"], 201)
+
+
+def _job_view(m: StateMachine, job_id: str) -> dict[str, Any]:
+    job = _find(m.jobs, job_id, "job", "/v1/jobs")
+    tasks = [asdict(t) for t in m.tasks.values() if t.job_id == job_id]
+    cps = [asdict(c) for c in m.checkpoints.values() if c.job_id == job_id]
+    return {**asdict(job), "tasks": tasks, "checkpoints": cps}
+
+
+async def get_job(ctx: ApiContext, call: Call) -> web.Response:
+    await _maybe_consistent(ctx, call)
+    return reply(ctx.read(lambda m: _job_view(m, call.path["job_id"])))
+
+
+async def stop_job(ctx: ApiContext, call: Call) -> web.Response:
+    result = await ctx.write("stop_job", {"job_id": call.path["job_id"]}, call.op_id)
+    return reply(result["job"])
+
+
+async def add_tasks(ctx: ApiContext, call: Call) -> web.Response:
+    result = await ctx.write("add_tasks", {"job_id": call.path["job_id"], **call.body}, call.op_id)
+    return reply(result, 201)
+
+
+async def list_tasks(ctx: ApiContext, call: Call) -> web.Response:
+    await _maybe_consistent(ctx, call)
+    q = call.query
+
+    def pick(m: StateMachine) -> list[dict[str, Any]]:
+        return [
+            asdict(t)
+            for t in m.tasks.values()
+            if q.get("node") in (None, t.node)
+            and q.get("job") in (None, t.job_id)
+            and q.get("state") in (None, t.state)
+        ]
+
+    return reply({"tasks": ctx.read(pick)})
+
+
+async def get_task(ctx: ApiContext, call: Call) -> web.Response:
+    await _maybe_consistent(ctx, call)
+    return reply(
+        ctx.read(lambda m: asdict(_find(m.tasks, call.path["task_id"], "task", "/v1/tasks")))
+    )
+
+
+async def set_task_state(ctx: ApiContext, call: Call) -> web.Response:
+    result = await ctx.write(
+        "set_task_state", {"task_id": call.path["task_id"], **call.body}, call.op_id
+    )
+    return reply(result["task"])
+
+
+async def place_tasks(ctx: ApiContext, call: Call) -> web.Response:
+    return reply(await ctx.write("place_tasks", call.body, call.op_id))
+
+
+# -- checkpoints and events -------------------------------------------------------------------
+
+
+async def list_checkpoints(ctx: ApiContext, call: Call) -> web.Response:
+    await _maybe_consistent(ctx, call)
+    job = call.query.get("job")
+    cps = ctx.read(lambda m: [asdict(c) for c in m.checkpoints.values() if job in (None, c.job_id)])
+    return reply({"checkpoints": cps})
+
+
+async def record_checkpoint(ctx: ApiContext, call: Call) -> web.Response:
+    result = await ctx.write("record_checkpoint", call.body, call.op_id)
+    return reply(result["checkpoint"], 201)
+
+
+async def list_events(ctx: ApiContext, call: Call) -> web.Response:
+    await _maybe_consistent(ctx, call)
+    since = call.query.get("since", 0)
+    limit = call.query.get("limit", MAX_EVENTS_PER_READ)
+    deadline = time.monotonic() + call.query.get("wait", 0.0)
+
+    def pick(m: StateMachine) -> tuple[list[dict[str, Any]], int]:
+        return [asdict(e) for e in m.events if e.seq > since][:limit], m.event_seq
+
+    events, last = ctx.read(pick)
+    while not events and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_PERIOD)
+        events, last = ctx.read(pick)
+    return reply({"events": events, "last_seq": last})
+
+
+async def add_event(ctx: ApiContext, call: Call) -> web.Response:
+    return reply(await ctx.write("add_event", call.body, call.op_id), 201)
+
+
+async def metrics(ctx: ApiContext, call: Call) -> web.Response:
+    status = ctx.bridge.status()
+    counts = ctx.read(
+        lambda m: {lv: sum(n.liveness == lv for n in m.nodes.values()) for lv in LIVENESS}
+    )
+    tasks = ctx.read(
+        lambda m: {s: sum(t.state == s for t in m.tasks.values()) for s in TASK_STATES}
+    )
+    gauges: dict[str, tuple[str, dict[Labels, float]]] = {
+        "shoal_raft_term": ("current Raft term", {(): status["term"]}),
+        "shoal_raft_commit_index": ("Raft commit index", {(): status["commit_index"]}),
+        "shoal_raft_is_leader": ("1 on the leader", {(): float(status["state"] == "leader")}),
+        "shoal_nodes": ("nodes by liveness", {(("liveness", k),): v for k, v in counts.items()}),
+        "shoal_tasks": ("tasks by state", {(("state", k),): v for k, v in tasks.items()}),
+    }
+    return web.Response(text=ctx.metrics.render(gauges), content_type="text/plain", charset="utf-8")
+
+
+def _body(op: str, drop: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> Schema:
+    """A command's args schema as a request body, minus what the path supplies."""
+    schema = cmd.ARG_SCHEMAS[op]
+    props = {k: v for k, v in schema["properties"].items() if k not in drop}
+    required = [k for k in schema["required"] if k not in drop and k not in optional]
+    return {**schema, "properties": props, "required": required}
+
+
+BATCH_BODY: Schema = {
+    "type": "object",
+    "required": ["commands"],
+    "additionalProperties": False,
+    "properties": {
+        "commands": {
+            "type": "array",
+            "maxItems": cmd.MAX_BATCH,
+            "items": {
+                "type": "object",
+                "required": ["op", "args"],
+                "additionalProperties": False,
+                "properties": {
+                    "op": {"enum": sorted(cmd.ARG_SCHEMAS)},
+                    "op_id": cmd.ID,
+                    "args": cmd.FREE_OBJECT,
+                },
+            },
+        }
+    },
+}
+HEARTBEAT_BODY: Schema = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"health": cmd.FREE_OBJECT},
+}
+EMPTY: Schema = {"type": "object", "additionalProperties": False, "properties": {}}
+ID_FILTER: Schema = cmd.ID
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "GET",
+        "/healthz",
+        healthz,
+        "liveness of this replica (no token needed)",
+        auth=False,
+        tag="meta",
+    ),
+    Route("GET", "/metrics", metrics, "Prometheus text metrics", tag="meta"),
+    Route(
+        "GET",
+        "/v1/cluster",
+        get_cluster,
+        "leader, term, commit index, replicas and their lag",
+        query=(CONSISTENT,),
+    ),
+    Route(
+        "POST",
+        "/v1/batch",
+        batch,
+        "apply many commands as one log entry",
+        body=BATCH_BODY,
+        write=True,
+    ),
+    Route(
+        "GET",
+        "/v1/nodes",
+        list_nodes,
+        "list nodes",
+        tag="nodes",
+        query=(CONSISTENT, Param("liveness", {"enum": list(LIVENESS)}, "only nodes in this state")),
+    ),
+    Route(
+        "POST",
+        "/v1/nodes",
+        register_node,
+        "register (or re-register) a node",
+        body=_body("register_node"),
+        write=True,
+        tag="nodes",
+    ),
+    Route(
+        "GET",
+        "/v1/nodes/{node_id}",
+        get_node,
+        "one node and the tasks placed on it",
+        query=(CONSISTENT,),
+        tag="nodes",
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/{node_id}/heartbeat",
+        heartbeat,
+        "heartbeat with an optional health summary",
+        body=HEARTBEAT_BODY,
+        tag="nodes",
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/{node_id}/cordon",
+        cordon_node,
+        "take no new tasks",
+        body=EMPTY,
+        write=True,
+        tag="nodes",
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/{node_id}/uncordon",
+        uncordon_node,
+        "take tasks again (ends a drain)",
+        body=EMPTY,
+        write=True,
+        tag="nodes",
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/{node_id}/drain",
+        drain_node,
+        "cordon and move tasks away",
+        body=EMPTY,
+        write=True,
+        tag="nodes",
+    ),
+    Route(
+        "GET",
+        "/v1/jobs",
+        list_jobs,
+        "list jobs",
+        tag="jobs",
+        query=(CONSISTENT, Param("state", {"enum": list(JOB_STATES)}, "only jobs in this state")),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs",
+        submit_job,
+        "submit a job (id generated when absent)",
+        body=_body("submit_job", optional=("job_id",)),
+        write=True,
+        tag="jobs",
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{job_id}",
+        get_job,
+        "a job with its tasks and checkpoints",
+        query=(CONSISTENT,),
+        tag="jobs",
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{job_id}/stop",
+        stop_job,
+        "stop a job and its tasks",
+        body=EMPTY,
+        write=True,
+        tag="jobs",
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{job_id}/tasks",
+        add_tasks,
+        "add tasks to a running job",
+        body=_body("add_tasks", drop=("job_id",)),
+        write=True,
+        tag="jobs",
+    ),
+    Route(
+        "GET",
+        "/v1/tasks",
+        list_tasks,
+        "list tasks",
+        tag="tasks",
+        query=(
+            CONSISTENT,
+            Param("node", ID_FILTER, "only tasks placed on this node"),
+            Param("job", ID_FILTER, "only tasks of this job"),
+            Param("state", {"enum": list(TASK_STATES)}, "only tasks in this state"),
+        ),
+    ),
+    Route("GET", "/v1/tasks/{task_id}", get_task, "one task", query=(CONSISTENT,), tag="tasks"),
+    Route(
+        "PUT",
+        "/v1/tasks/{task_id}/state",
+        set_task_state,
+        "report a task's state (node daemons)",
+        body=_body("set_task_state", drop=("task_id",)),
+        write=True,
+        tag="tasks",
+    ),
+    Route(
+        "POST",
+        "/v1/placements",
+        place_tasks,
+        "place or unplace tasks (the scheduler)",
+        body=_body("place_tasks"),
+        write=True,
+        tag="tasks",
+    ),
+    Route(
+        "GET",
+        "/v1/checkpoints",
+        list_checkpoints,
+        "list checkpoints",
+        tag="checkpoints",
+        query=(CONSISTENT, Param("job", ID_FILTER, "only checkpoints of this job")),
+    ),
+    Route(
+        "POST",
+        "/v1/checkpoints",
+        record_checkpoint,
+        "record a checkpoint",
+        body=_body("record_checkpoint"),
+        write=True,
+        tag="checkpoints",
+    ),
+    Route(
+        "GET",
+        "/v1/events",
+        list_events,
+        "events after `since`, waiting up to `wait` s for one",
+        tag="events",
+        query=(
+            CONSISTENT,
+            Param("since", {"type": "integer", "minimum": 0}, "return events with seq > since"),
+            Param(
+                "wait",
+                {"type": "number", "minimum": 0, "maximum": 60},
+                "long-poll this many seconds",
+            ),
+            Param(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": MAX_EVENTS_PER_READ},
+                "at most this many",
+            ),
+        ),
+    ),
+    Route(
+        "POST",
+        "/v1/events",
+        add_event,
+        "append an event",
+        body=_body("add_event"),
+        write=True,
+        tag="events",
+    ),
+)
+
+
+def route_error(exc: RaftError) -> dict[str, Any]:
+    """The JSON body of an error answer: code, message, and the field or leader when known."""
+    return {
+        "error": exc.code,
+        "message": str(exc),
+        "field": exc.field,
+        "leader": getattr(exc, "leader", None),
+    }

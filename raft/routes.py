@@ -1,0 +1,62 @@
+"""The admin API's route table entries: one declaration registers a handler AND documents it.
+
+`api.py` registers each `Route` with aiohttp and validates its query and body against the
+declared schemas; `openapi.py` turns the same list into the OpenAPI document, so the two can
+never drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from shoal.raft.schema import Schema
+
+
+@dataclass(frozen=True)
+class Param:
+    """A query parameter; its schema type (integer, number, boolean, string) drives parsing."""
+
+    name: str
+    schema: Schema
+    description: str
+
+
+@dataclass
+class Call:
+    """One parsed, validated request as a handler sees it."""
+
+    path: dict[str, str]
+    query: dict[str, Any]
+    body: Any
+    op_id: str
+    raw: web.Request
+
+
+Handler = Callable[[Any, Call], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    body: Schema | None = None
+    query: tuple[Param, ...] = ()
+    auth: bool = True
+    write: bool = False
+    """Writes take an `X-Shoal-Op-Id` header: a retry with the same id is applied once."""
+    tag: str = "cluster"
+    responses: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def path_params(self) -> list[str]:
+        return [part[1:-1] for part in self.path.split("/") if part.startswith("{")]
+
+    @property
+    def operation_id(self) -> str:
+        return getattr(self.handler, "__name__", "handler").lstrip("_")
