@@ -32,6 +32,39 @@ class RemoteError(ActorError):
         self.message = message
 
 
+class ActorInterrupted(ActorError):
+    """The actor was stopped or restarted while handling this call; it may have partly run."""
+
+
+class InvalidActorName(ActorError):
+    """An actor name is empty, reserved or has characters a path cannot carry."""
+
+
+class InvalidActorPath(ActorError):
+    """A path is neither a bare actor name nor `shoal://host:port/name`."""
+
+
+class NameTaken(ActorError):
+    """Another live actor in this system already has the name asked for."""
+
+
+class SystemNotRunning(ActorError):
+    """The actor system has not been started or is stopping; start it before spawning."""
+
+
+class InvalidTimeout(ActorError, ValueError):
+    """An ask timeout is not a positive, finite number of seconds."""
+
+
+class NotAnActor(ActorError, TypeError):
+    """`spawn` was given something that does not build an `Actor`."""
+
+
+class Escalated(ActorError):
+    """A child failed more often than its supervisor's restart intensity allows; the
+    supervisor itself fails with this, chained to the child's last exception."""
+
+
 class WireError(ShoalError):
     """Root of the errors about bytes on a link: the peer is misbehaving or incompatible."""
 

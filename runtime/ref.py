@@ -8,9 +8,12 @@ ref writes a frame on a link. Refs are used from tasks on the owning system's ev
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from shoal.runtime.errors import InvalidTimeout
 
 DEFAULT_ASK_TIMEOUT = 10.0
 
@@ -19,7 +22,12 @@ class ActorRef(ABC):
     """A handle to one actor, compared and hashed by its path."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
+        self._path = path
+
+    @property
+    def path(self) -> str:
+        """Where the actor lives: a bare name, or `shoal://host:port/name`."""
+        return self._path
 
     @abstractmethod
     async def _tell(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -95,6 +103,14 @@ class _AskProxy:
         self._timeout = timeout
 
     def __call__(self, *, timeout: float) -> _AskProxy:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < math.inf
+        ):
+            raise InvalidTimeout(
+                f"ask timeout={timeout!r} is invalid: use a positive, finite number of seconds"
+            )
         return _AskProxy(self._ref, timeout)
 
     def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:

@@ -1,0 +1,382 @@
+"""`Actor`, the base class users subclass, and `ActorCell`, the runtime half that runs one.
+
+An actor's public methods are its message handlers. The cell owns the mailbox and one
+consumer task that calls handlers one message at a time; the mailbox outlives restarts, the
+instance does not. Everything here runs on the system's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from shoal.runtime.errors import (
+    ActorError,
+    ActorInterrupted,
+    ActorNotFound,
+    NotAnActor,
+    UnknownMethod,
+)
+from shoal.runtime.local_ref import LocalActorRef
+from shoal.runtime.mailbox import Mailbox
+from shoal.runtime.supervision import SupervisorNode, SupervisorSpec
+
+if TYPE_CHECKING:
+    from shoal.runtime.ref import ActorRef
+    from shoal.runtime.system import ActorSystem
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAILBOX_SIZE = 1024
+# A consumer with a full mailbox yields to the loop after this many messages, so an actor
+# that keeps telling itself cannot starve every other task.
+YIELD_EVERY = 256
+
+# (method, args, kwargs, reply future or None for a tell)
+Message = tuple[str, tuple[Any, ...], dict[str, Any], "asyncio.Future[Any] | None"]
+
+
+class ActorContext:
+    """An actor's place in its system: its ref, its parent, its children, and how to spawn more.
+
+    Bound to the instance before `on_start`; not available in `__init__`.
+    """
+
+    __slots__ = ("_cell",)
+
+    def __init__(self, cell: ActorCell) -> None:
+        self._cell = cell
+
+    @property
+    def system(self) -> ActorSystem:
+        return self._cell.system
+
+    @property
+    def name(self) -> str:
+        return self._cell.name
+
+    @property
+    def ref(self) -> ActorRef:
+        return self._cell.ref
+
+    @property
+    def parent(self) -> ActorRef | None:
+        """The supervising actor, or None for a top-level actor (supervised by the system)."""
+        parent = self._cell.parent_cell
+        return None if parent is None else parent.ref
+
+    @property
+    def children(self) -> list[ActorRef]:
+        return [child.ref for child in self._cell.children.values()]
+
+    async def spawn(
+        self,
+        factory: Callable[..., Actor],
+        *args: Any,
+        name: str | None = None,
+        mailbox_size: int = DEFAULT_MAILBOX_SIZE,
+        supervisor: SupervisorSpec | None = None,
+        **kwargs: Any,
+    ) -> ActorRef:
+        """Spawn a child supervised by this actor; see `ActorSystem.spawn`."""
+        return await self._cell.system._spawn(
+            self._cell, factory, args, kwargs, name, mailbox_size, supervisor
+        )
+
+    async def stop(self, ref: ActorRef | None = None) -> None:
+        """Stop this actor (no argument) or another local actor, with its children.
+
+        Called from inside the actor being stopped (or one of its descendants) it only
+        schedules the stop, since waiting would mean waiting for itself.
+        """
+        system = self._cell.system
+        await system.stop_actor(self._cell.ref if ref is None else ref)
+
+
+class Actor:
+    """Subclass and define public methods (sync or async): each is a message handler.
+
+    Handlers run one at a time. Names starting with `_`, the lifecycle hooks and the
+    attributes below are not callable from outside; calling them raises `UnknownMethod`.
+    Lifecycle: `on_start` after construction; on a failure the old instance gets `on_stop`
+    and a new instance (built by the same factory) gets `on_restart(error)`, which calls
+    `on_start` unless overridden; `on_stop` when the actor stops.
+    """
+
+    _context: ActorContext | None = None
+
+    @property
+    def context(self) -> ActorContext:
+        context = self._context
+        if context is None:
+            raise ActorError(
+                f"{type(self).__name__}.context is bound after __init__; use it from on_start on"
+            )
+        return context
+
+    @property
+    def ref(self) -> ActorRef:
+        return self.context.ref
+
+    async def spawn(
+        self,
+        factory: Callable[..., Actor],
+        *args: Any,
+        name: str | None = None,
+        mailbox_size: int = DEFAULT_MAILBOX_SIZE,
+        supervisor: SupervisorSpec | None = None,
+        **kwargs: Any,
+    ) -> ActorRef:
+        """Spawn a child this actor supervises (shorthand for `self.context.spawn`)."""
+        return await self.context.spawn(
+            factory, *args, name=name, mailbox_size=mailbox_size, supervisor=supervisor, **kwargs
+        )
+
+    async def on_start(self) -> None:
+        """Acquire resources and spawn children; raising here makes `spawn` raise."""
+
+    async def on_stop(self) -> None:
+        """Release what `on_start` acquired; children have already stopped."""
+
+    async def on_restart(self, error: Exception) -> None:
+        """Called on the fresh instance after a failure; by default the same as `on_start`."""
+        await self.on_start()
+
+
+_RESERVED = frozenset(name for name in dir(Actor) if not name.startswith("_"))
+
+
+_HANDLER_NAMES: dict[type[Actor], tuple[frozenset[str], frozenset[str]]] = {}
+
+
+def handler_names(cls: type[Actor]) -> tuple[frozenset[str], frozenset[str]]:
+    """(all handler names, the async ones) of an Actor subclass, computed once per class."""
+    cached = _HANDLER_NAMES.get(cls)
+    if cached is not None:
+        return cached
+    found: dict[str, bool] = {}
+    base = set(Actor.__mro__)
+    for klass in reversed(cls.__mro__):
+        if klass in base:
+            continue
+        for attr, value in vars(klass).items():
+            if attr.startswith("_") or attr in _RESERVED:
+                continue
+            if inspect.isfunction(value):
+                found[attr] = inspect.iscoroutinefunction(value)
+            else:
+                found.pop(attr, None)
+    names = frozenset(found), frozenset(n for n, is_async in found.items() if is_async)
+    _HANDLER_NAMES[cls] = names
+    return names
+
+
+async def call_hook(hook: Callable[..., Any], *args: Any) -> None:
+    """Run a lifecycle hook, sync or async."""
+    result = hook(*args)
+    if inspect.isawaitable(result):
+        await result
+
+
+class ActorCell(SupervisorNode):
+    """One actor's runtime: mailbox, current instance, consumer task, children and flags.
+
+    `dead` is set once a stop begins (refs then turn messages into dead letters); `restarting`
+    while the guardian replaces the instance. Only the guardian and `spawn` change them.
+    """
+
+    def __init__(
+        self,
+        system: ActorSystem,
+        name: str,
+        parent: SupervisorNode,
+        factory: Callable[..., Actor],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        mailbox_size: int,
+        spec: SupervisorSpec,
+    ) -> None:
+        super().__init__(spec)
+        self.system = system
+        self.name = name
+        self.parent = parent
+        self.mailbox: Mailbox[Message] = Mailbox(mailbox_size)
+        self.instance: Actor | None = None
+        self.handlers: dict[str, Callable[..., Any]] = {}
+        self.async_handlers: frozenset[str] = frozenset()
+        self.dead = False
+        self.restarting = False
+        self.incarnation = 0
+        self.task: asyncio.Task[None] | None = None
+        self.current: Message | None = None
+        self.ref = LocalActorRef(self)
+        self._factory = factory
+        self._args = args
+        self._kwargs = kwargs
+
+    def __repr__(self) -> str:
+        return f"<ActorCell {self.name} incarnation={self.incarnation}>"
+
+    @property
+    def path(self) -> str:
+        address = self.system.address
+        return self.name if address is None else f"{address}/{self.name}"
+
+    @property
+    def label(self) -> str:
+        return self.path
+
+    @property
+    def parent_cell(self) -> ActorCell | None:
+        parent = self.parent
+        return parent if isinstance(parent, ActorCell) else None
+
+    def create_instance(self) -> Actor:
+        """Build a fresh instance with the spawn arguments and bind its context and handlers."""
+        instance = self._factory(*self._args, **self._kwargs)
+        if not isinstance(instance, Actor):
+            raise NotAnActor(
+                f"spawn({self._factory!r}) built a {type(instance).__name__}, not an Actor; "
+                "pass an Actor subclass or a function returning an instance of one"
+            )
+        names, async_names = handler_names(type(instance))
+        instance._context = ActorContext(self)
+        self.instance = instance
+        self.handlers = {name: getattr(instance, name) for name in names}
+        self.async_handlers = async_names
+        return instance
+
+    def start(self) -> None:
+        """Start the consumer task for the current instance."""
+        self.restarting = False
+        task = asyncio.get_running_loop().create_task(self._consume(), name=f"actor:{self.name}")
+        self.task = task
+        self.system._guardian.consumers[task] = self
+
+    async def halt(self, timeout: float) -> None:
+        """Cancel the consumer task and wait for it; the message it was handling is interrupted."""
+        task = self.task
+        self.task = None
+        if task is None or task.done():
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=timeout)
+        if not task.done():
+            log.error(
+                "actor %s ignored cancellation for %ss; abandoning its task", self.path, timeout
+            )
+
+    async def stop_instance(self, timeout: float) -> None:
+        """Run `on_stop` on the current instance (at most once); errors are logged, not raised."""
+        instance = self.instance
+        if instance is None:
+            return
+        self.instance = None
+        try:
+            async with asyncio.timeout(timeout):
+                await call_hook(instance.on_stop)
+        except Exception:
+            log.exception("actor %s: on_stop raised", self.path)
+
+    async def reincarnate(self, error: Exception, timeout: float) -> None:
+        """Replace the instance after a failure and run its `on_restart(error)`."""
+        self.incarnation += 1
+        self.reset_intensity()
+        instance = self.create_instance()
+        async with asyncio.timeout(timeout):
+            await call_hook(instance.on_restart, error)
+
+    def finish(self) -> None:
+        """Close the mailbox, turn what is left into dead letters, and leave the tree."""
+        self.dead = True
+        dead_letters = self.system.dead_letters
+        path = self.path
+        for method, _args, _kwargs, reply in self.mailbox.close():
+            dead_letters.record(path, method, "left in mailbox at stop")
+            if reply is not None and not reply.done():
+                reply.set_exception(ActorNotFound(f"actor {path} stopped before handling {method}"))
+        if self.parent.children.get(self.name) is self:
+            del self.parent.children[self.name]
+        self.system._forget(self)
+
+    async def _consume(self) -> None:
+        mailbox = self.mailbox
+        handlers = self.handlers
+        async_handlers = self.async_handlers
+        budget = YIELD_EVERY
+        task = asyncio.current_task()
+        try:
+            while True:
+                message = mailbox.get_nowait()
+                if message is None:
+                    budget = YIELD_EVERY
+                    await mailbox.wait_nonempty()
+                    continue
+                method, args, kwargs, reply = message
+                handler = handlers.get(method)
+                if handler is None:
+                    self._reject(method, reply)
+                    continue
+                self.current = message
+                try:
+                    result = handler(*args, **kwargs)
+                    if method in async_handlers:
+                        result = await result
+                except asyncio.CancelledError as cancelled:
+                    if task is not None and task.cancelling():
+                        raise
+                    self._fail(reply, self._inner_cancel(method, cancelled))
+                    return
+                except Exception as error:
+                    self._fail(reply, error)
+                    return
+                self.current = None
+                if reply is not None and not reply.done():
+                    reply.set_result(result)
+                budget -= 1
+                if not budget:
+                    budget = YIELD_EVERY
+                    await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self._interrupted()
+            raise
+        finally:
+            if task is not None:
+                self.system._guardian.consumers.pop(task, None)
+
+    def _reject(self, method: str, reply: asyncio.Future[Any] | None) -> None:
+        """A message queued for a handler the current incarnation's class lacks."""
+        self.system.dead_letters.record(self.path, method, "unknown method after restart")
+        if reply is not None and not reply.done():
+            reply.set_exception(UnknownMethod(f"actor {self.path} has no handler {method!r}"))
+
+    def _inner_cancel(self, method: str, cancelled: asyncio.CancelledError) -> Exception:
+        error = ActorInterrupted(
+            f"handler {method} of {self.path} was cancelled by something it awaited"
+        )
+        error.__cause__ = cancelled
+        return error
+
+    def _fail(self, reply: asyncio.Future[Any] | None, error: Exception) -> None:
+        self.current = None
+        if reply is not None and not reply.done():
+            reply.set_exception(error)
+        self.system._guardian.failed(self, error)
+
+    def _interrupted(self) -> None:
+        message = self.current
+        if message is None:
+            return
+        self.current = None
+        method, _args, _kwargs, reply = message
+        self.system.dead_letters.record(self.path, method, "interrupted by stop or restart")
+        if reply is not None and not reply.done():
+            reply.set_exception(
+                ActorInterrupted(
+                    f"actor {self.path} was stopped or restarted while handling {method}; "
+                    "it may have partly run"
+                )
+            )
