@@ -71,7 +71,7 @@ TORCH_DTYPES: dict[str, str] = {
     "float64": "<f8",
 }
 
-Buffer = bytes | memoryview
+Buffer = bytes | bytearray | memoryview
 
 T = TypeVar("T")
 
@@ -382,3 +382,46 @@ class _Decoder:
                 f"a {dtype} scalar needs {np.dtype(dtype).itemsize} bytes, got {len(raw)}"
             )
         return np.frombuffer(raw, dtype=dtype)[0]
+
+
+class FrameReader:
+    """Reassembles whole frames from a byte stream cut at arbitrary points (websocket messages).
+
+    Each frame gets its own writable buffer sized from its prefix, after the size limit is
+    checked, so a hostile length costs an error, never an allocation."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._max = max_frame_bytes
+        self._head = bytearray()
+        self._frame: bytearray | None = None
+        self._filled = 0
+
+    @property
+    def mid_frame(self) -> bool:
+        """Whether part of a frame has arrived and the rest is still missing."""
+        return bool(self._head) or self._frame is not None
+
+    def feed(self, data: Buffer) -> list[bytearray]:
+        """Take the next piece of the stream; return the frames it completed, in order."""
+        view = memoryview(data)
+        done: list[bytearray] = []
+        while view:
+            frame = self._frame
+            if frame is None:
+                need = PREFIX_SIZE - len(self._head)
+                self._head += view[:need]
+                view = view[need:]
+                if len(self._head) < PREFIX_SIZE:
+                    break
+                frame = self._frame = bytearray(frame_length(self._head, self._max))
+                frame[:PREFIX_SIZE] = self._head
+                self._filled = PREFIX_SIZE
+                self._head.clear()
+            take = min(len(view), len(frame) - self._filled)
+            frame[self._filled : self._filled + take] = view[:take]
+            self._filled += take
+            view = view[take:]
+            if self._filled == len(frame):
+                done.append(frame)
+                self._frame = None
+        return done

@@ -292,3 +292,33 @@ def test_wrong_magic_and_truncation_are_malformed() -> None:
         wire.decode(frame[:-1])
     with pytest.raises(MalformedFrame, match="prefix needs"):
         wire.frame_length(frame[:5])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(values, min_size=1, max_size=4), st.data())
+def test_frame_reader_reassembles_a_stream_cut_anywhere(
+    items: list[Any], data: st.DataObject
+) -> None:
+    stream = b"".join(bytes(p) for item in items for p in wire.encode(item).parts)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+    reader = wire.FrameReader()
+    frames: list[bytearray] = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+        frames += reader.feed(stream[start:end])
+    assert not reader.mid_frame
+    assert len(frames) == len(items)
+    assert all(same(item, wire.decode(frame)) for item, frame in zip(items, frames))
+
+
+def test_frame_reader_refuses_an_oversized_frame_before_allocating() -> None:
+    reader = wire.FrameReader(max_frame_bytes=1024)
+    with pytest.raises(FrameTooLarge):
+        reader.feed(wire.PREFIX.pack(wire.MAGIC, 0, 0, 2**40))
+
+
+def test_frame_reader_knows_when_it_is_mid_frame() -> None:
+    stream = b"".join(bytes(p) for p in wire.encode(np.zeros(100)).parts)
+    reader = wire.FrameReader()
+    assert reader.feed(stream[:30]) == []
+    assert reader.mid_frame
+    assert len(reader.feed(stream[30:])) == 1

@@ -1,0 +1,554 @@
+"""Links between processes: one aiohttp server per process, one websocket per pair of peers.
+
+A `Link` is one authenticated websocket session. Both ends run the same code: a reader that
+reassembles wire frames and answers control frames at once, a delivery task that hands
+requests to local actors in arrival order, and a writer that coalesces everything queued in
+one loop iteration into websocket messages of at most `chunk_bytes` (64 KiB by default: aiohttp
+moves 1 MiB messages at well under half the speed of 64 KiB ones, see docs/runtime.md). The
+link is a byte stream cut into messages anywhere, so one message may carry many small frames
+or a slice of a large tensor. Any bytes the peer gets wrong close that link, never the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from shoal.errors import ConfigError
+from shoal.runtime import auth, wire
+from shoal.runtime.credit import ReceiveCredit, SendCredit
+from shoal.runtime.errors import (
+    ActorError,
+    ActorNotFound,
+    AskTimeout,
+    AuthenticationFailed,
+    FrameTooLarge,
+    LinkClosed,
+    MailboxFull,
+    MalformedFrame,
+    RemoteError,
+    UnknownMessageType,
+    UnknownMethod,
+    WireError,
+)
+from shoal.runtime.ref import ActorRef
+
+if TYPE_CHECKING:
+    from shoal.runtime.remote import Peer
+    from shoal.runtime.system import ActorSystem
+
+logger = logging.getLogger(__name__)
+
+SCHEME = "shoal://"
+ROUTE = "/shoal"
+Lookup = Callable[[str], ActorRef]
+
+# Errors a reply may name that the asker re-raises as themselves, not as RemoteError.
+_RUNTIME_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (ActorNotFound, AskTimeout, UnknownMethod, MailboxFull, UnknownMessageType)
+}
+_WIRE_ERRORS: dict[str, type[WireError]] = {
+    cls.__name__: cls
+    for cls in (MalformedFrame, UnknownMessageType, FrameTooLarge, AuthenticationFailed)
+}
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """How a process listens, authenticates and paces its links. The defaults suit one host."""
+
+    token: bytes | str
+    """The cluster token every process shares; links without it are refused."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free port; `Transport.address` reports the real one."""
+    max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES
+    chunk_bytes: int = 64 * 1024
+    """Largest websocket message written; bigger frames are cut into pieces of this size."""
+    credit_frames: int = 1024
+    credit_bytes: int = 64 * 1024 * 1024
+    """The window this process grants each peer: requests in flight or queued before it waits."""
+    handshake_timeout: float = 5.0
+    connect_timeout: float = 5.0
+    """How long a send waits for a (re)connection before raising LinkClosed."""
+    reconnect_initial: float = 0.05
+    reconnect_max: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.token, bytes | str) or not self.token:
+            raise ConfigError("token is empty: give every process the same non-empty cluster token")
+        if type(self.port) is not int or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port={self.port!r} is invalid: use 0 (any free port) to 65535")
+        self._positive_int("max_frame_bytes", wire.PREFIX_SIZE)
+        self._positive_int("chunk_bytes", 1024)
+        self._positive_int("credit_frames", 1)
+        self._positive_int("credit_bytes", 1)
+        for key in ("handshake_timeout", "connect_timeout", "reconnect_initial", "reconnect_max"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"{key}={value!r} is invalid: use a number of seconds > 0")
+
+    def _positive_int(self, key: str, minimum: int) -> None:
+        value = getattr(self, key)
+        if type(value) is not int or value < minimum:
+            raise ConfigError(f"{key}={value!r} is invalid: use a whole number >= {minimum}")
+
+    @property
+    def token_bytes(self) -> bytes:
+        return self.token.encode() if isinstance(self.token, str) else self.token
+
+    @property
+    def window(self) -> auth.Window:
+        return auth.Window(self.credit_frames, self.credit_bytes)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """'shoal://host:port/name' -> ('shoal://host:port', 'name')."""
+    rest = url.removeprefix(SCHEME)
+    host, _, name = rest.partition("/")
+    if not url.startswith(SCHEME) or ":" not in host or not name:
+        raise ActorNotFound(f"{url!r} is not a remote actor path; write shoal://HOST:PORT/NAME")
+    return SCHEME + host, name
+
+
+def _ws_url(address: str) -> str:
+    return "ws://" + address.removeprefix(SCHEME) + ROUTE
+
+
+class Link:
+    """One authenticated websocket session to a peer; used from tasks on one loop."""
+
+    def __init__(
+        self,
+        ws: auth.Socket,
+        config: TransportConfig,
+        lookup: Lookup,
+        granted: auth.Window,
+        peer: str,
+    ) -> None:
+        self.peer = peer
+        self._ws = ws
+        self._config = config
+        self._lookup = lookup
+        self._send_credit = SendCredit(granted.frames, granted.nbytes)
+        self._receive_credit = ReceiveCredit(config.credit_frames, config.credit_bytes)
+        self._outbox: deque[wire.Buffer] = deque()
+        self._wake_writer = asyncio.Event()
+        self._inbox: deque[list[Any]] = deque()
+        self._wake_delivery = asyncio.Event()
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count()
+        self._serving: set[asyncio.Task[None]] = set()
+        self._closed = asyncio.get_running_loop().create_future()
+        self.error: WireError | None = None
+        self._tasks = [
+            asyncio.create_task(self._read_loop(), name=f"shoal-link-read {peer}"),
+            asyncio.create_task(self._write_loop(), name=f"shoal-link-write {peer}"),
+            asyncio.create_task(self._deliver_loop(), name=f"shoal-link-deliver {peer}"),
+        ]
+
+    def __repr__(self) -> str:
+        state = f"closed ({self.error})" if self.error else "open"
+        return f"<Link {self.peer} {state} pending={len(self._pending)} {self._send_credit!r}>"
+
+    @property
+    def closed(self) -> bool:
+        return self.error is not None
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    # -- sending -------------------------------------------------------------------------
+
+    def _encode(self, envelope: list[Any]) -> wire.EncodedFrame:
+        if self.error is not None:
+            raise LinkClosed(f"link to {self.peer} is closed: {self.error}")
+        return wire.encode(envelope, self._config.max_frame_bytes)
+
+    def _write(self, frame: wire.EncodedFrame) -> None:
+        self._outbox.extend(frame.parts)
+        self._wake_writer.set()
+
+    async def tell(
+        self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        frame = self._encode(["t", target, method, list(args), kwargs])
+        await self._send_credit.take(frame.nbytes)
+        self._write(frame)
+
+    def tell_nowait(
+        self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        frame = self._encode(["t", target, method, list(args), kwargs])
+        self._send_credit.take_nowait(frame.nbytes)
+        self._write(frame)
+
+    async def ask(
+        self,
+        target: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float,
+    ) -> Any:
+        request = next(self._ids)
+        frame = self._encode(["a", request, target, method, list(args), kwargs, float(timeout)])
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._send_credit.take(frame.nbytes)
+                self._pending[request] = reply
+                self._write(frame)
+                return await reply
+        except AskTimeout:
+            raise
+        except TimeoutError as exc:
+            raise AskTimeout(
+                f"{target}.{method} on {self.peer} did not answer within {timeout}s; "
+                "it may still run. Raise the timeout with ref.ask(timeout=...)"
+            ) from exc
+        finally:
+            self._pending.pop(request, None)
+
+    async def _write_loop(self) -> None:
+        chunk = self._config.chunk_bytes
+        outbox = self._outbox
+        # aiohttp writes any bytes-like object, though its annotation says bytes.
+        send: Callable[[wire.Buffer], Awaitable[None]] = self._ws.send_bytes  # type: ignore[assignment]
+        try:
+            while True:
+                if not outbox:
+                    self._wake_writer.clear()
+                    await self._wake_writer.wait()
+                    continue
+                batch = bytearray()
+                while outbox:
+                    view = memoryview(outbox.popleft())
+                    while view:
+                        if not batch and len(view) >= chunk:
+                            await send(view[:chunk])
+                            view = view[chunk:]
+                            continue
+                        room = chunk - len(batch)
+                        batch += view[:room]
+                        view = view[room:]
+                        if len(batch) >= chunk:
+                            await send(batch)
+                            batch = bytearray()
+                if batch:
+                    await send(batch)
+        except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
+            await self.close(LinkClosed(f"writing to {self.peer} failed: {exc}"), tell_peer=False)
+
+    # -- receiving -----------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        reader = wire.FrameReader(self._config.max_frame_bytes)
+        try:
+            async for msg in self._ws:
+                if msg.type != aiohttp.WSMsgType.BINARY:
+                    raise MalformedFrame(
+                        f"the peer sent a {msg.type.name} websocket message; shoal links carry binary frames"
+                    )
+                for frame in reader.feed(msg.data):
+                    self._dispatch(
+                        _envelope(wire.decode(frame, self._config.max_frame_bytes)), len(frame)
+                    )
+        except _PeerReported as exc:
+            await self.close(exc.error, tell_peer=False)
+            return
+        except WireError as exc:
+            logger.warning("closing link to %s: %s", self.peer, exc)
+            await self.close(exc, tell_peer=True)
+            return
+        except (ConnectionError, aiohttp.ClientError) as exc:
+            await self.close(LinkClosed(f"link to {self.peer} failed: {exc}"), tell_peer=False)
+            return
+        cut = " in the middle of a frame" if reader.mid_frame else ""
+        await self.close(LinkClosed(f"{self.peer} closed the link{cut}"), tell_peer=False)
+
+    def _dispatch(self, envelope: list[Any], nbytes: int) -> None:
+        kind = envelope[0]
+        if kind in ("t", "a"):
+            envelope.append(nbytes)
+            self._inbox.append(envelope)
+            self._wake_delivery.set()
+        elif kind == "r":
+            reply = self._pending.pop(envelope[1], None)
+            if reply is not None and not reply.done():
+                reply.set_result(envelope[2])
+        elif kind == "f":
+            reply = self._pending.pop(envelope[1], None)
+            if reply is not None and not reply.done():
+                reply.set_exception(_failure(*envelope[2:]))
+        elif kind == "c":
+            self._send_credit.grant(envelope[1], envelope[2])
+        else:
+            cls = _WIRE_ERRORS.get(envelope[1], LinkClosed)
+            raise _PeerReported(cls(f"{self.peer} refused what this process sent: {envelope[2]}"))
+
+    async def _deliver_loop(self) -> None:
+        """Hand requests to local actors in arrival order; a full mailbox holds back only this
+        link's later requests, and its credit, which is what slows the remote producer."""
+        inbox = self._inbox
+        while True:
+            if not inbox:
+                self._wake_delivery.clear()
+                await self._wake_delivery.wait()
+                continue
+            envelope = inbox.popleft()
+            if envelope[0] == "t":
+                _, target, method, args, kwargs, nbytes = envelope
+                await self._deliver_tell(target, method, tuple(args), kwargs)
+                self._consumed(nbytes)
+            else:
+                task = asyncio.create_task(self._serve_ask(*envelope[1:]))
+                self._serving.add(task)
+                task.add_done_callback(self._serving.discard)
+
+    async def _deliver_tell(
+        self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        try:
+            await self._lookup(target)._tell(method, args, kwargs)
+        except ActorError as exc:
+            logger.info("tell %s.%s from %s not delivered: %s", target, method, self.peer, exc)
+
+    async def _serve_ask(
+        self,
+        request: int,
+        target: str,
+        method: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        timeout: float,
+        nbytes: int,
+    ) -> None:
+        try:
+            result = await self._lookup(target)._ask(method, tuple(args), kwargs, timeout)
+            frame = wire.encode(["r", request, result], self._config.max_frame_bytes)
+        except RemoteError as exc:
+            frame = self._fail_frame(request, False, exc.type_name, exc.message)
+        except (ActorError, WireError) as exc:
+            runtime = type(exc).__name__ in _RUNTIME_ERRORS
+            frame = self._fail_frame(request, runtime, type(exc).__name__, str(exc))
+        except Exception as exc:
+            frame = self._fail_frame(request, False, type(exc).__name__, str(exc))
+        finally:
+            self._consumed(nbytes)
+        if self.error is None:
+            self._write(frame)
+
+    def _fail_frame(
+        self, request: int, runtime: bool, type_name: str, message: str
+    ) -> wire.EncodedFrame:
+        return wire.encode(["f", request, runtime, type_name, message])
+
+    def _consumed(self, nbytes: int) -> None:
+        grant = self._receive_credit.consumed(nbytes)
+        if grant is not None and self.error is None:
+            self._write(wire.encode(["c", *grant]))
+
+    # -- closing -------------------------------------------------------------------------
+
+    async def close(self, error: WireError | None = None, *, tell_peer: bool = False) -> None:
+        """Close once: fail pending asks and waiting senders, stop the tasks, say why to the peer."""
+        if self.error is not None:
+            return
+        self.error = error or LinkClosed(f"link to {self.peer} was closed by this process")
+        closed = self.error if isinstance(self.error, LinkClosed) else LinkClosed(str(self.error))
+        self._send_credit.close(closed)
+        for reply in self._pending.values():
+            if not reply.done():
+                reply.set_exception(self.error if error is not None and not tell_peer else closed)
+        self._pending.clear()
+        current = asyncio.current_task()
+        others = [task for task in [*self._tasks, *self._serving] if task is not current]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        try:
+            if tell_peer and not self._ws.closed:
+                frame = wire.encode(["e", type(error).__name__, str(error)])
+                await self._ws.send_bytes(b"".join(bytes(p) for p in frame.parts))
+            await self._ws.close()
+        except (ConnectionError, aiohttp.ClientError, RuntimeError):
+            pass
+        finally:
+            if not self._closed.done():
+                self._closed.set_result(None)
+
+
+class _PeerReported(Exception):
+    """The peer sent an error frame about us; carried out of the read loop to close the link."""
+
+    def __init__(self, error: WireError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+_SHAPES: dict[str, tuple[type | tuple[type, ...], ...]] = {
+    "t": (str, str, list, dict),
+    "a": (int, str, str, list, dict, float),
+    "r": (int, object),
+    "f": (int, bool, str, str),
+    "c": (int, int),
+    "e": (str, str),
+}
+
+
+def _envelope(value: Any) -> list[Any]:
+    """Check a decoded frame is one of the link's envelopes, so handlers can trust its fields."""
+    if not isinstance(value, list) or not value or not isinstance(value[0], str):
+        raise MalformedFrame("a link frame must be a list starting with its kind")
+    shape = _SHAPES.get(value[0])
+    if shape is None:
+        raise UnknownMessageType(f"unknown link frame kind {value[0]!r}")
+    if len(value) != len(shape) + 1 or not all(isinstance(v, t) for v, t in zip(value[1:], shape)):
+        raise MalformedFrame(f"a {value[0]!r} frame has the wrong fields")
+    if value[0] == "c" and (value[1] < 0 or value[2] < 0):
+        raise MalformedFrame("a credit grant cannot be negative")
+    return value
+
+
+def _failure(runtime: bool, type_name: str, message: str) -> Exception:
+    cls = _RUNTIME_ERRORS.get(type_name) if runtime else None
+    return cls(message) if cls is not None else RemoteError(type_name, message)
+
+
+class Transport:
+    """This process's endpoint: the server peers connect to, and the links it opened to them.
+
+    `lookup` finds the local actor a remote request names (an `ActorSystem.lookup`). Create,
+    `await start()` and `await close()` on the loop the actors run on."""
+
+    def __init__(self, config: TransportConfig, lookup: Lookup) -> None:
+        self.config = config
+        self._lookup = lookup
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._inbound: set[Link] = set()
+        self._peers: dict[str, Peer] = {}
+        self.address = ""
+        self._on_close: list[Callable[[], None]] = []
+
+    def __repr__(self) -> str:
+        return f"<Transport {self.address or 'stopped'} in={len(self._inbound)} out={len(self._peers)}>"
+
+    async def start(self) -> str:
+        """Listen and return this process's address, 'shoal://host:port'."""
+        app = web.Application()
+        app.router.add_get(ROUTE, self._accept)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.address = f"{SCHEME}{self.config.host}:{port}"
+        self._session = aiohttp.ClientSession()
+        return self.address
+
+    async def _accept(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(
+            compress=False,
+            max_msg_size=self.config.chunk_bytes + 1024,
+            timeout=1.0,
+            writer_limit=self.config.chunk_bytes * 16,
+        )
+        await ws.prepare(request)
+        peer = f"inbound {request.remote}"
+        try:
+            granted = await auth.server_handshake(
+                ws, self.config.token_bytes, self.config.window, self.config.handshake_timeout
+            )
+        except WireError as exc:
+            logger.warning("refused link from %s: %s", peer, exc)
+            await ws.close()
+            return ws
+        link = Link(ws, self.config, self._lookup, granted, peer)
+        self._inbound.add(link)
+        try:
+            await link.wait_closed()
+        finally:
+            self._inbound.discard(link)
+        return ws
+
+    async def open_link(self, address: str) -> Link:
+        """Connect and authenticate one new link to `address` ('shoal://host:port')."""
+        if self._session is None:
+            raise LinkClosed("the transport is not started; await transport.start() first")
+        ws = await self._session.ws_connect(
+            _ws_url(address),
+            compress=0,
+            max_msg_size=self.config.chunk_bytes + 1024,
+            autoping=True,
+            timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
+        )
+        try:
+            granted = await auth.client_handshake(
+                ws, self.config.token_bytes, self.config.window, self.config.handshake_timeout
+            )
+        except BaseException:
+            await ws.close()
+            raise
+        return Link(ws, self.config, self._lookup, granted, address)
+
+    def peer(self, address: str) -> Peer:
+        """The reconnecting connection to `address`, created on first use."""
+        from shoal.runtime.remote import Peer
+
+        peer = self._peers.get(address)
+        if peer is None:
+            peer = self._peers[address] = Peer(address, self)
+        return peer
+
+    def resolver(self, address: str) -> Lookup:
+        """What `ActorSystem.attach_remote(address, ...)` needs: name -> RemoteRef."""
+        from shoal.runtime.remote import RemoteRef
+
+        peer = self.peer(address)
+        return lambda name: RemoteRef(f"{address}/{name}", peer, name)
+
+    def ref(self, url: str) -> ActorRef:
+        """A ref to the actor at 'shoal://host:port/name'."""
+        address, name = split_url(url)
+        return self.resolver(address)(name)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        self._on_close.append(callback)
+
+    async def close(self) -> None:
+        """Close every link and stop listening; pending asks fail with LinkClosed."""
+        for callback in self._on_close:
+            callback()
+        self._on_close.clear()
+        for peer in list(self._peers.values()):
+            await peer.close()
+        self._peers.clear()
+        for link in list(self._inbound):
+            await link.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+async def attach(system: ActorSystem, config: TransportConfig) -> Transport:
+    """Serve `system`'s actors to other processes and make its `ref` resolve remote paths.
+    Close the returned transport before stopping the system."""
+    transport = Transport(config, system.lookup)
+    address = await transport.start()
+    system.attach_remote(address, transport.ref)
+    transport.on_close(system.detach_remote)
+    return transport
