@@ -164,7 +164,7 @@ def test_remote_paths_go_to_the_attached_resolver():
 def test_transport_can_call_local_primitives_directly():
     async def body():
         async with ActorSystem() as system:
-            ref = await system.spawn(Echo, name="echo")
+            await system.spawn(Echo, name="echo")
             local = system.ref("echo")
             assert await local._ask("echo", ("x",), {}, 5.0) == "x"
             await local._tell("echo", (1,), {})
@@ -176,7 +176,7 @@ def test_transport_can_call_local_primitives_directly():
 def test_spawn_needs_a_running_system():
     async def body():
         system = ActorSystem()
-        with pytest.raises(SystemNotRunning, match="await system.start"):
+        with pytest.raises(SystemNotRunning, match=r"await system\.start"):
             await system.spawn(Echo)
         await system.start()
         await system.stop()
