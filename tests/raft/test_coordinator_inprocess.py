@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from .inprocess import InProcessReplica
-
-
-@pytest.fixture(scope="module")
-def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReplica]:
-    rep = InProcessReplica(tmp_path_factory.mktemp("c1"))
-    try:
-        rep.start()
-        yield rep
-    finally:
-        rep.close()
-
 
 pytestmark = pytest.mark.timeout(60)
 
