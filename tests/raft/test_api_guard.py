@@ -67,12 +67,11 @@ def test_malformed_bodies_are_4xx_naming_the_field(replica: InProcessReplica, ro
         status, body = replica.request(route.method, path, {name: wrong})
         assert status == 422, (name, body)
         assert body["field"].startswith("body."), body
-    for name in route.body.get("required", []):
+    if route.body.get("required"):
         status, body = replica.request(route.method, path, {})
         assert status == 422
         assert body["field"] == f"body.{route.body['required'][0]}"
         assert "required" in body["message"]
-        break
 
 
 @pytest.mark.parametrize("route", QUERY_ROUTES, ids=_rid)
