@@ -306,3 +306,194 @@ class PlacementPlan:
             placements=tuple(Placement.from_dict(p) for p in data.get("placements", ())),
             refused=tuple(Refusal.from_dict(r) for r in data.get("refused", ())),
         )
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """One node's latest health summary, as its daemon reported it with the heartbeat.
+
+    Fractions are 0..1 (utilisation may exceed 1 when a node is oversubscribed). `xid_errors`
+    and `ecc_errors` count NEW events since the previous report; `steps_baseline` is the node's
+    own recent env steps/s, so a slowdown is judged against itself, not against other hardware.
+    """
+
+    node: str
+    cpu: float = 0.0
+    memory: float = 0.0
+    gpu_util: float = 0.0
+    gpu_memory: float = 0.0
+    xid_errors: int = 0
+    ecc_errors: int = 0
+    latency_ms: float = 0.0
+    clock_offset_ms: float = 0.0
+    steps_per_s: float | None = None
+    steps_baseline: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cpu", "memory", "gpu_util", "gpu_memory", "latency_ms"):
+            _nonneg(name, getattr(self, name), f"health of {self.node!r}")
+        for name in ("xid_errors", "ecc_errors"):
+            value = getattr(self, name)
+            _require(
+                isinstance(value, int) and value >= 0,
+                f"health of {self.node!r}: {name} must be an int >= 0, got {value!r}",
+            )
+        _require(
+            isinstance(self.clock_offset_ms, int | float) and math.isfinite(self.clock_offset_ms),
+            f"health of {self.node!r}: clock_offset_ms must be finite, got {self.clock_offset_ms!r}",
+        )
+        for name in ("steps_per_s", "steps_baseline"):
+            value = getattr(self, name)
+            if value is not None:
+                _nonneg(name, value, f"health of {self.node!r}")
+
+    def load(self) -> tuple[float, str]:
+        """The busiest resource fraction and its name: what overload is judged on."""
+        return max(
+            (self.cpu, "cpu"),
+            (self.memory, "memory"),
+            (self.gpu_util, "gpu_util"),
+            (self.gpu_memory, "gpu_memory"),
+        )
+
+    def steps_ratio(self) -> float | None:
+        """Env steps/s as a fraction of the node's own baseline, or None when unknown."""
+        if self.steps_per_s is None or not self.steps_baseline:
+            return None
+        return self.steps_per_s / self.steps_baseline
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeHealth:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """Make-before-break: start `task` on `target` first, stop it on `source` only once the new
+    copy runs, so a migration never leaves a gap in rollout throughput."""
+
+    task: str
+    source: str
+    target: str
+    gpus: tuple[int, ...]
+    reason: str
+
+    @property
+    def steps(self) -> tuple[tuple[str, str], ...]:
+        return (("start", self.target), ("stop", self.source))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "source": self.source,
+            "target": self.target,
+            "gpus": list(self.gpus),
+            "reason": self.reason,
+            "steps": [list(s) for s in self.steps],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Migration:
+        return cls(
+            task=str(data["task"]),
+            source=str(data["source"]),
+            target=str(data["target"]),
+            gpus=tuple(int(g) for g in data.get("gpus", ())),
+            reason=str(data["reason"]),
+        )
+
+
+DECISION_ACTIONS = ("overloaded", "recovered", "drain", "degraded", "hold", "stuck")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Something the balancer concluded about a node (or one task on it), with the reason the
+    leader posts to /v1/events. `drain` asks the leader to cordon and drain the node."""
+
+    node: str
+    action: str
+    reason: str
+    task: str = ""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.action in DECISION_ACTIONS,
+            f"decision action {self.action!r} is not one of {', '.join(DECISION_ACTIONS)}",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "action": self.action, "reason": self.reason, "task": self.task}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Decision:
+        return cls(
+            str(data["node"]), str(data["action"]), str(data["reason"]), str(data.get("task", ""))
+        )
+
+
+@dataclass(frozen=True)
+class BalancerState:
+    """What the balancer remembers between rounds; the leader keeps it and passes it back.
+
+    `streak` counts consecutive reports at or above the high threshold (a node must stay there
+    for `enter_after` reports to count as overloaded); the two `*_moved_at` maps hold the time
+    of the last migration of a task and of a node, for the cooldowns.
+    """
+
+    overloaded: frozenset[str] = frozenset()
+    degraded: frozenset[str] = frozenset()
+    streak: tuple[tuple[str, int], ...] = ()
+    task_moved_at: tuple[tuple[str, float], ...] = ()
+    node_moved_at: tuple[tuple[str, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "overloaded": sorted(self.overloaded),
+            "degraded": sorted(self.degraded),
+            "streak": dict(self.streak),
+            "task_moved_at": dict(self.task_moved_at),
+            "node_moved_at": dict(self.node_moved_at),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BalancerState:
+        return cls(
+            overloaded=frozenset(data.get("overloaded", ())),
+            degraded=frozenset(data.get("degraded", ())),
+            streak=tuple(sorted((str(k), int(v)) for k, v in data.get("streak", {}).items())),
+            task_moved_at=tuple(
+                sorted((str(k), float(v)) for k, v in data.get("task_moved_at", {}).items())
+            ),
+            node_moved_at=tuple(
+                sorted((str(k), float(v)) for k, v in data.get("node_moved_at", {}).items())
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class BalancePlan:
+    """One balancing round: what to move (in order), what was concluded, the state to keep."""
+
+    migrations: tuple[Migration, ...]
+    decisions: tuple[Decision, ...]
+    state: BalancerState
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "migrations": [m.to_dict() for m in self.migrations],
+            "decisions": [d.to_dict() for d in self.decisions],
+            "state": self.state.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BalancePlan:
+        return cls(
+            migrations=tuple(Migration.from_dict(m) for m in data.get("migrations", ())),
+            decisions=tuple(Decision.from_dict(d) for d in data.get("decisions", ())),
+            state=BalancerState.from_dict(data.get("state", {})),
+        )

@@ -26,6 +26,18 @@ class Topology:
             raise TopologyError(
                 f"node names repeat: {', '.join(dup)}; give every node its own name"
             )
+        self._check_islands()
+
+    def _check_islands(self) -> None:
+        domain_of: dict[str, str] = {}
+        for node in self.nodes:
+            for gpu in node.gpus:
+                first = domain_of.setdefault(gpu.island, node.domain)
+                if first != node.domain:
+                    raise TopologyError(
+                        f"NVLink island {gpu.island!r} spans RDMA domains {first!r} and "
+                        f"{node.domain!r}; an island must lie inside one domain"
+                    )
 
     def node(self, name: str) -> Node:
         for node in self.nodes:

@@ -30,14 +30,16 @@ def topologies(draw: st.DrawFn) -> Topology:
     nodes = []
     for i in range(count):
         ngpu = draw(st.integers(0, 4))
-        gpus = tuple(Gpu(k, draw(st.sampled_from(["i0", "i1", "i2"]))) for k in range(ngpu))
+        domain = draw(st.sampled_from(["d0", "d1"]))
+        islands = st.sampled_from([f"{domain}-i0", f"{domain}-i1", f"{domain}-i2"])
+        gpus = tuple(Gpu(k, draw(islands)) for k in range(ngpu))
         nodes.append(
             Node(
                 name=f"n{i}",
                 cpus=float(draw(st.integers(0, 8))),
                 memory_mb=draw(st.integers(0, 4)) * 1024,
                 gpus=gpus,
-                domain=draw(st.sampled_from(["d0", "d1"])),
+                domain=domain,
                 state=draw(st.sampled_from(["ready", "ready", "ready", "cordoned", "dead"])),
             )
         )
@@ -273,6 +275,8 @@ def test_bad_records_are_refused_with_the_field():
         Node("n", 1.0, 1, state="gone")
     with pytest.raises(TopologyError, match="node names repeat: n"):
         Topology((Node("n", 1.0, 1), Node("n", 1.0, 1)))
+    with pytest.raises(TopologyError, match="island 'x' spans RDMA domains 'a' and 'b'"):
+        Topology((Node("n", 1.0, 1, (Gpu(0, "x"),), "a"), Node("m", 1.0, 1, (Gpu(0, "x"),), "b")))
     with pytest.raises(TopologyError, match="does not divide"):
         simulated_cluster(3, 8, island_size=16, nodes_per_domain=3)
     with pytest.raises(TopologyError, match="requested twice"):
