@@ -66,7 +66,8 @@ class Peer:
 
     async def link(self) -> Link:
         """The open link, waiting up to `connect_timeout` for one."""
-        if self._link is None or self._link.closed:
+        if self._refused is None and (self._link is None or self._link.closed):
+            self._up.clear()  # the closed link may not have been noticed by _maintain yet
             timeout = self._transport.config.connect_timeout
             try:
                 await asyncio.wait_for(self._up.wait(), timeout)

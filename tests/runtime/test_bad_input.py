@@ -1,0 +1,233 @@
+"""Misbehaving peers over real sockets: each gets its specific error, its link is closed, and
+the server keeps serving a well-behaved client afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import msgpack
+import pytest
+
+from shoal.runtime import auth, wire
+from shoal.runtime.actor import Actor
+from shoal.runtime.errors import ActorNotFound, AskTimeout, AuthenticationFailed, RemoteError
+from shoal.runtime.loop import run
+from shoal.runtime.system import ActorSystem
+from shoal.runtime.transport import ROUTE, Transport, TransportConfig, attach
+
+TOKEN = "bad-input-token"
+LIMIT = 1 << 20
+
+
+class Echo(Actor):
+    def echo(self, value: Any) -> Any:
+        return value
+
+    def boom(self) -> None:
+        raise KeyError("no such slot")
+
+    async def slow(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+@contextlib.asynccontextmanager
+async def server() -> AsyncIterator[tuple[ActorSystem, Transport]]:
+    async with ActorSystem() as system:
+        await system.spawn(Echo, name="echo")
+        config = TransportConfig(token=TOKEN, max_frame_bytes=LIMIT, handshake_timeout=0.5)
+        transport = await attach(system, config)
+        try:
+            yield system, transport
+        finally:
+            await transport.close()
+
+
+async def good_client_works(address: str) -> None:
+    async with ActorSystem() as system:
+        transport = await attach(system, TransportConfig(token=TOKEN))
+        try:
+            assert await system.ref(f"{address}/echo").ask.echo("ok") == "ok"
+        finally:
+            await transport.close()
+
+
+def url(address: str) -> str:
+    return "ws://" + address.removeprefix("shoal://") + ROUTE
+
+
+@contextlib.asynccontextmanager
+async def raw_socket(address: str) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    async with aiohttp.ClientSession() as session, session.ws_connect(url(address)) as ws:
+        yield ws
+
+
+async def refusal(ws: aiohttp.ClientWebSocketResponse) -> tuple[str, str]:
+    """The error frame a server sends before closing a link: (error type, message)."""
+    msg = await ws.receive(timeout=5)
+    assert msg.type == aiohttp.WSMsgType.BINARY
+    value = wire.decode(msg.data)
+    if isinstance(value, dict):  # refused during the handshake
+        type_name, message = value["error"], value["message"]
+    else:
+        kind, type_name, message = value
+        assert kind == "e"
+    closing = await ws.receive(timeout=5)
+    assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    return type_name, message
+
+
+def frame(value: Any) -> bytes:
+    return b"".join(bytes(part) for part in wire.encode(value).parts)
+
+
+def header_only_frame(header: bytes) -> bytes:
+    total = wire.PREFIX_SIZE + len(header)
+    return wire.PREFIX.pack(wire.MAGIC, len(header), 0, total) + header
+
+
+BAD_FRAMES: dict[str, tuple[bytes, str, str]] = {
+    "garbage": (b"GET / HTTP/1.1\r\n" * 4, "MalformedFrame", "magic"),
+    "bad header": (header_only_frame(b"\xc1\xc1"), "MalformedFrame", "header is not valid"),
+    "not an envelope": (frame({"hello": 1}), "MalformedFrame", "list starting with its kind"),
+    "wrong fields": (frame(["t", 1, 2]), "MalformedFrame", "wrong fields"),
+    "unknown kind": (frame(["zz", 1]), "UnknownMessageType", "'zz'"),
+    "unknown message": (
+        header_only_frame(msgpack.packb(msgpack.ExtType(3, msgpack.packb(["evil.type", {}])))),
+        "UnknownMessageType",
+        "evil.type",
+    ),
+    "over the limit": (
+        wire.PREFIX.pack(wire.MAGIC, 0, 0, LIMIT + 1),
+        "FrameTooLarge",
+        f"limit of {LIMIT} bytes",
+    ),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", sorted(BAD_FRAMES))
+def test_bad_frames_close_only_their_link(case: str) -> None:
+    data, error, needle = BAD_FRAMES[case]
+
+    async def main() -> None:
+        async with server() as (_, transport):
+            async with raw_socket(transport.address) as ws:
+                await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
+                await ws.send_bytes(data)
+                type_name, message = await refusal(ws)
+            assert type_name == error
+            assert needle in message
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+async def handshake_then(ws: aiohttp.ClientWebSocketResponse, answer: dict[str, Any]) -> None:
+    await auth.send(ws, {"shoal": auth.PROTOCOL, "nonce": b"n" * auth.NONCE_BYTES})
+    await auth.receive(ws, 5)
+    await auth.send(ws, answer)
+
+
+HANDSHAKES: dict[str, tuple[Callable[[aiohttp.ClientWebSocketResponse], Awaitable[None]], str]] = {
+    "wrong token": (
+        lambda ws: handshake_then(ws, {"proof": b"x" * 32, "window": [1, 1]}),
+        "different cluster token",
+    ),
+    "missing token": (lambda ws: handshake_then(ws, {"window": [1, 1]}), "no token proof"),
+    "silent peer": (lambda ws: asyncio.sleep(0), "did not complete the handshake"),
+    "wrong protocol": (
+        lambda ws: auth.send(ws, {"shoal": 99, "nonce": b"n" * auth.NONCE_BYTES}),
+        "protocol 99",
+    ),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", sorted(HANDSHAKES))
+def test_bad_handshakes_are_refused_with_a_reason(case: str) -> None:
+    behave, needle = HANDSHAKES[case]
+
+    async def main() -> None:
+        async with server() as (_, transport):
+            async with raw_socket(transport.address) as ws:
+                await behave(ws)
+                _, message = await refusal(ws)
+            assert needle in message
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+def test_client_with_the_wrong_token_gets_authentication_failed() -> None:
+    async def main() -> None:
+        async with server() as (_, transport), ActorSystem() as system:
+            client = await attach(system, TransportConfig(token="not-the-token"))
+            try:
+                with pytest.raises(AuthenticationFailed, match="different cluster token"):
+                    await system.ref(f"{transport.address}/echo").ask.echo(1)
+            finally:
+                await client.close()
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("cut", ["mid-prefix", "mid-buffer"])
+def test_a_peer_that_dies_mid_frame(cut: str) -> None:
+    async def main() -> None:
+        async with server() as (_, transport):
+            whole = frame(["t", "echo", "echo", [b"x" * 100_000], {}])
+            part = whole[:10] if cut == "mid-prefix" else whole[: len(whole) // 2]
+            session = aiohttp.ClientSession()
+            ws = await session.ws_connect(url(transport.address))
+            await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
+            await ws.send_bytes(part)
+            await session.close()  # drops the TCP connection without a websocket close
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+def test_text_messages_are_refused() -> None:
+    async def main() -> None:
+        async with server() as (_, transport):
+            async with raw_socket(transport.address) as ws:
+                await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
+                await ws.send_str("hello")
+                type_name, message = await refusal(ws)
+            assert type_name == "MalformedFrame"
+            assert "TEXT" in message
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+def test_dead_actor_timeout_and_raising_handler_over_the_link() -> None:
+    async def main() -> None:
+        async with server() as (system, transport):
+            doomed = await system.spawn(Echo, name="doomed")
+            await system.stop_actor(doomed)
+            async with ActorSystem() as client:
+                link = await attach(client, TransportConfig(token=TOKEN))
+                try:
+                    with pytest.raises(ActorNotFound, match="doomed"):
+                        await client.ref(f"{transport.address}/doomed").ask.echo(1)
+                    echo = client.ref(f"{transport.address}/echo")
+                    with pytest.raises(AskTimeout):
+                        await echo.ask(timeout=0.1).slow(0.5)
+                    with pytest.raises(RemoteError, match="KeyError") as info:
+                        await echo.ask.boom()
+                    assert "no such slot" in info.value.message
+                finally:
+                    await link.close()
+            await good_client_works(transport.address)
+
+    run(main())

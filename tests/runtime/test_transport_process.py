@@ -1,0 +1,119 @@
+"""Two real OS processes: asks and tensors cross, and a killed peer fails pending asks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from shoal.runtime.errors import LinkClosed
+from shoal.runtime.loop import run
+from shoal.runtime.system import ActorSystem
+from shoal.runtime.transport import TransportConfig, attach
+
+TOKEN = "two-process-token"
+
+CHILD = """
+import asyncio, os, sys
+from shoal.runtime.actor import Actor
+from shoal.runtime.loop import run
+from shoal.runtime.system import ActorSystem
+from shoal.runtime.transport import TransportConfig, attach
+
+class Worker(Actor):
+    def pid(self):
+        return os.getpid()
+
+    def double(self, tensor):
+        return tensor * 2
+
+    async def nap(self, seconds):
+        await asyncio.sleep(seconds)
+
+async def main():
+    async with ActorSystem() as system:
+        await system.spawn(Worker, name="worker")
+        transport = await attach(system, TransportConfig(token=sys.argv[1]))
+        print(transport.address, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await transport.close()
+
+run(main())
+"""
+
+
+@pytest.fixture
+def child() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A child process serving a `worker` actor; killed and reaped even if the test fails."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, TOKEN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip()
+        assert address.startswith("shoal://127.0.0.1:"), address
+        yield proc, address
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.mark.timeout(60)
+def test_asks_and_tensors_between_two_processes(
+    child: tuple[subprocess.Popen[str], str],
+) -> None:
+    proc, address = child
+
+    async def main() -> None:
+        async with ActorSystem() as system:
+            transport = await attach(system, TransportConfig(token=TOKEN))
+            try:
+                worker = system.ref(f"{address}/worker")
+                assert await worker.ask.pid() == proc.pid != os.getpid()
+                weights = torch.randn(512, 1024)
+                assert torch.equal(await worker.ask.double(weights), weights * 2)
+                replies = await asyncio.gather(
+                    *(worker.ask.double(torch.full((4,), float(n))) for n in range(200))
+                )
+                assert [float(r[0]) for r in replies] == [2.0 * n for n in range(200)]
+            finally:
+                await transport.close()
+
+    run(main())
+
+
+@pytest.mark.timeout(60)
+def test_killing_the_peer_fails_pending_asks_with_link_closed(
+    child: tuple[subprocess.Popen[str], str],
+) -> None:
+    proc, address = child
+
+    async def main() -> None:
+        async with ActorSystem() as system:
+            transport = await attach(system, TransportConfig(token=TOKEN, connect_timeout=0.5))
+            try:
+                worker = system.ref(f"{address}/worker")
+                assert await worker.ask.pid() == proc.pid
+                pending = asyncio.create_task(worker.ask.nap(30.0))
+                await asyncio.sleep(0.2)
+                os.kill(proc.pid, signal.SIGKILL)
+                with pytest.raises(LinkClosed):
+                    await asyncio.wait_for(pending, 10)
+                with pytest.raises(LinkClosed, match="is that process running"):
+                    await worker.ask.pid()
+            finally:
+                await transport.close()
+
+    run(main())
