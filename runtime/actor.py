@@ -226,10 +226,6 @@ class ActorCell(SupervisorNode):
         return self.name if address is None else f"{address}/{self.name}"
 
     @property
-    def label(self) -> str:
-        return self.path
-
-    @property
     def parent_cell(self) -> ActorCell | None:
         parent = self.parent
         return parent if isinstance(parent, ActorCell) else None
@@ -251,7 +247,6 @@ class ActorCell(SupervisorNode):
 
     def start(self) -> None:
         """Start the consumer task for the current instance."""
-        self.restarting = False
         task = asyncio.get_running_loop().create_task(self._consume(), name=f"actor:{self.name}")
         self.task = task
         self.system._guardian.consumers[task] = self
@@ -284,10 +279,15 @@ class ActorCell(SupervisorNode):
     async def reincarnate(self, error: Exception, timeout: float) -> None:
         """Replace the instance after a failure and run its `on_restart(error)`."""
         self.incarnation += 1
+        self.restarting = False
         self.reset_intensity()
         instance = self.create_instance()
-        async with asyncio.timeout(timeout):
-            await call_hook(instance.on_restart, error)
+        try:
+            async with asyncio.timeout(timeout):
+                await call_hook(instance.on_restart, error)
+        except BaseException:
+            self.instance = None
+            raise
 
     def finish(self) -> None:
         """Close the mailbox, turn what is left into dead letters, and leave the tree."""

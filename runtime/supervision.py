@@ -120,10 +120,6 @@ class SupervisorNode:
         self.intensity = RestartIntensity(spec.max_restarts, spec.within)
         self.children: dict[str, ActorCell] = {}
 
-    @property
-    def label(self) -> str:
-        return "the system's root guardian"
-
     def reset_intensity(self) -> None:
         """A restarted supervisor is a new incarnation and starts with a fresh budget."""
         self.intensity = RestartIntensity(self.spec.max_restarts, self.spec.within)
@@ -172,13 +168,18 @@ class Guardian:
 
     async def stop(self, cell: ActorCell) -> None:
         """Stop `cell` and its subtree; returns when done, or at once when called from inside it."""
-        if asyncio.current_task() is self._task:
+        if asyncio.current_task() is self._task or not self.running:
             await self._stop(cell)
             return
         done = asyncio.get_running_loop().create_future()
         self._ops.put_nowait(_Op("stop", cell, None, cell.incarnation, done))
         if not self._called_from_subtree(cell):
             await done
+
+    async def stop_children_here(self, cell: ActorCell) -> None:
+        """Stop `cell`'s children in the calling task; for a spawn whose `on_start` failed, whose
+        cell nobody else has seen, so waiting for the guardian could wait on the caller itself."""
+        await self._stop_children(cell)
 
     async def close(self) -> None:
         """Stop every actor children-first, then end the guardian task."""
@@ -205,22 +206,31 @@ class Guardian:
         return False
 
     async def _run(self) -> None:
-        while True:
-            op = await self._ops.get()
-            try:
-                if op.kind == "close":
-                    await self._stop_children(self.root)
-                    return
-                assert op.cell is not None
-                if op.kind == "stop":
-                    await self._stop(op.cell)
-                elif op.incarnation == op.cell.incarnation and op.error is not None:
-                    await self._on_failure(op.cell, op.error)
-            except Exception:
-                log.exception("guardian: %s of %s failed", op.kind, op.cell)
-            finally:
-                if op.done is not None and not op.done.done():
-                    op.done.set_result(None)
+        try:
+            while True:
+                op = await self._ops.get()
+                try:
+                    if op.cell is None:
+                        await self._stop_children(self.root)
+                        return
+                    if op.kind == "stop":
+                        await self._stop(op.cell)
+                    elif op.incarnation == op.cell.incarnation and op.error is not None:
+                        await self._on_failure(op.cell, op.error)
+                except Exception:
+                    log.exception("guardian: %s of %s failed", op.kind, op.cell)
+                finally:
+                    if op.done is not None and not op.done.done():
+                        op.done.set_result(None)
+        finally:
+            self._release_waiters()
+
+    def _release_waiters(self) -> None:
+        """After close, nothing is left to stop or restart: let anyone still waiting go."""
+        while not self._ops.empty():
+            op = self._ops.get_nowait()
+            if op.done is not None and not op.done.done():
+                op.done.set_result(None)
 
     def _record(self, cell: ActorCell, error: BaseException, action: str) -> None:
         self.failures.append(FailureRecord(cell.path, error, action, time.time()))
@@ -229,6 +239,10 @@ class Guardian:
         if cell.dead:
             return
         parent = cell.parent
+        supervisor = cell.parent_cell
+        if supervisor is not None and supervisor.dead:
+            await self._stop(cell)
+            return
         if parent.intensity.allow(self._clock()):
             if parent.spec.strategy is Strategy.ONE_FOR_ALL:
                 self._record(cell, error, "restart_all")
@@ -240,7 +254,7 @@ class Guardian:
             await self._restart(targets, error)
             return
         spec = parent.spec
-        if parent is self.root:
+        if supervisor is None:
             self._record(cell, error, "stop")
             log.error(
                 "actor %s failed more than %d times within %ss; stopping it and its children",
@@ -253,11 +267,9 @@ class Guardian:
         self._record(cell, error, "escalate")
         escalated = Escalated(
             f"child {cell.path} failed more than {spec.max_restarts} times within "
-            f"{spec.within}s ({error!r}), so its supervisor {parent.label} fails in turn"
+            f"{spec.within}s ({error!r}), so its supervisor {supervisor.path} fails in turn"
         )
         escalated.__cause__ = error
-        supervisor = cell.parent_cell
-        assert supervisor is not None
         await self._on_failure(supervisor, escalated)
 
     async def _restart(self, targets: list[ActorCell], error: Exception) -> None:

@@ -242,20 +242,20 @@ class ActorSystem:
                 "or await system.start() before spawning"
             )
         if not self._parent_alive(parent):
-            raise ActorNotFound(f"cannot spawn under {parent.label}: it is stopping or restarting")
+            where = parent.path if isinstance(parent, ActorCell) else "the system"
+            raise ActorNotFound(f"cannot spawn under {where}: it is stopping or restarting")
 
     def _parent_alive(self, parent: SupervisorNode) -> bool:
         if self._state != "running":
             return False
         if isinstance(parent, ActorCell):
-            return not parent.dead and (not parent.restarting or parent.instance is not None)
+            return not parent.dead and not parent.restarting
         return True
 
     async def _abort(self, cell: ActorCell, run_on_stop: bool = False) -> None:
         """Undo a spawn whose `on_start` failed: stop the children it started, drop its mail."""
         cell.dead = True
-        for child in reversed(list(cell.children.values())):
-            await self._guardian.stop(child)
+        await self._guardian.stop_children_here(cell)
         if run_on_stop:
             await cell.stop_instance(self._guardian.hook_timeout)
         cell.instance = None

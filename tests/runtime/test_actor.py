@@ -390,3 +390,55 @@ def test_sync_and_async_hooks_both_work():
         assert events == ["start", "stop"]
 
     run(body())
+
+
+def test_failed_on_start_stops_the_children_it_already_spawned():
+    events: list[str] = []
+
+    class Child(Actor):
+        async def on_stop(self) -> None:
+            events.append("child stopped")
+
+    class HalfBuilt(Actor):
+        async def on_start(self) -> None:
+            await self.spawn(Child, name="orphan")
+            raise OSError("second resource missing")
+
+        async def on_stop(self) -> None:
+            events.append("never: on_start did not finish")
+
+    async def body():
+        async with ActorSystem() as system:
+            with pytest.raises(OSError, match="second resource"):
+                await system.spawn(HalfBuilt, name="half")
+            assert events == ["child stopped"]
+            assert system.names == []
+            assert asyncio.all_tasks() == {asyncio.current_task(), system._guardian._task}
+
+    run(body())
+
+
+def test_spawn_from_a_handler_that_is_stopped_midway_cleans_up():
+    started = asyncio.Event()
+
+    class Slow(Actor):
+        async def on_start(self) -> None:
+            started.set()
+            await asyncio.sleep(3600)
+
+    class Spawner(Actor):
+        async def make(self) -> None:
+            await self.spawn(Slow, name="slow")
+
+    async def body():
+        async with ActorSystem() as system:
+            spawner = await system.spawn(Spawner, name="spawner")
+            call = asyncio.ensure_future(spawner.ask(timeout=30).make())
+            await started.wait()
+            await system.stop_actor(spawner)
+            with pytest.raises(ActorInterrupted):
+                await call
+            assert system.names == []
+            assert asyncio.all_tasks() == {asyncio.current_task(), system._guardian._task}
+
+    run(body())
