@@ -1,0 +1,312 @@
+"""The async client of the coordinator's admin API: knows every replica, finds the leader,
+and retries a write with the SAME operation id across a leader change, so it has one effect.
+
+Errors come back as the same types the server raised (`NotFound`, `Conflict`, `ValidationError`,
+`Unauthorized`, ...). Retryable trouble (no leader, no quorum, a replica down) is retried on
+other replicas until the call's timeout; then the last such error is raised. For the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from shoal.raft.errors import (
+    ERRORS_BY_CODE,
+    Busy,
+    NoQuorum,
+    NotLeader,
+    RaftError,
+    RaftTimeout,
+    Unavailable,
+    ValidationError,
+)
+
+RETRYABLE = (NotLeader, NoQuorum, Busy, RaftTimeout, Unavailable)
+BACKOFF = 0.05
+OP_HEADER = "X-Shoal-Op-Id"
+
+
+def _error_from(status: int, body: Any) -> RaftError:
+    if not isinstance(body, dict) or body.get("error") not in ERRORS_BY_CODE:
+        return Unavailable(f"HTTP {status} without a shoal error body: {str(body)[:200]}")
+    cls = ERRORS_BY_CODE[body["error"]]
+    if cls is ValidationError:
+        field, _, message = str(body["message"]).partition(": ")
+        return ValidationError(body.get("field") or field, message)
+    if cls is NotLeader:
+        return NotLeader(body["message"], body.get("leader"))
+    exc = cls(body["message"])
+    exc.field = body.get("field")
+    return exc
+
+
+class CoordinatorClient:
+    """Use as `async with CoordinatorClient(urls, token) as client:`."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        token: str,
+        timeout: float = 10.0,
+        request_timeout: float = 3.0,
+    ) -> None:
+        if not urls:
+            raise ValueError("CoordinatorClient needs at least one replica URL")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.timeout = timeout
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._request_timeout = aiohttp.ClientTimeout(total=request_timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self._preferred = self.urls[0]
+
+    async def __aenter__(self) -> CoordinatorClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                timeout=self._request_timeout,
+                connector=aiohttp.TCPConnector(limit=256),
+            )
+        return self._session
+
+    def _order(self) -> list[str]:
+        rest = [u for u in self.urls if u != self._preferred]
+        return [self._preferred, *rest] if self._preferred in self.urls else list(self.urls)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: dict[str, Any] | None = None,
+        op_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """One call with retries across replicas; writes pass an `op_id` (made here if None)."""
+        if method != "GET" and op_id is None:
+            op_id = uuid.uuid4().hex
+        headers = {OP_HEADER: op_id} if op_id else {}
+        query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        last: RaftError = Unavailable(f"no replica answered: {self.urls}")
+        while True:
+            for url in self._order():
+                try:
+                    return await self._once(method, url + path, body, query, headers)
+                except RETRYABLE as exc:
+                    last = exc
+                    self._follow_hint(exc)
+                if time.monotonic() >= deadline:
+                    raise last
+            await asyncio.sleep(min(BACKOFF, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                raise last
+
+    def _follow_hint(self, exc: RaftError) -> None:
+        if isinstance(exc, NotLeader) and exc.leader and exc.leader.rstrip("/") in self.urls:
+            self._preferred = exc.leader.rstrip("/")
+
+    async def _once(
+        self, method: str, url: str, body: Any, query: dict[str, str], headers: dict[str, str]
+    ) -> Any:
+        try:
+            async with self.session.request(
+                method, url, json=body, params=query, headers=headers
+            ) as resp:
+                data = (
+                    await resp.json(content_type=None)
+                    if resp.content_type == "application/json"
+                    else await resp.text()
+                )
+                if resp.status >= 400:
+                    raise _error_from(resp.status, data)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise Unavailable(f"{url}: {exc!r}") from None
+        self._preferred = url[: url.index("/", len("http://"))]
+        return data
+
+    async def find_leader(self) -> str:
+        """The leader's API URL, asked of any replica that knows it; preferred from then on."""
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            for url in self.urls:
+                try:
+                    cluster = await self._once("GET", url + "/v1/cluster", None, {}, {})
+                except RETRYABLE:
+                    continue
+                if cluster.get("leader_api") in self.urls:
+                    self._preferred = cluster["leader_api"]
+                    return str(cluster["leader_api"])
+            await asyncio.sleep(BACKOFF)
+        raise NoQuorum(f"no replica of {self.urls} knows a leader")
+
+    # -- cluster ------------------------------------------------------------------------------
+
+    async def cluster(self, consistent: bool = False) -> dict[str, Any]:
+        return dict(
+            await self.request("GET", "/v1/cluster", params={"consistent": consistent or None})
+        )
+
+    async def batch(
+        self, commands: list[dict[str, Any]], op_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Many commands in one log entry; each result is `{"ok": ...}`, refusals included."""
+        reply = await self.request("POST", "/v1/batch", {"commands": commands}, op_id=op_id)
+        return list(reply["results"])
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    async def register_node(
+        self,
+        node_id: str,
+        address: str,
+        cpus: float,
+        memory: int,
+        gpus: list[dict[str, Any]] | None = None,
+        labels: dict[str, str] | None = None,
+        op_id: str | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "node_id": node_id,
+            "address": address,
+            "resources": {"cpus": cpus, "memory": memory, "gpus": gpus or []},
+            "labels": labels or {},
+        }
+        return dict(await self.request("POST", "/v1/nodes", body, op_id=op_id))
+
+    async def heartbeat(self, node_id: str, health: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = {} if health is None else {"health": health}
+        return dict(await self.request("POST", f"/v1/nodes/{node_id}/heartbeat", body))
+
+    async def nodes(
+        self, liveness: str | None = None, consistent: bool = False
+    ) -> list[dict[str, Any]]:
+        reply = await self.request(
+            "GET", "/v1/nodes", params={"liveness": liveness, "consistent": consistent or None}
+        )
+        return list(reply["nodes"])
+
+    async def node(self, node_id: str) -> dict[str, Any]:
+        return dict(await self.request("GET", f"/v1/nodes/{node_id}"))
+
+    async def cordon(self, node_id: str) -> dict[str, Any]:
+        return dict(await self.request("POST", f"/v1/nodes/{node_id}/cordon", {}))
+
+    async def uncordon(self, node_id: str) -> dict[str, Any]:
+        return dict(await self.request("POST", f"/v1/nodes/{node_id}/uncordon", {}))
+
+    async def drain(self, node_id: str) -> dict[str, Any]:
+        return dict(await self.request("POST", f"/v1/nodes/{node_id}/drain", {}))
+
+    # -- jobs and tasks -----------------------------------------------------------------------
+
+    async def submit_job(
+        self,
+        spec: dict[str, Any] | None = None,
+        tasks: list[dict[str, Any]] | None = None,
+        job_id: str | None = None,
+        op_id: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"spec": spec or {}, "tasks": tasks or []}
+        if job_id is not None:
+            body["job_id"] = job_id
+        return dict(await self.request("POST", "/v1/jobs", body, op_id=op_id))
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        return list((await self.request("GET", "/v1/jobs"))["jobs"])
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        return dict(await self.request("GET", f"/v1/jobs/{job_id}"))
+
+    async def stop_job(self, job_id: str) -> dict[str, Any]:
+        return dict(await self.request("POST", f"/v1/jobs/{job_id}/stop", {}))
+
+    async def add_tasks(self, job_id: str, tasks: list[dict[str, Any]]) -> dict[str, Any]:
+        return dict(await self.request("POST", f"/v1/jobs/{job_id}/tasks", {"tasks": tasks}))
+
+    async def tasks(
+        self, node: str | None = None, job: str | None = None, state: str | None = None
+    ) -> list[dict[str, Any]]:
+        reply = await self.request(
+            "GET", "/v1/tasks", params={"node": node, "job": job, "state": state}
+        )
+        return list(reply["tasks"])
+
+    async def set_task_state(
+        self, task_id: str, state: str, generation: int | None = None, message: str = ""
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"state": state, "message": message}
+        if generation is not None:
+            body["generation"] = generation
+        return dict(await self.request("PUT", f"/v1/tasks/{task_id}/state", body))
+
+    async def place_tasks(self, placements: dict[str, str | None]) -> dict[str, Any]:
+        body = {"placements": [{"task_id": t, "node_id": n} for t, n in placements.items()]}
+        return dict(await self.request("POST", "/v1/placements", body))
+
+    # -- checkpoints and events ---------------------------------------------------------------
+
+    async def record_checkpoint(
+        self, job_id: str, path: str, step: int, sha256: str, complete: bool
+    ) -> dict[str, Any]:
+        body = {
+            "job_id": job_id,
+            "path": path,
+            "step": step,
+            "sha256": sha256,
+            "complete": complete,
+        }
+        return dict(await self.request("POST", "/v1/checkpoints", body))
+
+    async def checkpoints(self, job: str | None = None) -> list[dict[str, Any]]:
+        return list(
+            (await self.request("GET", "/v1/checkpoints", params={"job": job}))["checkpoints"]
+        )
+
+    async def events(
+        self, since: int = 0, wait: float = 0.0, limit: int | None = None
+    ) -> dict[str, Any]:
+        params = {"since": since, "wait": wait or None, "limit": limit}
+        return dict(
+            await self.request("GET", "/v1/events", params=params, timeout=self.timeout + wait)
+        )
+
+    async def add_event(
+        self,
+        kind: str,
+        message: str,
+        fields: dict[str, Any] | None = None,
+        op_id: str | None = None,
+    ) -> dict[str, Any]:
+        body = {"kind": kind, "message": message, "fields": fields or {}}
+        return dict(await self.request("POST", "/v1/events", body, op_id=op_id))
+
+
+def _query_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

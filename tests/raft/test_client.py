@@ -1,0 +1,114 @@
+"""The async client against one real replica: typed errors, idempotent retries, batching."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from shoal.raft.batcher import CommandBatcher
+from shoal.raft.client import CoordinatorClient
+from shoal.raft.errors import Conflict, Forbidden, NotFound, Unavailable, ValidationError
+
+from .inprocess import TOKEN, InProcessReplica, free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run(
+    replica: InProcessReplica, fn: Callable[[CoordinatorClient], Awaitable[Any]], token: str = TOKEN
+) -> Any:
+    async def main() -> Any:
+        async with CoordinatorClient([replica.url], token, timeout=5.0) as client:
+            return await fn(client)
+
+    return asyncio.run(main())
+
+
+def test_typed_errors_come_back_as_the_server_raised_them(replica: InProcessReplica) -> None:
+    with pytest.raises(NotFound, match="no node"):
+        run(replica, lambda c: c.node("nobody"))
+    with pytest.raises(NotFound):
+        run(replica, lambda c: c.cordon("nobody"))
+    with pytest.raises(ValidationError) as exc:
+        run(replica, lambda c: c.register_node("n-bad", "127.0.0.1:1", cpus=-1, memory=1))
+    assert exc.value.field == "body.resources.cpus"
+    with pytest.raises(Forbidden):
+        run(replica, lambda c: c.nodes(), token="wrong")
+    run(replica, lambda c: c.submit_job(job_id="client-job"))
+    with pytest.raises(Conflict) as conflict:
+        run(replica, lambda c: c.submit_job(job_id="client-job"))
+    assert conflict.value.field == "job_id"
+
+
+def test_a_write_retried_with_the_same_operation_id_has_one_effect(
+    replica: InProcessReplica,
+) -> None:
+    async def twice(client: CoordinatorClient) -> tuple[Any, Any]:
+        first = await client.submit_job(job_id="retried-job", op_id="op-retry-1")
+        again = await client.submit_job(job_id="retried-job", op_id="op-retry-1")
+        return first, again
+
+    first, again = run(replica, twice)
+    assert first == again
+    jobs = run(replica, lambda c: c.jobs())
+    assert [j["id"] for j in jobs].count("retried-job") == 1
+
+
+def test_events_long_poll_wakes_on_a_new_event(replica: InProcessReplica) -> None:
+    async def scenario(client: CoordinatorClient) -> dict[str, Any]:
+        last = (await client.events())["last_seq"]
+        waiter = asyncio.create_task(client.events(since=last, wait=10.0))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        await client.add_event("note", "wake up")
+        return await waiter
+
+    got = run(replica, scenario)
+    assert [e["message"] for e in got["events"]] == ["wake up"]
+
+
+def test_concurrent_writes_are_coalesced_into_batches(replica: InProcessReplica) -> None:
+    async def scenario(client: CoordinatorClient) -> list[dict[str, Any]]:
+        batcher = CommandBatcher(client)
+        submits = [
+            batcher.submit("add_event", {"kind": "burst", "message": str(i)}) for i in range(500)
+        ]
+        return await asyncio.gather(*submits)
+
+    results = run(replica, scenario)
+    assert len(results) == 500
+    assert all(r["ok"] for r in results)
+    seqs = [r["seq"] for r in results]
+    assert len(set(seqs)) == 500
+
+
+def test_a_refused_member_of_a_batch_raises_only_for_its_caller(replica: InProcessReplica) -> None:
+    async def scenario(client: CoordinatorClient) -> list[Any]:
+        batcher = CommandBatcher(client)
+        return await asyncio.gather(
+            batcher.submit("add_event", {"kind": "k", "message": "fine"}),
+            batcher.submit("stop_job", {"job_id": "no-such-job"}),
+            return_exceptions=True,
+        )
+
+    fine, refused = run(replica, scenario)
+    assert fine["ok"]
+    assert isinstance(refused, NotFound)
+
+
+def test_no_replica_answering_is_unavailable_within_the_timeout() -> None:
+    async def main() -> None:
+        async with CoordinatorClient(
+            [f"http://127.0.0.1:{free_port()}"], TOKEN, timeout=0.5
+        ) as client:
+            await client.nodes()
+
+    with pytest.raises(Unavailable):
+        asyncio.run(main())
+
+
+def test_the_client_finds_the_leader(replica: InProcessReplica) -> None:
+    assert run(replica, lambda c: c.find_leader()) == replica.url
