@@ -206,12 +206,12 @@ class ActorCell(SupervisorNode):
         self.mailbox: Mailbox[Message] = Mailbox(mailbox_size)
         self.instance: Actor | None = None
         self.handlers: dict[str, Callable[..., Any]] = {}
-        self.async_handlers: frozenset[str] = frozenset()
+        self.sync_handlers: dict[str, Callable[..., Any]] = {}
+        self.async_handlers: dict[str, Callable[..., Any]] = {}
         self.dead = False
         self.restarting = False
         self.incarnation = 0
         self.task: asyncio.Task[None] | None = None
-        self.current: Message | None = None
         self.ref = LocalActorRef(self)
         self._factory = factory
         self._args = args
@@ -242,7 +242,8 @@ class ActorCell(SupervisorNode):
         instance._context = ActorContext(self)
         self.instance = instance
         self.handlers = {name: getattr(instance, name) for name in names}
-        self.async_handlers = async_names
+        self.sync_handlers = {n: h for n, h in self.handlers.items() if n not in async_names}
+        self.async_handlers = {n: h for n, h in self.handlers.items() if n in async_names}
         return instance
 
     def start(self) -> None:
@@ -304,10 +305,12 @@ class ActorCell(SupervisorNode):
 
     async def _consume(self) -> None:
         mailbox = self.mailbox
-        handlers = self.handlers
+        sync_handlers = self.sync_handlers
         async_handlers = self.async_handlers
+        guardian = self.system._guardian
         budget = YIELD_EVERY
         task = asyncio.current_task()
+        in_flight: Message | None = None
         try:
             while True:
                 message = mailbox.get_nowait()
@@ -316,24 +319,29 @@ class ActorCell(SupervisorNode):
                     await mailbox.wait_nonempty()
                     continue
                 method, args, kwargs, reply = message
-                handler = handlers.get(method)
-                if handler is None:
-                    self._reject(method, reply)
-                    continue
-                self.current = message
+                in_flight = message
                 try:
-                    result = handler(*args, **kwargs)
-                    if method in async_handlers:
-                        result = await result
+                    handler = sync_handlers.get(method)
+                    if handler is not None:
+                        result = handler(*args, **kwargs)
+                    else:
+                        handler = async_handlers.get(method)
+                        if handler is None:
+                            in_flight = None
+                            self._reject(method, reply)
+                            continue
+                        result = await handler(*args, **kwargs)
                 except asyncio.CancelledError as cancelled:
                     if task is not None and task.cancelling():
                         raise
+                    in_flight = None
                     self._fail(reply, self._inner_cancel(method, cancelled))
                     return
                 except Exception as error:
+                    in_flight = None
                     self._fail(reply, error)
                     return
-                self.current = None
+                in_flight = None
                 if reply is not None and not reply.done():
                     reply.set_result(result)
                 budget -= 1
@@ -341,11 +349,12 @@ class ActorCell(SupervisorNode):
                     budget = YIELD_EVERY
                     await asyncio.sleep(0)
         except asyncio.CancelledError:
-            self._interrupted()
+            if in_flight is not None:
+                self._interrupted(in_flight)
             raise
         finally:
             if task is not None:
-                self.system._guardian.consumers.pop(task, None)
+                guardian.consumers.pop(task, None)
 
     def _reject(self, method: str, reply: asyncio.Future[Any] | None) -> None:
         """A message queued for a handler the current incarnation's class lacks."""
@@ -361,16 +370,11 @@ class ActorCell(SupervisorNode):
         return error
 
     def _fail(self, reply: asyncio.Future[Any] | None, error: Exception) -> None:
-        self.current = None
         if reply is not None and not reply.done():
             reply.set_exception(error)
         self.system._guardian.failed(self, error)
 
-    def _interrupted(self) -> None:
-        message = self.current
-        if message is None:
-            return
-        self.current = None
+    def _interrupted(self, message: Message) -> None:
         method, _args, _kwargs, reply = message
         self.system.dead_letters.record(self.path, method, "interrupted by stop or restart")
         if reply is not None and not reply.done():

@@ -84,8 +84,12 @@ class LocalActorRef(ActorRef):
             return
         if method not in cell.handlers:
             raise self._unknown(method)
+        mailbox = cell.mailbox
         try:
-            await cell.mailbox.put((method, args, kwargs, None))
+            if mailbox.has_room:
+                mailbox.put_nowait((method, args, kwargs, None))
+            else:
+                await mailbox.put((method, args, kwargs, None))
         except MailboxClosed:
             self._dead(method)
 

@@ -442,3 +442,20 @@ def test_spawn_from_a_handler_that_is_stopped_midway_cleans_up():
             assert asyncio.all_tasks() == {asyncio.current_task(), system._guardian._task}
 
     run(body())
+
+
+def test_proxies_are_built_once_per_ref_and_stay_bound_to_it():
+    async def body():
+        async with ActorSystem() as system:
+            one = await system.spawn(Counter, 1)
+            two = await system.spawn(Counter, 2)
+            assert one.tell is one.tell
+            assert one.ask.add is one.ask.add
+            assert await one.ask.add() == 2
+            assert await two.ask.add() == 3  # the cached sender of `one` is not shared
+            with pytest.raises(UnknownMethod):
+                await one.ask._private()
+            with pytest.raises(UnknownMethod):
+                await one.ask._private()
+
+    run(body())
