@@ -121,7 +121,7 @@ def _train(
     np.random.seed(seed)
     torch.manual_seed(seed)
     envs = _make_envs(args)
-    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    obs_dim = math.prod(envs.single_observation_space.shape or (1,))
     n_actions = int(envs.single_action_space.n)  # type: ignore[attr-defined]
     agent = Agent(obs_dim, n_actions)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
