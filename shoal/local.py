@@ -1,0 +1,289 @@
+"""The local cluster: coordinator replicas (and, later, node daemons) as background child
+processes of one run directory.
+
+Layout of a run directory (deleting it leaves nothing behind once `stop` ran):
+  cluster.json          the process specs and addresses (what `status`, `logs`, `down` read)
+  secret, api-token     the Raft secret and the API bearer token, mode 0600
+  logs/NAME.log         each process's stdout and stderr
+  pids/NAME.pid         each process's pid
+  data/NAME/            each replica's Raft journal and dump
+A process is recognised by its pid AND its command line naming the run directory, so a reused
+pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from shoal.errors import ShoalError
+
+STOP_GRACE = 5.0
+
+
+class LocalClusterError(ShoalError):
+    """The local cluster could not be started, found or stopped; the message says why."""
+
+
+def default_run_dir() -> Path:
+    return Path(os.environ.get("SHOAL_RUN_DIR", Path.home() / ".shoal" / "run"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One background process: its name, its command line and where it answers when ready.
+    `shoal up` will add node daemons as more specs of this kind."""
+
+    name: str
+    argv: list[str]
+    kind: str
+    health_url: str | None = None
+    api_url: str | None = None
+    raft: str | None = None
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
+def coordinator_specs(
+    run_dir: Path, replicas: int, extra_args: tuple[str, ...] = ()
+) -> list[ProcessSpec]:
+    """Specs for `replicas` coordinator replicas on free loopback ports."""
+    rafts = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
+    apis = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
+    specs = []
+    for i in range(replicas):
+        name = f"c{i + 1}"
+        peers = ",".join(r for j, r in enumerate(rafts) if j != i)
+        argv = [
+            sys.executable, "-m", "shoal", "coordinator",
+            "--id", name, "--raft", rafts[i], "--peers", peers, "--api", apis[i],
+            "--data-dir", str(run_dir / "data" / name),
+            "--secret-file", str(run_dir / "secret"), "--token-file", str(run_dir / "api-token"),
+            *extra_args,
+        ]  # fmt: skip
+        specs.append(
+            ProcessSpec(
+                name,
+                argv,
+                "coordinator",
+                f"http://{apis[i]}/healthz",
+                f"http://{apis[i]}",
+                rafts[i],
+            )
+        )
+    return specs
+
+
+class LocalCluster:
+    """A run directory and the processes it records. Methods are blocking (CLI and tests)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir.resolve()
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- files -----------------------------------------------------------------------------
+
+    @property
+    def token(self) -> str:
+        return (self.run_dir / "api-token").read_text().strip()
+
+    def specs(self) -> list[ProcessSpec]:
+        path = self.run_dir / "cluster.json"
+        if not path.exists():
+            raise LocalClusterError(f"no cluster in {self.run_dir}; start one with `shoal up`")
+        return [ProcessSpec(**item) for item in json.loads(path.read_text())["processes"]]
+
+    def spec(self, name: str) -> ProcessSpec:
+        for spec in self.specs():
+            if spec.name == name:
+                return spec
+        raise LocalClusterError(f"no process {name!r}; known: {[s.name for s in self.specs()]}")
+
+    def api_urls(self) -> list[str]:
+        return [s.api_url for s in self.specs() if s.api_url]
+
+    def log_path(self, name: str) -> Path:
+        return self.run_dir / "logs" / f"{name}.log"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def create(self, specs: list[ProcessSpec]) -> None:
+        """Write the secrets and cluster.json; refuses a run dir whose processes still run."""
+        if (self.run_dir / "cluster.json").exists() and any(self.pid(s.name) for s in self.specs()):
+            raise LocalClusterError(
+                f"a cluster is already running in {self.run_dir}; `shoal down` first"
+            )
+        for sub in ("logs", "pids", "data"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
+        for name in ("secret", "api-token"):
+            if not (self.run_dir / name).exists():
+                _write_private(self.run_dir / name, secrets.token_urlsafe(32))
+        (self.run_dir / "cluster.json").write_text(
+            json.dumps({"processes": [asdict(s) for s in specs]}, indent=1)
+        )
+
+    def start(self, name: str) -> int:
+        spec = self.spec(name)
+        if self.pid(name):
+            raise LocalClusterError(f"{name} is already running (pid {self.pid(name)})")
+        with open(self.log_path(name), "ab") as log:
+            proc = subprocess.Popen(
+                spec.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        (self.run_dir / "pids" / f"{name}.pid").write_text(str(proc.pid))
+        self._children[name] = proc
+        return proc.pid
+
+    def start_all(self) -> None:
+        for spec in self.specs():
+            self.start(spec.name)
+
+    def pid(self, name: str) -> int | None:
+        """The pid of `name` if that process is alive and really ours, else None."""
+        child = self._children.get(name)
+        if child is not None:  # started here: trust the handle (it may not have exec'd yet)
+            return child.pid if child.poll() is None else None
+        path = self.run_dir / "pids" / f"{name}.pid"
+        try:
+            pid = int(path.read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError):
+            return None
+        if str(self.run_dir) not in cmdline or not _alive(pid):
+            return None
+        return pid
+
+    def signal(self, name: str, sig: int) -> None:
+        pid = self.pid(name)
+        if pid is None:
+            raise LocalClusterError(f"{name} is not running")
+        os.kill(pid, sig)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, then wait until the process is gone."""
+        self.signal(name, signal.SIGKILL)
+        self._wait_gone(name, STOP_GRACE)
+
+    def stop(self, name: str, grace: float = STOP_GRACE) -> bool:
+        """SIGTERM, then SIGKILL after `grace` seconds; True if it was running."""
+        pid = self.pid(name)
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGTERM)
+        if not self._wait_gone(name, grace):
+            os.kill(pid, signal.SIGKILL)
+            self._wait_gone(name, STOP_GRACE)
+        return True
+
+    def stop_all(self) -> list[str]:
+        specs = self.specs()
+        pids = {s.name: self.pid(s.name) for s in specs}
+        for pid in pids.values():
+            if pid:
+                os.kill(pid, signal.SIGTERM)
+        for name, pid in pids.items():
+            if pid and not self._wait_gone(name, STOP_GRACE):
+                os.kill(pid, signal.SIGKILL)
+                self._wait_gone(name, STOP_GRACE)
+        return [name for name, pid in pids.items() if pid]
+
+    def _wait_gone(self, name: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.pid(name) is None:
+                return True
+            time.sleep(0.02)
+        return self.pid(name) is None
+
+    # -- probing -----------------------------------------------------------------------------
+
+    def get(self, url: str, timeout: float = 2.0) -> Any:
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def cluster_view(self, name: str) -> dict[str, Any] | None:
+        spec = self.spec(name)
+        if spec.api_url is None:
+            return None
+        try:
+            return dict(self.get(f"{spec.api_url}/v1/cluster"))
+        except (OSError, urllib.error.URLError, ValueError):
+            return None
+
+    def wait_ready(self, names: list[str] | None = None, timeout: float = 30.0) -> str:
+        """Wait until the named replicas answer and agree on a leader; returns its API URL."""
+        names = names or [s.name for s in self.specs() if s.kind == "coordinator"]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            views = [self.cluster_view(n) for n in names]
+            leaders = {v.get("leader_api") for v in views if v}
+            if all(views) and len(leaders) == 1 and None not in leaders:
+                return str(leaders.pop())
+            for name in names:
+                if self.pid(name) is None:
+                    raise LocalClusterError(
+                        f"{name} exited; see {self.log_path(name)}:\n{self.tail(name, 15)}"
+                    )
+            time.sleep(0.05)
+        raise LocalClusterError(f"replicas {names} did not agree on a leader within {timeout:g} s")
+
+    def tail(self, name: str, lines: int = 50) -> str:
+        try:
+            return "\n".join(self.log_path(name).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def status(self) -> list[dict[str, Any]]:
+        rows = []
+        for spec in self.specs():
+            view = self.cluster_view(spec.name) if self.pid(spec.name) else None
+            rows.append(
+                {
+                    "name": spec.name,
+                    "kind": spec.kind,
+                    "pid": self.pid(spec.name),
+                    "api": spec.api_url,
+                    "raft": spec.raft,
+                    "state": view["state"] if view else "down",
+                    "term": view["term"] if view else None,
+                    "commit_index": view["commit_index"] if view else None,
+                    "leader": view["leader_id"] if view else None,
+                }
+            )
+        return rows
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

@@ -1,0 +1,167 @@
+"""Three real coordinator processes on 127.0.0.1: kill -9 the leader, a minority, a majority,
+everyone; writes go on where a majority lives, fail fast where none does, and no acknowledged
+write is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal.local import LocalCluster, coordinator_specs
+from shoal.raft.client import CoordinatorClient
+from shoal.raft.errors import NoQuorum
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    run_dir: Path = tmp_path_factory.mktemp("run")
+    local = LocalCluster(run_dir)
+    local.create(coordinator_specs(local.run_dir, 3))
+    try:
+        local.start_all()
+        local.wait_ready()
+        yield local
+    finally:
+        local.stop_all()
+
+
+@pytest.fixture(autouse=True)
+def all_replicas_back(cluster: LocalCluster) -> Iterator[None]:
+    """Each test starts and ends with all three replicas up and agreeing on a leader."""
+    try:
+        yield
+    finally:
+        for spec in cluster.specs():
+            if cluster.pid(spec.name) is None:
+                cluster.start(spec.name)
+        cluster.wait_ready()
+
+
+def leader_name(cluster: LocalCluster) -> str:
+    url = cluster.wait_ready()
+    return next(s.name for s in cluster.specs() if s.api_url == url)
+
+
+def client(cluster: LocalCluster, timeout: float = 10.0) -> CoordinatorClient:
+    return CoordinatorClient(
+        cluster.api_urls(), cluster.token, timeout=timeout, request_timeout=2.0
+    )
+
+
+async def write_events(c: CoordinatorClient, prefix: str, count: int) -> list[str]:
+    acked = []
+    for i in range(count):
+        await c.add_event("acked", f"{prefix}-{i}", op_id=f"{prefix}-op-{i}")
+        acked.append(f"{prefix}-{i}")
+    return acked
+
+
+async def all_messages(c: CoordinatorClient) -> list[str]:
+    await c.cluster(consistent=True)
+    out, since = [], 0
+    while True:
+        page = await c.events(since=since)
+        if not page["events"]:
+            return out
+        out += [e["message"] for e in page["events"] if e["kind"] == "acked"]
+        since = page["events"][-1]["seq"]
+
+
+def converged_digests(cluster: LocalCluster, timeout: float = 20.0) -> set[str]:
+    """Wait until every replica has applied the same index, then return their digests."""
+    deadline = time.monotonic() + timeout
+    while True:
+        views = [cluster.cluster_view(s.name) for s in cluster.specs()]
+        if all(views):
+            applied = {v["last_applied"] for v in views if v}
+            digests = {v["digest"] for v in views if v}
+            if len(applied) == 1 and len(digests) == 1:
+                return digests
+        if time.monotonic() > deadline:
+            return {v["digest"] for v in views if v}
+        time.sleep(0.1)
+
+
+def test_killing_the_leader_elects_another_and_loses_no_acknowledged_write(
+    cluster: LocalCluster,
+) -> None:
+    old = leader_name(cluster)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        async with client(cluster) as c:
+            acked = await write_events(c, "before", 20)
+            cluster.kill(old)
+            acked += await write_events(c, "after", 20)
+            return acked, await all_messages(c)
+
+    acked, seen = asyncio.run(scenario())
+    assert set(acked) <= set(seen)
+    assert len(seen) == len(set(seen))  # retried writes were applied once
+    assert leader_name_without(cluster, old) != old
+    cluster.start(old)
+    assert len(converged_digests(cluster)) == 1
+
+
+def leader_name_without(cluster: LocalCluster, dead: str) -> str:
+    alive = [s.name for s in cluster.specs() if s.name != dead]
+    url = cluster.wait_ready(alive)
+    return next(s.name for s in cluster.specs() if s.api_url == url)
+
+
+def test_a_minority_down_is_still_writable(cluster: LocalCluster) -> None:
+    leader = leader_name(cluster)
+    follower = next(s.name for s in cluster.specs() if s.name != leader)
+    cluster.kill(follower)
+
+    async def scenario() -> list[str]:
+        async with client(cluster) as c:
+            return await write_events(c, "minority", 10)
+
+    assert len(asyncio.run(scenario())) == 10
+
+
+def test_a_majority_down_fails_writes_with_no_quorum_within_the_timeout(
+    cluster: LocalCluster,
+) -> None:
+    names = [s.name for s in cluster.specs()]
+    for name in names[:2]:
+        cluster.kill(name)
+
+    async def scenario() -> float:
+        async with client(cluster, timeout=3.0) as c:
+            started = time.monotonic()
+            with pytest.raises(NoQuorum):
+                await c.add_event("acked", "never")
+            return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 3.0 + 2.5  # the timeout plus one in-flight request
+
+
+def test_killing_everyone_and_restarting_keeps_data_and_digests_equal(
+    cluster: LocalCluster,
+) -> None:
+    async def write() -> list[str]:
+        async with client(cluster) as c:
+            return await write_events(c, "durable", 15)
+
+    acked = asyncio.run(write())
+    before = converged_digests(cluster)
+    assert len(before) == 1
+    for spec in cluster.specs():
+        cluster.kill(spec.name)
+    cluster.start_all()
+    cluster.wait_ready()
+
+    async def read() -> list[str]:
+        async with client(cluster) as c:
+            return await all_messages(c)
+
+    assert set(acked) <= set(asyncio.run(read()))
+    assert len(converged_digests(cluster)) == 1
