@@ -21,7 +21,7 @@ from shoal.runtime.errors import (
     UnknownMethod,
 )
 from shoal.runtime.local_ref import LocalActorRef
-from shoal.runtime.mailbox import Mailbox
+from shoal.runtime.mailbox import Mailbox, MailboxClosed
 from shoal.runtime.supervision import SupervisorNode, SupervisorSpec
 
 if TYPE_CHECKING:
@@ -316,7 +316,10 @@ class ActorCell(SupervisorNode):
                 message = mailbox.get_nowait()
                 if message is None:
                     budget = YIELD_EVERY
-                    await mailbox.wait_nonempty()
+                    try:
+                        await mailbox.wait_nonempty()
+                    except MailboxClosed:
+                        return  # a handler outlived its actor's stop; nothing is left to do
                     continue
                 method, args, kwargs, reply = message
                 in_flight = message

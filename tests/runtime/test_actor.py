@@ -1,6 +1,7 @@
 """Actors: handlers, tell/ask semantics, back-pressure, timeouts, lifecycle hooks, children."""
 
 import asyncio
+import gc
 
 import pytest
 
@@ -18,6 +19,16 @@ from shoal.runtime.errors import (
 )
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def _no_asyncio_errors(caplog):
+    """Fail on 'Task was destroyed but it is pending' or 'exception was never retrieved'."""
+    yield
+    gc.collect()
+    records = [*caplog.get_records("call"), *caplog.get_records("teardown")]
+    errors = [r.getMessage() for r in records if r.name == "asyncio"]
+    assert not errors
 
 
 class Counter(Actor):

@@ -1,6 +1,7 @@
 """Supervision: spec validation, restart intensity, one_for_one vs one_for_all, escalation."""
 
 import asyncio
+import gc
 from collections.abc import Callable
 
 import pytest
@@ -9,10 +10,20 @@ from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
 from shoal.runtime import Actor, ActorSystem, Strategy, SupervisorSpec, run
-from shoal.runtime.errors import ActorNotFound, Escalated
+from shoal.runtime.errors import ActorInterrupted, ActorNotFound, Escalated, UnknownMethod
 from shoal.runtime.supervision import RestartIntensity
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def _no_asyncio_errors(caplog):
+    """Fail on 'Task was destroyed but it is pending' or 'exception was never retrieved'."""
+    yield
+    gc.collect()
+    records = [*caplog.get_records("call"), *caplog.get_records("teardown")]
+    errors = [r.getMessage() for r in records if r.name == "asyncio"]
+    assert not errors
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
@@ -246,5 +257,118 @@ def test_a_tell_that_fails_restarts_the_actor_without_an_asker():
             await ref.tell.fail()
             assert await ref.ask.bump() == 1
             assert events == ["start k", "stop k", "start k"]
+
+    run(body())
+
+
+def test_hanging_on_restart_is_cut_by_hook_timeout_and_counts_as_a_failure():
+    class Stuck(Actor):
+        async def on_restart(self, error: Exception) -> None:
+            await asyncio.sleep(3600)
+
+        def fail(self) -> None:
+            raise RuntimeError("crash")
+
+    async def body():
+        spec = SupervisorSpec(max_restarts=1, within=60)
+        async with ActorSystem(root_supervisor=spec, hook_timeout=0.05) as system:
+            ref = await system.spawn(Stuck, name="stuck")
+            ref.tell_nowait.fail()
+            await until(lambda: system.names == [], "stuck actor given up on")
+            assert [f.action for f in system.failures] == ["restart", "stop"]
+            assert isinstance(system.failures[-1].error, TimeoutError)
+
+    run(body())
+
+
+def test_hanging_on_stop_does_not_hang_the_system():
+    class SlowStop(Actor):
+        async def on_stop(self) -> None:
+            await asyncio.sleep(3600)
+
+    async def body():
+        system = ActorSystem(hook_timeout=0.05)
+        await system.start()
+        await system.spawn(SlowStop)
+        await asyncio.wait_for(system.stop(), 10)
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    run(body())
+
+
+def test_a_handler_that_swallows_cancellation_is_abandoned_then_swept():
+    release = asyncio.Event()
+
+    class Stubborn(Actor):
+        async def hold(self) -> None:
+            while not release.is_set():
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    await release.wait()
+
+    async def body():
+        system = ActorSystem(hook_timeout=0.05)
+        await system.start()
+        ref = await system.spawn(Stubborn, name="stubborn")
+        ref.tell_nowait.hold()
+        await asyncio.sleep(0.01)
+        await asyncio.wait_for(system.stop_actor(ref), 10)
+        assert system.names == []
+        release.set()
+        await asyncio.wait_for(system.stop(), 10)
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    run(body())
+
+
+def test_cancellation_from_inside_a_handler_is_a_failure_not_a_silent_death():
+    class Inner(Actor):
+        async def go(self) -> None:
+            never = asyncio.get_running_loop().create_future()
+            never.cancel()
+            await never
+
+        def ping(self) -> str:
+            return "pong"
+
+    async def body():
+        async with ActorSystem() as system:
+            ref = await system.spawn(Inner)
+            with pytest.raises(ActorInterrupted, match="cancelled by something it awaited"):
+                await ref.ask.go()
+            assert await ref.ask.ping() == "pong"
+            assert [f.action for f in system.failures] == ["restart"]
+
+    run(body())
+
+
+def test_messages_for_a_handler_the_new_incarnation_lacks_are_rejected():
+    class First(Actor):
+        def old(self) -> None:
+            raise RuntimeError("switching class")
+
+        def both(self) -> str:
+            return "first"
+
+    class Second(Actor):
+        def both(self) -> str:
+            return "second"
+
+    made: list[type[Actor]] = []
+
+    def factory() -> Actor:
+        made.append(First if not made else Second)
+        return made[-1]()
+
+    async def body():
+        async with ActorSystem() as system:
+            ref = await system.spawn(factory)
+            ref.tell_nowait.old()
+            queued = asyncio.ensure_future(ref.ask.old())
+            with pytest.raises(UnknownMethod, match="no handler 'old'"):
+                await queued
+            assert await ref.ask.both() == "second"
+            assert [d.reason for d in system.dead_letters] == ["unknown method after restart"]
 
     run(body())
