@@ -6,7 +6,9 @@ import argparse
 import importlib
 
 # suite name -> module in shoal.bench exposing `run(quick: bool) -> list[Row]`
-SUITES: dict[str, str] = {}
+SUITES: dict[str, str] = {
+    "sandbox": "sandbox",
+}
 
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
