@@ -15,6 +15,11 @@ T = TypeVar("T")
 _HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 
 
+def uses_uvloop() -> bool:
+    """Whether `new_event_loop` hands out uvloop loops (benchmarks report it beside figures)."""
+    return _HAS_UVLOOP
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """A fresh loop of the process's kind; the caller owns it and must close it."""
     if _HAS_UVLOOP:

@@ -340,3 +340,47 @@ def test_model_nothing_lost_nothing_doubled_order_kept(scripts, mailbox_size, ro
                 assert seqs == sorted(seqs), f"{name} saw sender {who} out of order"
 
     run(body())
+
+
+def test_loop_runs_on_uvloop_when_installed():
+    from shoal.runtime.loop import new_event_loop, uses_uvloop
+
+    async def loop_kind() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert uses_uvloop()
+    assert run(loop_kind()).startswith("uvloop")
+    loop = new_event_loop()
+    try:
+        assert type(loop).__module__.startswith("uvloop")
+    finally:
+        loop.close()
+
+
+def test_stop_during_a_spawn_undoes_it():
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    events: list[str] = []
+
+    class SlowStart(Actor):
+        async def on_start(self) -> None:
+            entered.set()
+            await release.wait()
+
+        async def on_stop(self) -> None:
+            events.append("stopped")
+
+    async def body():
+        system = ActorSystem()
+        await system.start()
+        spawning = asyncio.ensure_future(system.spawn(SlowStart, name="late"))
+        await entered.wait()
+        await system.stop()
+        release.set()
+        with pytest.raises(ActorNotFound, match="stopped while it was starting"):
+            await spawning
+        assert events == ["stopped"]
+        assert system.names == []
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    run(body())
