@@ -1,0 +1,39 @@
+"""`shoal status [--json]`: the local cluster's processes, their Raft state and the leader."""
+
+from __future__ import annotations
+
+import argparse
+
+from shoal.commands.up import add_run_dir
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = verbs.add_parser("status", help="show the local cluster")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_run_dir(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from shoal.local import LocalCluster, default_run_dir
+
+    local = LocalCluster(args.run_dir or default_run_dir())
+    rows = local.status()
+    if args.json:
+        print(json.dumps({"run_dir": str(local.run_dir), "processes": rows}))
+        return 0
+    header = ("name", "kind", "pid", "state", "term", "commit", "leader", "api")
+    cells = [header] + [
+        tuple(
+            "-" if r[k] is None else str(r[k])
+            for k in ("name", "kind", "pid", "state", "term", "commit_index", "leader", "api")
+        )
+        for r in rows
+    ]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    print(f"run dir {local.run_dir}")
+    for line in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+    return 0

@@ -1,0 +1,107 @@
+"""`shoal up / status / logs / down` and `shoal coordinator`'s refusals, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shoal.local import LocalCluster
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+def shoal(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "shoal", *args], capture_output=True, text=True, timeout=90
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_up_status_logs_down_leave_nothing_running(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    local = LocalCluster(run_dir)
+    try:
+        out = shoal("up", "--replicas", "3", "--run-dir", str(run_dir)).stdout
+        assert "leader http://127.0.0.1:" in out
+        for name in ("secret", "api-token"):
+            assert (run_dir / name).stat().st_mode & 0o777 == 0o600
+        status = json.loads(shoal("status", "--json", "--run-dir", str(run_dir)).stdout)
+        states = sorted(p["state"] for p in status["processes"])
+        assert states == ["follower", "follower", "leader"]
+        assert len({p["leader"] for p in status["processes"]}) == 1
+        again = shoal("up", "--run-dir", str(run_dir), check=False)
+        assert again.returncode == 2
+        assert "already running" in again.stderr
+        assert "replica c2" in shoal("logs", "c2", "--run-dir", str(run_dir)).stdout
+        pids = [p["pid"] for p in status["processes"]]
+        assert "stopped c1, c2, c3" in shoal("down", "--run-dir", str(run_dir)).stdout
+        assert all(
+            not Path(f"/proc/{pid}").exists()
+            or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower()
+            for pid in pids
+        )
+        assert all(
+            p["state"] == "down"
+            for p in json.loads(shoal("status", "--json", "--run-dir", str(run_dir)).stdout)[
+                "processes"
+            ]
+        )
+    finally:
+        if (run_dir / "cluster.json").exists():
+            local.stop_all()
+
+
+def test_status_and_logs_without_a_cluster_say_how_to_start_one(tmp_path: Path) -> None:
+    for verb in ("status", "down", "logs"):
+        proc = shoal(verb, "--run-dir", str(tmp_path / "none"), check=False)
+        assert proc.returncode == 2
+        assert "shoal up" in proc.stderr
+
+
+def test_up_rejects_an_even_replica_count(tmp_path: Path) -> None:
+    proc = shoal("up", "--replicas", "2", "--run-dir", str(tmp_path), check=False)
+    assert proc.returncode == 2
+    assert "--replicas=2 must be odd" in proc.stderr
+
+
+def _token(tmp_path: Path, mode: int = 0o600) -> Path:
+    path = tmp_path / "token"
+    path.write_text("t0k3n")
+    os.chmod(path, mode)
+    return path
+
+
+def test_coordinator_refuses_a_non_loopback_address_without_the_secret(tmp_path: Path) -> None:
+    proc = shoal(
+        "coordinator", "--id", "c1", "--raft", "10.1.2.3:7000", "--api", "127.0.0.1:7001",
+        "--data-dir", str(tmp_path), "--token-file", str(_token(tmp_path)), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "refusing to start without the cluster secret" in proc.stderr
+    assert "--secret-file" in proc.stderr
+
+
+def test_coordinator_refuses_a_token_file_others_can_read(tmp_path: Path) -> None:
+    proc = shoal(
+        "coordinator", "--id", "c1", "--raft", "127.0.0.1:7000", "--api", "127.0.0.1:7001",
+        "--data-dir", str(tmp_path), "--token-file", str(_token(tmp_path, 0o644)), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "chmod 600" in proc.stderr
+
+
+def test_coordinator_rejects_bad_timings_naming_the_key(tmp_path: Path) -> None:
+    proc = shoal(
+        "coordinator", "--id", "c1", "--raft", "127.0.0.1:7000", "--api", "127.0.0.1:7001",
+        "--data-dir", str(tmp_path), "--token-file", str(_token(tmp_path)),
+        "--min-election-timeout", "0.1", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "raft.min_timeout=0.1 must exceed 3 x raft.append_period" in proc.stderr
