@@ -202,21 +202,20 @@ class Link:
     ) -> Any:
         request = next(self._ids)
         frame = self._encode(["a", request, target, method, list(args), kwargs, float(timeout)])
-        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Any] = loop.create_future()
+        # A timer on the future is much cheaper than asyncio.timeout on this hot path.
+        timer = loop.call_later(timeout, _expire, reply, f"{target}.{method}", self.peer, timeout)
         try:
-            async with asyncio.timeout(timeout):
-                await self._send_credit.take(frame.nbytes)
-                self._pending[request] = reply
-                self._write(frame)
-                return await reply
-        except AskTimeout:
-            raise
-        except TimeoutError as exc:
-            raise AskTimeout(
-                f"{target}.{method} on {self.peer} did not answer within {timeout}s; "
-                "it may still run. Raise the timeout with ref.ask(timeout=...)"
-            ) from exc
+            if not self._send_credit.available:
+                await _first(self._send_credit.take(frame.nbytes), reply)
+            else:
+                self._send_credit.take_nowait(frame.nbytes)
+            self._pending[request] = reply
+            self._write(frame)
+            return await reply
         finally:
+            timer.cancel()
             self._pending.pop(request, None)
 
     async def _write_loop(self) -> None:
@@ -232,18 +231,20 @@ class Link:
                     continue
                 batch = bytearray()
                 while outbox:
-                    view = memoryview(outbox.popleft())
-                    while view:
-                        if not batch and len(view) >= chunk:
-                            await send(view[:chunk])
-                            view = view[chunk:]
-                            continue
-                        room = chunk - len(batch)
-                        batch += view[:room]
-                        view = view[room:]
+                    part = outbox.popleft()
+                    if len(part) < chunk // 2:
+                        batch += part
                         if len(batch) >= chunk:
                             await send(batch)
                             batch = bytearray()
+                        continue
+                    # A big buffer (an array's own memory) goes out in slices, never copied here.
+                    if batch:
+                        await send(batch)
+                        batch = bytearray()
+                    view = memoryview(part)
+                    for start in range(0, len(view), chunk):
+                        await send(view[start : start + chunk])
                 if batch:
                     await send(batch)
         except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
@@ -278,6 +279,11 @@ class Link:
 
     def _dispatch(self, envelope: list[Any], nbytes: int) -> None:
         kind = envelope[0]
+        if kind == "t" and not self._inbox and self._deliver_now(envelope, nbytes):
+            return
+        if kind == "a" and not self._inbox:
+            self._serve(envelope[1:], nbytes)
+            return
         if kind in ("t", "a"):
             envelope.append(nbytes)
             self._inbox.append(envelope)
@@ -311,9 +317,25 @@ class Link:
                 await self._deliver_tell(target, method, tuple(args), kwargs)
                 self._consumed(nbytes)
             else:
-                task = asyncio.create_task(self._serve_ask(*envelope[1:]))
-                self._serving.add(task)
-                task.add_done_callback(self._serving.discard)
+                self._serve(envelope[1:-1], envelope[-1])
+
+    def _deliver_now(self, envelope: list[Any], nbytes: int) -> bool:
+        """The fast path: a tell that finds room in its mailbox skips the delivery task.
+        False when the mailbox is full, so the tell must wait its turn in the inbox."""
+        _, target, method, args, kwargs = envelope
+        try:
+            self._lookup(target)._tell_nowait(method, tuple(args), kwargs)
+        except MailboxFull:
+            return False
+        except ActorError as exc:
+            logger.info("tell %s.%s from %s not delivered: %s", target, method, self.peer, exc)
+        self._consumed(nbytes)
+        return True
+
+    def _serve(self, fields: list[Any], nbytes: int) -> None:
+        task = asyncio.create_task(self._serve_ask(fields, nbytes))
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
 
     async def _deliver_tell(
         self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -323,16 +345,8 @@ class Link:
         except ActorError as exc:
             logger.info("tell %s.%s from %s not delivered: %s", target, method, self.peer, exc)
 
-    async def _serve_ask(
-        self,
-        request: int,
-        target: str,
-        method: str,
-        args: list[Any],
-        kwargs: dict[str, Any],
-        timeout: float,
-        nbytes: int,
-    ) -> None:
+    async def _serve_ask(self, fields: list[Any], nbytes: int) -> None:
+        request, target, method, args, kwargs, timeout = fields
         try:
             result = await self._lookup(target)._ask(method, tuple(args), kwargs, timeout)
             frame = wire.encode(["r", request, result], self._config.max_frame_bytes)
@@ -386,6 +400,29 @@ class Link:
         finally:
             if not self._closed.done():
                 self._closed.set_result(None)
+
+
+def _expire(reply: asyncio.Future[Any], call: str, peer: str, timeout: float) -> None:
+    if not reply.done():
+        reply.set_exception(
+            AskTimeout(
+                f"{call} on {peer} did not answer within {timeout}s; it may still run. "
+                "Raise the timeout with ref.ask(timeout=...)"
+            )
+        )
+
+
+async def _first(wait: Awaitable[None], reply: asyncio.Future[Any]) -> None:
+    """Wait for credit unless the ask's timer fires first (then raise its AskTimeout)."""
+    waiting = asyncio.ensure_future(wait)
+    try:
+        await asyncio.wait([waiting, reply], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not waiting.done():
+            waiting.cancel()
+    if reply.done():
+        reply.result()
+    waiting.result()
 
 
 class _PeerReported(Exception):
@@ -460,7 +497,7 @@ class Transport:
     async def _accept(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(
             compress=False,
-            max_msg_size=self.config.chunk_bytes + 1024,
+            max_msg_size=2 * self.config.chunk_bytes,
             timeout=1.0,
             writer_limit=self.config.chunk_bytes * 16,
         )
@@ -489,7 +526,7 @@ class Transport:
         ws = await self._session.ws_connect(
             _ws_url(address),
             compress=0,
-            max_msg_size=self.config.chunk_bytes + 1024,
+            max_msg_size=2 * self.config.chunk_bytes,
             autoping=True,
             timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
         )

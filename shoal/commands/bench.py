@@ -7,6 +7,8 @@ import importlib
 
 # suite name -> module in shoal.bench exposing `run(quick: bool) -> list[Row]`
 SUITES: dict[str, str] = {
+    "envs": "envs",
+    "runtime": "runtime",
     "sandbox": "sandbox",
 }
 

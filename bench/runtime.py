@@ -1,0 +1,529 @@
+"""`shoal bench runtime`: the actor runtime and its transport beside what the same work costs
+on a bare aiohttp websocket and on raw asyncio TCP (the ceiling), all measured in one run.
+
+Cross-process figures talk to a real second process started here (`serve`), which hosts a
+shoal actor system, a bare websocket server and a raw TCP server side by side, so every
+figure and its baseline cross the same loopback between the same two processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from shoal.bench.report import Row
+from shoal.runtime.actor import Actor
+from shoal.runtime.loop import run as run_loop
+from shoal.runtime.ref import ActorRef
+from shoal.runtime.system import ActorSystem
+from shoal.runtime.transport import TransportConfig, attach
+
+TOKEN = "bench-runtime-token"
+CONSUMER_DELAY = 0.010
+CONSUMER_MAILBOX = 4
+CONSUMER_CREDIT_BYTES = 16 * 1024 * 1024
+MB = 1e6
+_LEN = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each figure does; quick mode is for smoke tests, not for reading."""
+
+    tells: int
+    asks: int
+    pipelined: int
+    small_tensors: int
+    big_tensors: int
+    overrun: int
+
+
+FULL = Sizes(
+    tells=100_000, asks=5_000, pipelined=50_000, small_tensors=4_000, big_tensors=600, overrun=200
+)
+QUICK = Sizes(tells=2_000, asks=200, pipelined=2_000, small_tensors=100, big_tensors=20, overrun=20)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class RssPeak:
+    """Samples this process's resident memory every few ms and keeps the peak since `reset`."""
+
+    def __init__(self) -> None:
+        self.start = self.peak = rss_bytes()
+        self._task = asyncio.create_task(self._sample())
+
+    async def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, rss_bytes())
+            await asyncio.sleep(0.002)
+
+    def reset(self) -> None:
+        self.start = self.peak = rss_bytes()
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.start
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+# -- the second process -------------------------------------------------------------------
+
+
+class Sink(Actor):
+    """Counts what arrives; `delay` makes it a slow consumer."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.received = 0
+        self.delay = delay
+
+    async def put(self, value: Any) -> None:
+        self.received += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
+
+    def count(self) -> int:
+        return self.received
+
+    def echo(self, value: Any) -> Any:
+        return value
+
+
+class Stats(Actor):
+    def __init__(self, rss: RssPeak) -> None:
+        self.rss = rss
+
+    def reset(self) -> None:
+        self.rss.reset()
+
+    def growth(self) -> int:
+        return self.rss.growth
+
+
+async def _ws_handler(request: web.Request) -> web.WebSocketResponse:
+    """Bare websocket baseline: echo binary messages on /echo, count bytes on /sink."""
+    ws = web.WebSocketResponse(compress=False, max_msg_size=64 * 1024 * 1024)
+    await ws.prepare(request)
+    received = 0
+    async for msg in ws:
+        if request.path == "/echo":
+            await ws.send_bytes(msg.data)
+        elif msg.type == aiohttp.WSMsgType.BINARY:
+            received += len(msg.data)
+        else:
+            await ws.send_str(str(received))
+            received = 0
+    return ws
+
+
+async def _tcp_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Raw TCP baseline: length-prefixed messages; an empty one asks for the byte count."""
+    received = 0
+    try:
+        while True:
+            (length,) = _LEN.unpack(await reader.readexactly(_LEN.size))
+            if length == 0:
+                writer.write(_LEN.pack(received))
+                received = 0
+                continue
+            data = await reader.readexactly(length)
+            if data[:1] == b"E":
+                writer.write(_LEN.pack(length) + data)
+            else:
+                received += length
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+
+async def _serve() -> None:
+    rss = RssPeak()
+    async with ActorSystem() as system:
+        await system.spawn(Sink, name="sink")
+        await system.spawn(Sink, CONSUMER_DELAY, name="slow", mailbox_size=CONSUMER_MAILBOX)
+        await system.spawn(Stats, rss, name="stats")
+        config = TransportConfig(token=TOKEN, credit_bytes=CONSUMER_CREDIT_BYTES)
+        transport = await attach(system, config)
+        app = web.Application()
+        app.router.add_get("/echo", _ws_handler)
+        app.router.add_get("/sink", _ws_handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        tcp = await asyncio.start_server(_tcp_handler, "127.0.0.1", 0)
+        ports = {
+            "shoal": transport.address,
+            "ws": f"http://127.0.0.1:{runner.addresses[0][1]}",
+            "tcp": tcp.sockets[0].getsockname()[1],
+        }
+        print(json.dumps(ports), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        tcp.close()
+        await runner.cleanup()
+        await transport.close()
+    await rss.stop()
+
+
+def serve() -> None:
+    """Entry point of the second process; runs until its stdin closes."""
+    run_loop(_serve())
+
+
+@contextlib.contextmanager
+def _second_process() -> Any:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from shoal.bench.runtime import serve; serve()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        yield json.loads(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+# -- measurements -------------------------------------------------------------------------
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _latencies(call: Callable[[], Awaitable[Any]], n: int) -> list[float]:
+    for _ in range(min(100, n)):
+        await call()
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await call()
+        samples.append((time.perf_counter() - start) * 1e6)
+    return samples
+
+
+async def _rate(work: Callable[[], Awaitable[None]], count: int) -> float:
+    start = time.perf_counter()
+    await work()
+    return count / (time.perf_counter() - start)
+
+
+async def _local_tells(n: int) -> tuple[float, float]:
+    async with ActorSystem() as system:
+        sink = await system.spawn(Sink, name="sink")
+
+        async def tells() -> None:
+            for i in range(n):
+                await sink.tell.put(i)
+            assert await sink.ask.count() == n
+
+        shoal = await _rate(tells, n)
+    queue: asyncio.Queue[int] = asyncio.Queue(maxsize=1000)
+    done = asyncio.Event()
+
+    async def consume() -> None:
+        for _ in range(n):
+            await queue.get()
+        done.set()
+
+    async def puts() -> None:
+        consumer = asyncio.create_task(consume())
+        for i in range(n):
+            await queue.put(i)
+        await done.wait()
+        await consumer
+
+    return shoal, await _rate(puts, n)
+
+
+async def _remote_tells(sink: ActorRef, n: int, value: Any) -> float:
+    before = await sink.ask.count()
+
+    async def tells() -> None:
+        for _ in range(n):
+            await sink.tell.put(value)
+        assert await sink.ask.count() == before + n
+
+    return await _rate(tells, n)
+
+
+async def _pipelined_asks(echo: ActorRef, n: int, window: int = 256) -> float:
+    async def asks() -> None:
+        for _ in range(n // window):
+            await asyncio.gather(*(echo.ask.echo(i) for i in range(window)))
+
+    return await _rate(asks, n // window * window)
+
+
+class _Ws:
+    """Bare aiohttp websocket client for the baselines."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
+        self.session, self.base = session, base.replace("http", "ws")
+
+    async def echo_latencies(self, n: int, payload: bytes) -> list[float]:
+        async with self.session.ws_connect(self.base + "/echo", compress=0) as ws:
+
+            async def call() -> None:
+                await ws.send_bytes(payload)
+                await ws.receive()
+
+            return await _latencies(call, n)
+
+    async def echo_rate(self, n: int, payload: bytes, window: int = 256) -> float:
+        async with self.session.ws_connect(self.base + "/echo", compress=0) as ws:
+
+            async def calls() -> None:
+                for _ in range(n // window):
+                    for _ in range(window):
+                        await ws.send_bytes(payload)
+                    for _ in range(window):
+                        await ws.receive()
+
+            return await _rate(calls, n // window * window)
+
+    async def stream(self, n: int, payload: bytes) -> float:
+        """Messages per second one way, confirmed by the server's byte count."""
+        async with self.session.ws_connect(
+            self.base + "/sink", compress=0, max_msg_size=64 * 1024 * 1024
+        ) as ws:
+
+            async def send() -> None:
+                for _ in range(n):
+                    await ws.send_bytes(payload)
+                await ws.send_str("?")
+                assert int((await ws.receive()).data) == n * len(payload)
+
+            return await _rate(send, n)
+
+
+class _Tcp:
+    """Raw asyncio TCP client: the ceiling any transport on this box can reach."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def echo_latencies(self, n: int, payload: bytes) -> list[float]:
+        message = _LEN.pack(len(payload)) + payload
+
+        async def call() -> None:
+            self.writer.write(message)
+            (length,) = _LEN.unpack(await self.reader.readexactly(_LEN.size))
+            await self.reader.readexactly(length)
+
+        return await _latencies(call, n)
+
+    async def stream(self, n: int, payload: bytes | memoryview) -> float:
+        header = _LEN.pack(len(payload))
+
+        async def send() -> None:
+            for _ in range(n):
+                self.writer.write(header)
+                self.writer.write(payload)
+                await self.writer.drain()
+            self.writer.write(_LEN.pack(0))
+            (count,) = _LEN.unpack(await self.reader.readexactly(_LEN.size))
+            assert count == n * len(payload)
+
+        return await _rate(send, n)
+
+
+@contextlib.asynccontextmanager
+async def _clients(ports: dict[str, Any]) -> AsyncIterator[tuple[ActorSystem, _Ws, _Tcp]]:
+    async with ActorSystem() as system, aiohttp.ClientSession() as session:
+        transport = await attach(system, TransportConfig(token=TOKEN))
+        reader, writer = await asyncio.open_connection("127.0.0.1", ports["tcp"])
+        try:
+            yield system, _Ws(session, ports["ws"]), _Tcp(reader, writer)
+        finally:
+            writer.close()
+            await transport.close()
+
+
+async def _overrun(system: ActorSystem, address: str, n: int) -> tuple[int, int]:
+    """A producer offering 1 MiB tensors 10x faster than the consumer takes them: how much do
+    the producer and the consumer grow? (bytes, bytes)"""
+    import torch
+
+    slow, stats = system.ref(f"{address}/slow"), system.ref(f"{address}/stats")
+    await stats.ask.reset()
+    rss = RssPeak()
+    for _ in range(n):
+        await slow.tell.put(torch.ones(256 * 1024))
+        await asyncio.sleep(CONSUMER_DELAY / 10)
+    await slow.ask(timeout=120).count()
+    await rss.stop()
+    return rss.growth, await stats.ask.growth()
+
+
+async def _measure(quick: bool) -> list[Row]:
+    import torch
+
+    sizes = QUICK if quick else FULL
+    rows: list[Row] = []
+    local, queue = await _local_tells(sizes.tells)
+    rows.append(Row("local tell", "msgs/s", local, queue, "asyncio.Queue put/get", True))
+    with _second_process() as ports:
+        async with _clients(ports) as (system, ws, tcp):
+            address = ports["shoal"]
+            sink = system.ref(f"{address}/sink")
+            await sink.ask.echo(
+                torch.ones(1)
+            )  # the second process imports torch now, not mid-figure
+            small = b"x" * 16
+            tells = await _remote_tells(sink, sizes.tells, 7)
+            rows.append(
+                Row(
+                    "cross-process tell (small)",
+                    "msgs/s",
+                    tells,
+                    await ws.stream(sizes.tells, small),
+                    "bare websocket one-way",
+                    True,
+                )
+            )
+            rows.append(
+                Row(
+                    "cross-process pipelined ask",
+                    "calls/s",
+                    await _pipelined_asks(sink, sizes.pipelined),
+                    await ws.echo_rate(sizes.pipelined, small),
+                    "bare websocket echo",
+                    True,
+                )
+            )
+            shoal_rtt = await _latencies(lambda: sink.ask.echo(7), sizes.asks)
+            ws_rtt = await ws.echo_latencies(sizes.asks, small)
+            tcp_rtt = await tcp.echo_latencies(sizes.asks, b"E" + small)
+            for q, label in ((0.5, "p50"), (0.99, "p99")):
+                rows.append(
+                    Row(
+                        f"cross-process ask {label}",
+                        "us",
+                        _percentile(shoal_rtt, q),
+                        _percentile(ws_rtt, q),
+                        "bare websocket echo",
+                        False,
+                    )
+                )
+            rows.append(
+                Row(
+                    "cross-process ask p50",
+                    "us",
+                    _percentile(shoal_rtt, 0.5),
+                    _percentile(tcp_rtt, 0.5),
+                    "raw asyncio TCP echo",
+                    False,
+                )
+            )
+            ray = _ray_ask_p50(sizes.asks)
+            ray_name = "Ray actor echo" if ray is not None else "Ray actors (not installed)"
+            rows.append(
+                Row(
+                    "cross-process ask p50", "us", _percentile(shoal_rtt, 0.5), ray, ray_name, False
+                )
+            )
+            for label, elements, count in (
+                ("64 KiB", 16 * 1024, sizes.small_tensors),
+                ("1 MiB", 256 * 1024, sizes.big_tensors),
+            ):
+                tensor = torch.ones(elements)
+                nbytes = elements * 4
+                shoal = await _remote_tells(sink, count, tensor) * nbytes / MB
+                payload = tensor.numpy().tobytes()
+                rows.append(
+                    Row(
+                        f"stream {label} float32 tensors",
+                        "MB/s",
+                        shoal,
+                        await ws.stream(count, payload) * nbytes / MB,
+                        "bare websocket, one message each",
+                        True,
+                    )
+                )
+                rows.append(
+                    Row(
+                        f"stream {label} float32 tensors",
+                        "MB/s",
+                        shoal,
+                        await tcp.stream(count, payload) * nbytes / MB,
+                        "raw asyncio TCP",
+                        True,
+                    )
+                )
+            producer, consumer = await _overrun(system, address, sizes.overrun)
+            bound = (CONSUMER_CREDIT_BYTES + (CONSUMER_MAILBOX + 2) * 4 * 256 * 1024) / MB
+            rows.append(
+                Row(
+                    "overrun 10x: producer RSS growth",
+                    "MB",
+                    producer / MB,
+                    bound,
+                    "credit window + mailbox (bound)",
+                    False,
+                )
+            )
+            rows.append(
+                Row(
+                    "overrun 10x: consumer RSS growth",
+                    "MB",
+                    consumer / MB,
+                    bound,
+                    "credit window + mailbox (bound)",
+                    False,
+                )
+            )
+    return rows
+
+
+def _ray_ask_p50(n: int) -> float | None:
+    """Ray's actor round trip when Ray is installed (it is an optional extra)."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+
+        class Echo:
+            def echo(self, value: Any) -> Any:
+                return value
+
+        echo: Any = ray.remote(Echo).remote()
+        ray.get(echo.echo.remote(1))
+        samples = []
+        for _ in range(n):
+            start = time.perf_counter()
+            ray.get(echo.echo.remote(7))
+            samples.append((time.perf_counter() - start) * 1e6)
+        return _percentile(samples, 0.5)
+    finally:
+        ray.shutdown()
+
+
+def run(quick: bool) -> list[Row]:
+    """All figures of the suite; quick mode runs each a little, for smoke tests."""
+    return run_loop(_measure(quick))
