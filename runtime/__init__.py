@@ -2,7 +2,7 @@
 
 from shoal.runtime.actor import DEFAULT_MAILBOX_SIZE, Actor, ActorContext
 from shoal.runtime.local_ref import LocalActorRef
-from shoal.runtime.loop import new_event_loop, run
+from shoal.runtime.loop import new_event_loop, run, uses_uvloop
 from shoal.runtime.mailbox import DeadLetter, DeadLetters
 from shoal.runtime.ref import DEFAULT_ASK_TIMEOUT, ActorRef
 from shoal.runtime.supervision import FailureRecord, Strategy, SupervisorSpec
@@ -24,4 +24,5 @@ __all__ = [
     "new_event_loop",
     "run",
     "split_path",
+    "uses_uvloop",
 ]

@@ -302,6 +302,12 @@ class ActorCell(SupervisorNode):
         if self.parent.children.get(self.name) is self:
             del self.parent.children[self.name]
         self.system._forget(self)
+        # Refs outlive their actor; drop what would keep its state and spawn arguments alive.
+        self.handlers = {}
+        self.sync_handlers = {}
+        self.async_handlers = {}
+        self._args = ()
+        self._kwargs = {}
 
     async def _consume(self) -> None:
         mailbox = self.mailbox

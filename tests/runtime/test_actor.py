@@ -470,3 +470,31 @@ def test_proxies_are_built_once_per_ref_and_stay_bound_to_it():
                 await one.ask._private()
 
     run(body())
+
+
+def test_a_stopped_actor_does_not_keep_its_state_alive():
+    import weakref
+
+    class Payload:
+        pass
+
+    class Holder(Actor):
+        def __init__(self, payload: Payload) -> None:
+            self.payload = payload
+
+        def ping(self) -> int:
+            return 1
+
+    async def body():
+        payload = Payload()
+        alive = weakref.ref(payload)
+        async with ActorSystem() as system:
+            ref = await system.spawn(Holder, payload)
+            del payload
+            assert await ref.ask.ping() == 1
+            await system.stop_actor(ref)
+            gc.collect()
+            assert alive() is None  # the ref is still held here, the payload is not
+            assert not ref.alive
+
+    run(body())
