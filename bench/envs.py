@@ -1,0 +1,134 @@
+"""`shoal bench envs`: environment steps per second and `make` rate beside Gymnasium's.
+
+Every figure is measured in this run: shoal's batched CartPole beside Gymnasium's CartPole-v1
+as one env, in SyncVectorEnv and AsyncVectorEnv, Gymnasium's own numpy CartPoleVectorEnv and
+EnvPool when it is importable. Actions are drawn before the clock starts, so the figures
+measure stepping only. Each loop runs for a fixed wall time and counts steps.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from shoal.bench.report import Row
+from shoal.envs import make, make_vector
+
+BATCH = 4096
+SMALL_BATCH = 16
+
+
+def _rate(step_batch: Callable[[np.ndarray], Any], actions: np.ndarray, seconds: float) -> float:
+    """Environment steps per second of calling `step_batch` on pregenerated action rows."""
+    per_call = actions.shape[1] if actions.ndim == 2 else 1
+    step_batch(actions[0])
+    calls = 0
+    started = time.perf_counter()
+    deadline = started + seconds
+    while True:
+        for row in actions:
+            step_batch(row)
+        calls += len(actions)
+        now = time.perf_counter()
+        if now >= deadline:
+            return calls * per_call / (now - started)
+
+
+def _actions(rows: int, batch: int | None, seed: int = 0) -> np.ndarray:
+    shape = (rows,) if batch is None else (rows, batch)
+    return np.random.default_rng(seed).integers(0, 2, size=shape)
+
+
+def _shoal_batched(seconds: float) -> float:
+    vector = make_vector("CartPole-v1", BATCH, seed=0)
+    vector.reset()
+    return _rate(vector.step, _actions(64, BATCH), seconds)
+
+
+def _gym_single(seconds: float) -> float:
+    env = gymnasium.make("CartPole-v1")
+    env.reset(seed=0)
+
+    def step(action: np.ndarray) -> None:
+        _, _, terminated, truncated, _ = env.step(int(action))
+        if terminated or truncated:
+            env.reset()
+
+    try:
+        return _rate(step, _actions(4096, None), seconds)
+    finally:
+        env.close()
+
+
+def _gym_vector(mode: str, num_envs: int, seconds: float) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        vector = gymnasium.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode=mode)
+    try:
+        vector.reset(seed=0)
+        return _rate(vector.step, _actions(64, num_envs), seconds)
+    finally:
+        vector.close()
+
+
+def _envpool(seconds: float) -> float | None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            import envpool
+        except ImportError:
+            return None
+        pool = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=BATCH, batch_size=BATCH)
+    pool.reset()
+    try:
+        return _rate(pool.step, _actions(64, BATCH), seconds)
+    finally:
+        pool.close()
+
+
+def _make_rate(factory: Callable[[], Any], seconds: float) -> float:
+    factory()
+    count = 0
+    started = time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        for _ in range(100):
+            factory()
+        count += 100
+    return count / elapsed
+
+
+def run(quick: bool) -> list[Row]:
+    seconds = 0.2 if quick else 2.0
+    shoal = _shoal_batched(seconds)
+    name = f"shoal CartPole-v1, native batch of {BATCH}"
+    baselines: list[tuple[str, float | None]] = [
+        ("gymnasium CartPole-v1, one env", _gym_single(seconds)),
+        (f"gymnasium SyncVectorEnv x{SMALL_BATCH}", _gym_vector("sync", SMALL_BATCH, seconds)),
+        (f"gymnasium AsyncVectorEnv x{SMALL_BATCH}", _gym_vector("async", SMALL_BATCH, seconds)),
+        (
+            f"gymnasium CartPoleVectorEnv x{BATCH}",
+            _gym_vector("vector_entry_point", BATCH, seconds),
+        ),
+        (f"envpool x{BATCH}", _envpool(seconds)),
+    ]
+    rows = [
+        Row(f"env steps/s: {name}", "steps/s", shoal, rate, baseline, True)
+        for baseline, rate in baselines
+        if rate is not None
+    ]
+    rows.append(
+        Row(
+            "make('CartPole-v1') rate",
+            "makes/s",
+            _make_rate(lambda: make("CartPole-v1"), seconds),
+            _make_rate(lambda: gymnasium.make("CartPole-v1"), seconds),
+            "gymnasium.make('CartPole-v1')",
+            True,
+        )
+    )
+    return rows
