@@ -72,8 +72,10 @@ class LocalActorRef(ActorRef):
             return
         if method not in cell.handlers:
             raise self._unknown(method)
+        mailbox = cell.mailbox
         try:
-            cell.mailbox.put_nowait((method, args, kwargs, None))
+            if not mailbox.offer((method, args, kwargs, None)):
+                raise mailbox.full_error()
         except MailboxClosed:
             self._dead(method)
 
@@ -86,10 +88,9 @@ class LocalActorRef(ActorRef):
             raise self._unknown(method)
         mailbox = cell.mailbox
         try:
-            if mailbox.has_room:
-                mailbox.put_nowait((method, args, kwargs, None))
-            else:
-                await mailbox.put((method, args, kwargs, None))
+            message = (method, args, kwargs, None)
+            if not mailbox.offer(message):
+                await mailbox.put(message)
         except MailboxClosed:
             self._dead(method)
 
@@ -107,8 +108,7 @@ class LocalActorRef(ActorRef):
         message = (method, args, kwargs, reply)
         mailbox = cell.mailbox
         try:
-            if mailbox.has_room:
-                mailbox.put_nowait(message)
+            if mailbox.offer(message):
                 timer = loop.call_later(timeout, _expire, reply, self.path, method, timeout)
             else:
                 deadline = loop.time() + timeout

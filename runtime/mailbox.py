@@ -53,15 +53,6 @@ class Mailbox(Generic[T]):
     def closed(self) -> bool:
         return self._closed
 
-    @property
-    def has_room(self) -> bool:
-        """Whether `put_nowait` would succeed now."""
-        return (
-            len(self._items) + self._reserved < self._capacity
-            and not self._putters
-            and not self._closed
-        )
-
     def __len__(self) -> int:
         return len(self._items)
 
@@ -69,33 +60,41 @@ class Mailbox(Generic[T]):
         state = " closed" if self._closed else ""
         return f"<Mailbox {len(self._items)}/{self._capacity} putters={len(self._putters)}{state}>"
 
-    def put_nowait(self, item: T) -> None:
-        """Append at once or raise `MailboxFull` (also while earlier senders are waiting)."""
+    def offer(self, item: T) -> bool:
+        """Append if there is room now (and no earlier sender is waiting); False if not.
+
+        The senders' fast path: one call, no exception when full."""
         if self._closed:
             raise MailboxClosed
         items = self._items
         if len(items) + self._reserved >= self._capacity or self._putters:
-            raise MailboxFull(
-                f"mailbox is full ({self._capacity} messages); await tell to wait for room, "
-                "or raise mailbox_size"
-            )
+            return False
         items.append(item)
         getter = self._getter
         if getter is not None:
             self._getter = None
             if not getter.done():
                 getter.set_result(None)
+        return True
+
+    def put_nowait(self, item: T) -> None:
+        """Append at once or raise `MailboxFull` (also while earlier senders are waiting)."""
+        if not self.offer(item):
+            raise self.full_error()
+
+    def full_error(self) -> MailboxFull:
+        return MailboxFull(
+            f"mailbox is full ({self._capacity} messages); await tell to wait for room, "
+            "or raise mailbox_size"
+        )
 
     async def put(self, item: T) -> None:
         """Append, waiting in line while the mailbox is full; raises `MailboxClosed` if it closes.
 
         A woken sender owns a reserved slot until it runs, so no later sender can take it.
         """
-        if self.has_room:
-            self.put_nowait(item)
+        if self.offer(item):
             return
-        if self._closed:
-            raise MailboxClosed
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._putters.append(waiter)
         try:

@@ -39,6 +39,7 @@ def test_never_exceeds_capacity_and_keeps_fifo(capacity, ops):
             else:
                 with pytest.raises(MailboxFull):
                     box.put_nowait(next_item)
+                assert not box.offer(next_item)
             next_item += 1
         else:
             expected = model.pop(0) if model else None
@@ -115,7 +116,8 @@ def test_close_fails_waiting_senders_and_returns_leftovers():
         with pytest.raises(MailboxClosed):
             await box.wait_nonempty()
         assert box.closed
-        assert not box.has_room
+        with pytest.raises(MailboxClosed):
+            box.offer(4)
 
     run(body())
 
