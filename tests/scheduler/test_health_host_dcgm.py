@@ -1,0 +1,162 @@
+"""Host counters from /proc, and DCGM's text output parsed from samples in its documented format."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from shoal.scheduler.errors import HealthError
+from shoal.scheduler.health.dcgm import DcgmCollector, parse_dmon, parse_health, report_from
+from shoal.scheduler.health.host import (
+    CpuTimes,
+    HostCollector,
+    cpu_fraction,
+    parse_meminfo,
+    parse_proc_stat,
+)
+
+PROC_STAT = """\
+cpu  4705 356 584 3699 23 23 0 0 0 0
+cpu0 1393280 32966 572056 13343292 6130 0 17875 0 23933 0
+intr 114930548 113199788 3 0 5 263 0 4 [... lots more numbers ...]
+ctxt 1990473
+"""
+
+MEMINFO = """\
+MemTotal:       16344972 kB
+MemFree:          424788 kB
+MemAvailable:    8172972 kB
+Buffers:          219456 kB
+HugePages_Total:       0
+"""
+
+DMON = """\
+#Entity   GPUTL  XIDER
+ID
+GPU 0     37     0
+GPU 1     N/A    0
+GPU 2     100    79
+Switch 0  0      0
+"""
+
+HEALTHY = """\
++---------------------------+----------------------------------------------------------+
+| Health Monitor Report                                                                |
++===========================+==========================================================+
+| Overall Health            | Healthy                                                  |
++---------------------------+----------------------------------------------------------+
+"""
+
+WARNING = """\
++---------------------------+----------------------------------------------------------+
+| Health Monitor Report                                                                |
++===========================+==========================================================+
+| Overall Health            | Warning                                                  |
+| GPU ID: 0                 | Warning                                                  |
+|                           | PCIe system: Warning - Detected more than 8 PCIe         |
+|                           | replays per minute for GPU 0: 13                         |
+| GPU ID: 3                 | Failure                                                  |
+|                           | Memory system: Failure - A double-bit ECC error was      |
+|                           | detected on GPU 3                                        |
++---------------------------+----------------------------------------------------------+
+"""
+
+
+def test_parse_proc_stat_counts_iowait_as_idle():
+    times = parse_proc_stat(PROC_STAT)
+    assert times == CpuTimes(busy=4705 + 356 + 584 + 23, total=4705 + 356 + 584 + 3699 + 23 + 23)
+
+
+def test_cpu_fraction_between_two_readings():
+    assert cpu_fraction(CpuTimes(100, 1000), CpuTimes(400, 2000)) == pytest.approx(0.3)
+    assert cpu_fraction(CpuTimes(100, 1000), CpuTimes(100, 1000)) == 0.0
+
+
+def test_parse_meminfo():
+    assert parse_meminfo(MEMINFO) == (16344972, 8172972)
+
+
+def test_malformed_proc_files_are_named():
+    with pytest.raises(HealthError, match="no aggregate 'cpu' line"):
+        parse_proc_stat("intr 1 2 3\n")
+    with pytest.raises(HealthError, match="lacks MemTotal or MemAvailable"):
+        parse_meminfo("MemTotal: 10 kB\n")
+
+
+def test_host_collector_reads_this_machine():
+    collector = HostCollector()
+    collector.collect()
+    report = collector.collect()
+    m = report.metrics
+    assert report.available
+    assert 0.0 <= m["cpu_fraction"] <= 1.0
+    assert 0.0 < m["memory_fraction"] < 1.0
+    assert m["memory_total_mb"] > m["memory_available_mb"] > 0
+    assert 0.0 <= m["disk_fraction"] <= 1.0
+    assert m["load1"] >= 0.0
+
+
+def test_host_collector_reports_unreadable_proc(tmp_path):
+    (tmp_path / "stat").write_text("garbage\n")
+    (tmp_path / "meminfo").write_text(MEMINFO)
+    report = HostCollector(proc=tmp_path).collect()
+    assert not report.available
+    assert "no aggregate 'cpu' line" in report.reason
+    assert not HostCollector(proc=tmp_path / "nowhere").collect().available
+
+
+def test_parse_dmon_keeps_gpus_and_marks_missing_values():
+    values = parse_dmon(DMON)
+    assert values == {
+        0: {203: 37.0, 230: 0.0},
+        1: {203: None, 230: 0.0},
+        2: {203: 100.0, 230: 79.0},
+    }
+
+
+def test_parse_dmon_rejects_malformed_output():
+    with pytest.raises(HealthError, match="no '#Entity' header"):
+        parse_dmon("Error: unable to connect to host engine\n")
+    with pytest.raises(HealthError, match="has 1 values for 2 fields"):
+        parse_dmon("#Entity GPUTL XIDER\nGPU 0 37\n")
+    with pytest.raises(HealthError, match="'abc' is not a number"):
+        parse_dmon("#Entity GPUTL XIDER\nGPU 0 abc 0\n")
+
+
+def test_parse_health_reads_verdicts_and_wrapped_messages():
+    assert parse_health(HEALTHY).healthy
+    check = parse_health(WARNING)
+    assert not check.healthy
+    assert check.overall == "Warning"
+    assert check.gpus[0] == (
+        "Warning",
+        ("PCIe system: Warning - Detected more than 8 PCIe replays per minute for GPU 0: 13",),
+    )
+    assert check.gpus[3][0] == "Failure"
+    assert check.gpus[3][1] == (
+        "Memory system: Failure - A double-bit ECC error was detected on GPU 3",
+    )
+    with pytest.raises(HealthError, match="no 'Overall Health' row"):
+        parse_health("Error: no watches\n")
+
+
+def test_report_from_dcgm_values_and_health():
+    report = report_from("dcgm", parse_dmon(DMON), parse_health(WARNING))
+    assert [g.utilisation for g in report.gpus] == [0.37, None, 1.0]
+    assert [g.xid_events for g in report.gpus] == [(), (), (79,)]
+    assert report.metrics["dcgm_healthy"] == 0.0
+    assert report.reason.startswith("DCGM health Warning: GPU 0: Warning (PCIe system")
+
+
+@pytest.mark.skipif(shutil.which("dcgmi") is not None, reason="DCGM is installed here")
+def test_dcgm_collector_says_dcgm_is_missing():
+    collector = DcgmCollector()
+    try:
+        report = collector.collect()
+    finally:
+        collector.close()
+    assert not report.available
+    assert report.reason == (
+        "unavailable: DCGM is not installed (no pydcgm module, no dcgmi on PATH)"
+    )
