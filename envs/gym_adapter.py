@@ -8,6 +8,7 @@ Gymnasium's `(terminated, truncated)` pair against shoal's `done` plus `info["tr
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 from collections.abc import Callable
@@ -40,10 +41,15 @@ def load_plugins() -> None:
     _plugins_loaded = True
 
 
+# The namespace under which `register_in_gymnasium` puts shoal's environments.
+SHOAL_NAMESPACE = "shoal"
+
+
 def gymnasium_ids() -> list[str]:
-    """Every id in Gymnasium's registry, plugins included, sorted."""
+    """Every id in Gymnasium's registry, plugins included, sorted (shoal's own left out)."""
     load_plugins()
-    return sorted(gymnasium.envs.registry)
+    prefix = SHOAL_NAMESPACE + "/"
+    return sorted(gym_id for gym_id in gymnasium.envs.registry if not gym_id.startswith(prefix))
 
 
 def requirements_of(entry_point: object) -> tuple[str, ...]:
@@ -157,3 +163,17 @@ def to_gymnasium(env_id: str, **kwargs: Any) -> ShoalGymEnv:
     from shoal.envs.registry import make
 
     return ShoalGymEnv(make(env_id, **kwargs))
+
+
+def register_in_gymnasium(env_ids: list[str]) -> list[str]:
+    """Make shoal environments available to `gymnasium.make` as `shoal/<id>`; returns those ids.
+
+    The time limit is shoal's (inside the environment), so Gymnasium adds none of its own.
+    """
+    registered = []
+    for env_id in env_ids:
+        gym_id = f"{SHOAL_NAMESPACE}/{env_id}"
+        if gym_id not in gymnasium.envs.registry:
+            gymnasium.register(id=gym_id, entry_point=functools.partial(to_gymnasium, env_id))
+        registered.append(gym_id)
+    return registered

@@ -89,6 +89,9 @@ def check_actions(actions: np.ndarray, num_envs: int, space: spaces.Space[Any]) 
     return array
 
 
+_ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
 class VectorRunner(VectorEnvironment):
     """N single environments made by `factory`, stepped one after another in this process.
 
@@ -113,6 +116,13 @@ class VectorRunner(VectorEnvironment):
         self.num_envs = num_envs
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
+        if not isinstance(self.single_observation_space, _ARRAY_SPACES):
+            self.close()
+            raise EnvError(
+                f"a vector stacks array observations, but this environment observes "
+                f"{self.single_observation_space}; flatten it first (e.g. with "
+                "gymnasium.wrappers.FlattenObservation) or choose an array-observation variant"
+            )
         self._seed = seed
         self._returns = np.zeros(num_envs, dtype=np.float64)
         self._lengths = np.zeros(num_envs, dtype=np.int32)

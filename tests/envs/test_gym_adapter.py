@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from shoal.envs import make, make_vector
+from shoal.envs import EnvError, make, make_vector
 from shoal.envs.gym_adapter import GymEnvironment, ShoalGymEnv, to_gymnasium
 
 BUILTINS = [
@@ -95,3 +95,45 @@ def test_gym_env_in_a_vector_runner():
         np.testing.assert_array_equal(step.reward, [-1.0, -1.0, -1.0])
     finally:
         vector.close()
+
+
+def test_gymnasium_make_reaches_shoal_envs():
+    from shoal.envs import default_registry
+    from shoal.envs.gym_adapter import gymnasium_ids, register_in_gymnasium
+
+    ids = register_in_gymnasium([spec.id for spec in default_registry.native_specs()])
+    assert "shoal/GridWorld-HeldOut-v1" in ids
+    env = gymnasium.make("shoal/CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4,)
+    assert not any(gym_id.startswith("shoal/") for gym_id in gymnasium_ids())
+
+
+def test_atari_through_the_adapter():
+    pytest.importorskip("ale_py", reason="ale-py (the envs extra) is not installed")
+    vector = make_vector("gym:ALE/Pong-v5", 2, seed=0)
+    try:
+        assert vector.reset().shape == (2, 210, 160, 3)
+        step = vector.step(np.array([0, 1]))
+        assert step.obs.dtype == np.uint8
+    finally:
+        vector.close()
+
+
+def test_minigrid_through_the_adapter():
+    pytest.importorskip("minigrid", reason="minigrid (the envs extra) is not installed")
+    env = make("gym:MiniGrid-Empty-5x5-v0")
+    env.seed(0)
+    obs, _ = env.reset()
+    assert "image" in obs
+    _, _, done, info = env.step(2)
+    assert isinstance(done, bool)
+    assert "truncated" in info
+
+
+def test_vector_of_dict_observations_is_refused_with_the_fix():
+    pytest.importorskip("minigrid", reason="minigrid (the envs extra) is not installed")
+    with pytest.raises(
+        EnvError, match="a vector stacks array observations, but this environment observes Dict"
+    ):
+        make_vector("gym:MiniGrid-Empty-5x5-v0", 2)
