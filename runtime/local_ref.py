@@ -18,11 +18,11 @@ if TYPE_CHECKING:
     from shoal.runtime.actor import ActorCell
 
 
-def _expire(reply: asyncio.Future[Any], path: str, method: str, timeout: float) -> None:
+def _expire(reply: asyncio.Future[Any], ref: ActorRef, method: str, timeout: float) -> None:
     if not reply.done():
         reply.set_exception(
             AskTimeout(
-                f"ask {path}.{method} got no reply within {timeout}s; the actor is busy or "
+                f"ask {ref.path}.{method} got no reply within {timeout}s; the actor is busy or "
                 "stuck (it may still handle it); pass a longer ref.ask(timeout=...)"
             )
         )
@@ -109,11 +109,11 @@ class LocalActorRef(ActorRef):
         mailbox = cell.mailbox
         try:
             if mailbox.offer(message):
-                timer = loop.call_later(timeout, _expire, reply, self.path, method, timeout)
+                timer = loop.call_later(timeout, _expire, reply, self, method, timeout)
             else:
                 deadline = loop.time() + timeout
                 await self._put_until(deadline, message, timeout)
-                timer = loop.call_at(deadline, _expire, reply, self.path, method, timeout)
+                timer = loop.call_at(deadline, _expire, reply, self, method, timeout)
         except MailboxClosed:
             self._dead(method)
             raise ActorNotFound(f"actor {self.path} has stopped; look it up again") from None

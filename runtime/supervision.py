@@ -182,16 +182,15 @@ class Guardian:
         await self._stop_children(cell)
 
     async def close(self) -> None:
-        """Stop every actor children-first, then end the guardian task."""
+        """Stop every actor children-first, then end the guardian task.
+
+        Returns when that is done, or at once when called from an actor or a hook."""
         task = self._task
         if task is None or task.done():
             return
-        if asyncio.current_task() is task or self._called_from_subtree(None):
-            self._ops.put_nowait(_Op("close", None, None, 0, None))
-            return
-        done = asyncio.get_running_loop().create_future()
-        self._ops.put_nowait(_Op("close", None, None, 0, done))
-        await asyncio.wait({task})
+        self._ops.put_nowait(_Op("close", None, None, 0, None))
+        if asyncio.current_task() is not task and not self._called_from_subtree(None):
+            await asyncio.wait({task})
 
     def _called_from_subtree(self, cell: ActorCell | None) -> bool:
         """Whether the current task is the consumer of `cell` or of a descendant (None: any)."""

@@ -159,7 +159,7 @@ class ActorSystem:
             return
         self._state = "stopped"
         await self._guardian.close()
-        if not self._guardian._called_from_subtree(None):
+        if not self._guardian.running:
             await self._sweep()
 
     async def _sweep(self) -> None:
