@@ -8,6 +8,7 @@ import importlib
 # suite name -> module in shoal.bench exposing `run(quick: bool) -> list[Row]`
 SUITES: dict[str, str] = {
     "envs": "envs",
+    "raft": "raft",
     "runtime": "runtime",
     "sandbox": "sandbox",
 }
