@@ -1,0 +1,188 @@
+"""The training job's configuration: typed sections a job.toml fills in (via shoal.config.load).
+
+```toml
+env_id = "CartPole-v1"
+time_limit_s = 120
+[rollout]
+workers = 2
+num_envs = 64
+[ppo]
+lr = 1e-3
+[checkpoint]
+interval_s = 30
+```
+
+Every section validates itself, naming the key, the value and what is valid. Defaults are the
+ones `shoal train cartpole` solves CartPole-v1 with on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from shoal.errors import ConfigError
+from shoal.learner.ppo import PPOConfig
+
+# Returns that count as solved where the environment declares none (Gymnasium's thresholds).
+_KNOWN_TARGETS: dict[str, float] = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0}
+
+
+def _int_at_least(key: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{key} = {value!r} is invalid: use an integer >= {low}")
+
+
+def _positive_number(key: str, value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"{key} = {value!r} is invalid: use a number > 0")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How experience is collected: processes × actors × batched environments × steps."""
+
+    workers: int = 1
+    """Rollout worker processes."""
+    actors_per_worker: int = 1
+    """Rollout actors in each worker process (each owns one vector of environments)."""
+    num_envs: int = 32
+    """Environments stepped as one batch by each actor."""
+    horizon: int = 16
+    """Steps T per fragment: each fragment holds horizon × num_envs environment steps."""
+
+    def __post_init__(self) -> None:
+        _int_at_least("rollout.workers", self.workers, 1)
+        _int_at_least("rollout.actors_per_worker", self.actors_per_worker, 1)
+        _int_at_least("rollout.num_envs", self.num_envs, 1)
+        _int_at_least("rollout.horizon", self.horizon, 1)
+
+
+@dataclass(frozen=True)
+class IntakeConfig:
+    """The learner's bounded intake and how much of it one update consumes."""
+
+    capacity: int = 8
+    """Fragments the intake holds before it stops consuming (back-pressure on the actors)."""
+    max_staleness: int = 4
+    """Fragments made by a policy more than this many versions old are dropped (and counted)."""
+    fragments_per_update: int = 4
+    """Fragments each rank trains on per update (one policy version)."""
+
+    def __post_init__(self) -> None:
+        _int_at_least("intake.capacity", self.capacity, 1)
+        _int_at_least("intake.max_staleness", self.max_staleness, 0)
+        _int_at_least("intake.fragments_per_update", self.fragments_per_update, 1)
+        if self.fragments_per_update > self.capacity:
+            raise ConfigError(
+                f"intake.fragments_per_update = {self.fragments_per_update} is invalid: it must "
+                f"be <= intake.capacity ({self.capacity})"
+            )
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """The learner group: how many ranks and which torch.distributed backend."""
+
+    ranks: int = 1
+    """Learner rank processes (each trains on its share of the rollout actors)."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend; auto is nccl with CUDA, else gloo."""
+    threads: int = 1
+    """torch intra-op threads per learner rank."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over `max_env_steps` (when that is set)."""
+
+    def __post_init__(self) -> None:
+        _int_at_least("learner.ranks", self.ranks, 1)
+        _int_at_least("learner.threads", self.threads, 1)
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(
+                f"learner.backend = {self.backend!r} is invalid: use 'auto', 'gloo' or 'nccl'"
+            )
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """When checkpoints are written (besides on demand and on a graceful stop)."""
+
+    interval_s: float = 900.0
+    """Seconds between periodic checkpoints (15 minutes by default; seconds for tests)."""
+    keep: int = 3
+    """Complete checkpoints kept on disk; older ones are deleted."""
+
+    def __post_init__(self) -> None:
+        _positive_number("checkpoint.interval_s", self.interval_s)
+        _int_at_least("checkpoint.keep", self.keep, 1)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The evaluation that runs on the final checkpoint."""
+
+    episodes: int = 20
+    """Episodes per evaluated condition."""
+
+    def __post_init__(self) -> None:
+        _int_at_least("eval.episodes", self.episodes, 1)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training job: which environment, when to stop, and every section above."""
+
+    env_id: str = "CartPole-v1"
+    """Environment id or alias (`cartpole`)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the environment (e.g. GridWorld's size)."""
+    seed: int = 0
+    """Seeds environments and the policy's initialisation."""
+    time_limit_s: float = 300.0
+    """Stop after this many seconds of training even if the target is not reached."""
+    target_return: float | None = None
+    """Stop once the mean return of the last `target_window` episodes reaches this; None uses
+    the environment's known threshold (CartPole-v1: 475), or none."""
+    target_window: int = 20
+    """Episodes averaged for the target."""
+    max_env_steps: int | None = None
+    """Stop after this many environment steps (also the learning-rate annealing horizon)."""
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the policy and value MLPs."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    intake: IntakeConfig = field(default_factory=IntakeConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.env_id, str) or not self.env_id.strip():
+            raise ConfigError(f"env_id = {self.env_id!r} is invalid: name an environment")
+        _positive_number("time_limit_s", self.time_limit_s)
+        _int_at_least("target_window", self.target_window, 1)
+        if self.target_return is not None and not math.isfinite(self.target_return):
+            raise ConfigError(f"target_return = {self.target_return!r} is invalid: use a number")
+        if self.max_env_steps is not None:
+            _int_at_least("max_env_steps", self.max_env_steps, 1)
+        if not self.hidden or any(
+            isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden
+        ):
+            raise ConfigError(
+                f"hidden = {list(self.hidden)!r} is invalid: list positive layer widths"
+            )
+
+    @property
+    def total_actors(self) -> int:
+        return self.rollout.workers * self.rollout.actors_per_worker
+
+    def resolved_target(self, canonical_env_id: str) -> float | None:
+        """The return that counts as solved: explicit, else the environment's known threshold."""
+        if self.target_return is not None:
+            return self.target_return
+        return _KNOWN_TARGETS.get(canonical_env_id)

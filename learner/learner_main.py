@@ -1,0 +1,352 @@
+"""A learner rank process: intake, PPO updates, gradient all-reduce, weight publishing, checkpoints.
+
+`python -m shoal.learner.learner_main --run-dir DIR --port PORT` with the group's rank, world size
+and rendezvous in `SHOAL_GROUP_*` (see group.py). The process serves one actor, `learner`, on
+the real transport: rollout actors `register` with it (and get the current weights) and
+`push_fragment` to it. Training runs beside the actor: it waits for a batch of fragments, runs
+the PPO update in a worker thread (so the event loop keeps receiving fragments meanwhile),
+advances the policy version and sends the new weights to every registered rollout actor. Every
+rank publishes to the actors that push to it; rank 0 alone writes checkpoints. Each rank writes
+`status-<rank>.json` (progress for `shoal train`) and appends to `events.jsonl`.
+
+SIGTERM or SIGINT stops it gracefully: the current update finishes, the ranks agree to stop
+after the same update, rank 0 writes a final checkpoint, and the process exits 0. On start,
+every rank resumes from the newest complete checkpoint in the run directory, if there is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal.learner.buffer import Intake
+from shoal.learner.checkpoint import CheckpointInfo, CheckpointManager
+from shoal.learner.config import TrainConfig
+from shoal.learner.errors import BadFragment
+from shoal.learner.fragment import Fragment
+from shoal.learner.group import GroupSpec, LearnerGroup
+from shoal.learner.policy import ActorCritic
+from shoal.learner.ppo import PPOLearner
+from shoal.runtime.actor import Actor
+from shoal.runtime.errors import ActorError, WireError
+from shoal.runtime.ref import ActorRef
+
+log = logging.getLogger("shoal.learner")
+
+LEARNER_NAME = "learner"
+STATUS_EVERY_S = 0.25
+
+
+class LearnerCore:
+    """Everything one rank knows; the actor and the training loop share it on the loop thread.
+
+    Only `train_step` (run in a worker thread) touches the model and optimiser while an update
+    runs; the loop thread reads `published`, a snapshot taken between updates.
+    """
+
+    def __init__(self, cfg: TrainConfig, env_id: str, group: LearnerGroup, run_dir: Path) -> None:
+        from shoal.envs.vector import make_vector
+
+        self.cfg = cfg
+        self.env_id = env_id
+        self.group = group
+        self.run_dir = run_dir
+        probe = make_vector(env_id, 1, seed=cfg.seed, **cfg.env_kwargs)
+        obs_shape = probe.single_observation_space.shape
+        action_space = probe.single_action_space
+        probe.close()
+        torch.manual_seed(cfg.seed)
+        self.model = ActorCritic(obs_shape or (), action_space, cfg.hidden)
+        self.ppo = PPOLearner(self.model, cfg.ppo)
+        self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness)
+        self.checkpoints = CheckpointManager(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
+        self.schedule = self.checkpoints.periodic(cfg.checkpoint.interval_s)
+        self.incarnation = os.urandom(6).hex()
+        self.version = 0
+        self.env_steps = 0  # steps received from actors (before any filtering)
+        self.trained_steps = 0
+        self.base_env_steps = 0  # env_steps restored from a checkpoint
+        self.rejected = 0
+        self.episodes = 0
+        self.returns: deque[float] = deque(maxlen=cfg.target_window)
+        self.actors: dict[str, ActorRef] = {}
+        self.metrics: dict[str, float] = {}
+        self.last_checkpoint: CheckpointInfo | None = None
+        self.started = time.monotonic()
+        self.published: dict[str, np.ndarray] = self.model.get_weights()
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def restore(self) -> CheckpointInfo | None:
+        """Load the newest complete checkpoint, if any; every rank reads the same one."""
+        info = self.checkpoints.latest()
+        if info is None:
+            return None
+        state = self.checkpoints.load(info)
+        self.model.load_state_dict(state["model"])
+        self.ppo.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.env_steps = self.base_env_steps = int(state["env_steps"])
+        self.trained_steps = int(state["trained_steps"])
+        self.episodes = int(state["episodes"])
+        self.returns.extend(float(r) for r in state["returns"])
+        self.intake.set_version(self.version)
+        self.published = self.model.get_weights()
+        self.last_checkpoint = info
+        return info
+
+    def save_checkpoint(self, block: bool = False) -> CheckpointInfo:
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.ppo.optimizer.state_dict(),
+            "policy_spec": self.model.spec(),
+            "version": self.version,
+            "env_steps": self.env_steps,
+            "trained_steps": self.trained_steps,
+            "episodes": self.episodes,
+            "returns": list(self.returns),
+            "config": asdict(self.cfg),
+            "env_id": self.env_id,
+        }
+        meta: dict[str, str | int | float | bool] = {
+            "env_id": self.env_id,
+            "version": self.version,
+            "env_steps": self.env_steps,
+        }
+        if self.returns:
+            meta["mean_return"] = float(np.mean(self.returns))
+        info = self.checkpoints.save(state, self.version, meta=meta, block=block)
+        self.schedule.mark_saved()
+        self.last_checkpoint = info
+        return info
+
+    # -- intake side (loop thread) -----------------------------------------------------------
+
+    def record(self, fragment: Fragment) -> None:
+        self.env_steps += fragment.num_steps
+        self.episodes += int(fragment.episode_returns.size)
+        self.returns.extend(fragment.episode_returns.tolist())
+
+    # -- training side -----------------------------------------------------------------------
+
+    def train_step(self, fragments: list[Fragment], stop: bool) -> bool:
+        """One update (in a worker thread); returns whether the group agreed to stop after it."""
+        cfg = self.cfg
+        if cfg.learner.anneal_lr and cfg.max_env_steps:
+            frac = max(0.0, 1.0 - self.env_steps / cfg.max_env_steps)
+            self.ppo.set_lr(max(cfg.ppo.lr * frac, cfg.ppo.lr * 1e-3))
+        sync = self.group.grad_sync if self.group.world_size > 1 else None
+        self.metrics = self.ppo.update(fragments, self.version, sync)
+        self.trained_steps += sum(f.num_steps for f in fragments)
+        return self.group.all_agree(stop)
+
+    def publish(self) -> None:
+        """Advance the version and send the new weights to every registered rollout actor."""
+        self.version += 1
+        self.intake.set_version(self.version)
+        self.published = self.model.get_weights()
+        for actor_id, ref in list(self.actors.items()):
+            try:
+                ref.tell_nowait.set_weights(self.version, self.published)
+            except (ActorError, WireError) as exc:
+                # It re-registers when its next push fails; until then it keeps acting.
+                log.info("dropping rollout actor %s from publishing: %s", actor_id, exc)
+                del self.actors[actor_id]
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        wall = time.monotonic() - self.started
+        return {
+            "rank": self.group.rank,
+            "pid": os.getpid(),
+            "incarnation": self.incarnation,
+            "version": self.version,
+            "env_steps": self.env_steps,
+            "trained_steps": self.trained_steps,
+            "sps": (self.env_steps - self.base_env_steps) / wall if wall > 0 else 0.0,
+            "episodes": self.episodes,
+            "returns": list(self.returns),
+            "policy_lag_median": self.metrics.get("policy_lag_median", math.nan),
+            "metrics": self.metrics,
+            "intake": self.intake.totals(),
+            "rejected": self.rejected,
+            "actors": len(self.actors),
+            "wall_s": wall,
+            "checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint.path),
+            "checkpoint_step": None if self.last_checkpoint is None else self.last_checkpoint.step,
+        }
+
+
+class LearnerActor(Actor):
+    """The rank's face on the transport; state lives in the core, so a restart loses nothing."""
+
+    def __init__(self, core: LearnerCore) -> None:
+        self.core = core
+
+    def register(self, actor_id: str, path: str) -> dict[str, Any]:
+        """A rollout actor announces itself; it gets the current weights, version, incarnation."""
+        core = self.core
+        core.actors[actor_id] = self.context.system.ref(path)
+        return {"incarnation": core.incarnation, "version": core.version, "weights": core.published}
+
+    async def push_fragment(self, payload: Any) -> dict[str, Any]:
+        """Take one fragment; the reply waits while the intake is full (back-pressure)."""
+        core = self.core
+        try:
+            fragment = Fragment.from_wire(payload)
+        except BadFragment as exc:
+            core.rejected += 1
+            log.warning("rejected a fragment: %s", exc)
+            return {"incarnation": core.incarnation, "admission": "rejected", "error": str(exc)}
+        core.record(fragment)
+        admission = await core.intake.put(fragment)
+        return {"incarnation": core.incarnation, "admission": admission.value}
+
+    def status(self) -> dict[str, Any]:
+        return self.core.status()
+
+
+def write_json_atomically(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def append_event(run_dir: Path, event: dict[str, Any]) -> None:
+    """One line per lifecycle event (start, resume, checkpoint, stop) in events.jsonl."""
+    with (run_dir / "events.jsonl").open("a") as handle:
+        handle.write(json.dumps({"time": time.time(), **event}) + "\n")
+
+
+async def _next_batch(core: LearnerCore, stopping: asyncio.Event) -> list[Fragment] | None:
+    """The next batch of fragments, or None if a stop was requested while waiting."""
+    get = asyncio.ensure_future(core.intake.get(core.cfg.intake.fragments_per_update))
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if get.done():
+        return get.result()
+    get.cancel()
+    await asyncio.gather(get, return_exceptions=True)
+    return None
+
+
+async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
+    """The rank's training loop; returns after the update at which the group agreed to stop."""
+    last_status = 0.0
+    while True:
+        if stopping.is_set() and core.group.world_size == 1:
+            return
+        fragments = await _next_batch(core, stopping)
+        if fragments is None:
+            if core.group.world_size == 1:
+                return
+            # Peers may already be in this update's all-reduce: keep going until fragments
+            # arrive, then stop together after it.
+            await stopping.wait()
+            fragments = await core.intake.get(core.cfg.intake.fragments_per_update)
+        agreed = await asyncio.to_thread(core.train_step, fragments, stopping.is_set())
+        core.publish()
+        if core.group.is_leader and core.schedule.due():
+            info = core.save_checkpoint()
+            append_event(core.run_dir, {"event": "checkpoint", "step": info.step})
+        now = time.monotonic()
+        if now - last_status >= STATUS_EVERY_S:
+            last_status = now
+            write_json_atomically(core.run_dir / f"status-{core.group.rank}.json", core.status())
+        if agreed:
+            return
+
+
+async def serve(cfg: TrainConfig, env_id: str, run_dir: Path, port: int, spec: GroupSpec) -> int:
+    """Run one rank until it is told to stop; returns the exit status."""
+    from shoal.runtime.system import ActorSystem
+    from shoal.runtime.transport import TransportConfig, attach
+
+    token = (run_dir / "cluster.token").read_text().strip()
+    torch.set_num_threads(cfg.learner.threads)
+    group = LearnerGroup(spec)
+    core = LearnerCore(cfg, env_id, group, run_dir)
+    resumed = core.restore()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    async with ActorSystem(f"learner-{group.rank}") as system:
+        transport = await attach(system, TransportConfig(token=token, port=port))
+        try:
+            await system.spawn(LearnerActor, core, name=LEARNER_NAME, mailbox_size=4096)
+            await asyncio.to_thread(_join, group, core)
+            write_json_atomically(
+                run_dir / f"learner-{group.rank}.addr", {"address": transport.address}
+            )
+            append_event(
+                run_dir,
+                {
+                    "event": "start",
+                    "rank": group.rank,
+                    "pid": os.getpid(),
+                    "step": core.version,
+                    "env_steps": core.env_steps,
+                    "resumed_from": None if resumed is None else str(resumed.path),
+                },
+            )
+            await train(core, stopping)
+            if group.is_leader:
+                info = core.save_checkpoint(block=True)
+                append_event(run_dir, {"event": "stop", "rank": group.rank, "step": info.step})
+            write_json_atomically(run_dir / f"status-{group.rank}.json", core.status())
+        finally:
+            await transport.close()
+    core.checkpoints.close()
+    group.leave()
+    return 0
+
+
+def _join(group: LearnerGroup, core: LearnerCore) -> None:
+    group.join()
+    group.broadcast_module(core.model)
+    core.published = core.model.get_weights()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from shoal.config import load
+    from shoal.errors import ShoalError
+    from shoal.runtime.loop import run
+
+    parser = argparse.ArgumentParser(prog="shoal-learner", description="one learner rank")
+    parser.add_argument("--run-dir", type=Path, required=True, help="the run directory")
+    parser.add_argument("--port", type=int, default=0, help="transport port (0: any free port)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("SHOAL_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        job = json.loads((args.run_dir / "job.json").read_text())
+        cfg = load(TrainConfig, job["config"], source=str(args.run_dir / "job.json"), environ={})
+        return run(serve(cfg, job["env_id"], args.run_dir, args.port, GroupSpec.from_env()))
+    except ShoalError as exc:
+        print(f"shoal-learner: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

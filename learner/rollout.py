@@ -1,0 +1,294 @@
+"""Rollout: a `Collector` that steps a vector of environments with a CPU policy copy and cuts
+Fragments, and `RolloutActor`, the actor that runs one and streams its fragments to a learner.
+
+The collector is the work without the actor (no event loop, no transport), so it can be tested
+and benchmarked on its own. Arrays are allocated fresh per fragment because a finished fragment
+is handed to the transport, which sends its memory without copying while the next one is
+written. The actor registers with its learner (getting the current weights and the learner's
+incarnation), then loops: collect, push. At most one push is in flight while the next fragment
+is collected; a push waits while the learner's intake is full, which is the back-pressure. New
+weights arrive as `set_weights` messages and are adopted between steps, without stopping. When
+the learner restarts (a new incarnation, or a dropped link), the actor registers again and
+adopts the restored weights and version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shoal.envs.vector import VectorEnvironment
+from shoal.learner.fragment import Fragment
+from shoal.learner.policy import ActorCritic
+from shoal.runtime.actor import Actor
+from shoal.runtime.errors import ActorError, WireError
+from shoal.runtime.ref import ActorRef
+
+log = logging.getLogger(__name__)
+
+# Asks to the learner that may wait for intake room use this timeout; back-pressure is not a failure.
+PUSH_TIMEOUT_S = 600.0
+REGISTER_TIMEOUT_S = 10.0
+# Steps between yields to the event loop (lets set_weights and transport I/O run).
+YIELD_EVERY_STEPS = 4
+
+
+class Collector:
+    """Owns a vector environment and a policy copy; one caller at a time (the rollout actor)."""
+
+    def __init__(
+        self,
+        actor_id: str,
+        env: VectorEnvironment,
+        policy: ActorCritic,
+        horizon: int,
+        env_hash: str,
+        seed: int | None = None,
+    ) -> None:
+        self.actor_id = actor_id
+        self.env = env
+        self.policy = policy
+        self.horizon = horizon
+        self.env_hash = env_hash
+        self.policy_version = 0
+        self.seq = 0
+        self.env_steps = 0
+        self._obs = env.reset(seed)
+        space = env.single_action_space
+        self._action_shape: tuple[int, ...] = tuple(getattr(space, "shape", None) or ())
+        self._action_dtype = np.float32 if self._action_shape else np.int64
+
+    def set_weights(self, version: int, weights: dict[str, np.ndarray]) -> None:
+        """Adopt a newer policy; takes effect from the next step."""
+        self.policy.set_weights(weights)
+        self.policy_version = version
+
+    def step(self, buf: _Buffers, t: int) -> None:
+        """Act and step once, writing row `t` of the fragment being built."""
+        obs = self._obs
+        actions, logp, values = self.policy.act(obs)
+        result = self.env.step(actions)
+        buf.obs[t] = obs
+        buf.actions[t] = actions
+        buf.logprobs[t] = logp
+        buf.values[t] = values
+        buf.rewards[t] = result.reward
+        buf.dones[t] = result.done
+        buf.truncated[t] = result.truncated
+        if result.truncated.any():
+            rows = np.flatnonzero(result.truncated)
+            buf.final_values[t, rows] = self.policy.value(result.final_obs[rows])
+        if result.done.any():
+            rows = np.flatnonzero(result.done)
+            buf.episode_returns.extend(result.episode_return[rows].tolist())
+            buf.episode_lengths.extend(result.episode_length[rows].tolist())
+        self._obs = result.obs
+
+    def new_buffers(self) -> _Buffers:
+        return _Buffers(
+            self.horizon, self.env.num_envs, self._obs.shape[1:], self._action_shape,
+            self._action_dtype,
+        )  # fmt: skip
+
+    def finish(self, buf: _Buffers, version: int) -> Fragment:
+        """Close the fragment: bootstrap value of the current observations, next sequence number."""
+        fragment = Fragment(
+            actor_id=self.actor_id,
+            seq=self.seq,
+            policy_version=version,
+            env_hash=self.env_hash,
+            obs=buf.obs,
+            actions=buf.actions,
+            logprobs=buf.logprobs,
+            values=buf.values,
+            rewards=buf.rewards,
+            dones=buf.dones,
+            truncated=buf.truncated,
+            bootstrap_value=np.asarray(self.policy.value(self._obs), dtype=np.float32),
+            final_values=buf.final_values,
+            episode_returns=np.asarray(buf.episode_returns, dtype=np.float32),
+            episode_lengths=np.asarray(buf.episode_lengths, dtype=np.int32),
+        )
+        self.seq += 1
+        self.env_steps += fragment.num_steps
+        return fragment
+
+    def collect(self) -> Fragment:
+        """One whole fragment with the current policy (the synchronous form, for tests and benches)."""
+        buf = self.new_buffers()
+        version = self.policy_version
+        for t in range(self.horizon):
+            self.step(buf, t)
+        return self.finish(buf, version)
+
+
+class _Buffers:
+    """The arrays of one fragment under construction."""
+
+    def __init__(
+        self,
+        horizon: int,
+        num_envs: int,
+        obs_shape: tuple[int, ...],
+        action_shape: tuple[int, ...],
+        action_dtype: type[np.generic],
+    ) -> None:
+        tn = (horizon, num_envs)
+        self.obs = np.empty((*tn, *obs_shape), dtype=np.float32)
+        self.actions = np.empty((*tn, *action_shape), dtype=action_dtype)
+        self.logprobs = np.empty(tn, dtype=np.float32)
+        self.values = np.empty(tn, dtype=np.float32)
+        self.rewards = np.empty(tn, dtype=np.float32)
+        self.dones = np.empty(tn, dtype=bool)
+        self.truncated = np.empty(tn, dtype=bool)
+        self.final_values = np.zeros(tn, dtype=np.float32)
+        self.episode_returns: list[float] = []
+        self.episode_lengths: list[int] = []
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """What one rollout actor runs and where it sends its fragments."""
+
+    name: str
+    env_id: str
+    num_envs: int
+    horizon: int
+    seed: int
+    learner_path: str
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    hidden: tuple[int, ...] = (64, 64)
+
+
+class RolloutActor(Actor):
+    """Streams fragments to the learner at `spec.learner_path`; runs in a rollout worker process.
+
+    `failed` (optional) receives the exception if the collection loop dies of a bug, so the
+    process that hosts the actor can exit with an error instead of idling.
+    """
+
+    def __init__(self, spec: RolloutSpec, failed: asyncio.Future[None] | None = None) -> None:
+        self.spec = spec
+        self._failed = failed
+        self._pending: tuple[int, dict[str, np.ndarray]] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._in_flight: asyncio.Task[bool] | None = None
+        self._collector: Collector | None = None
+        self._learner: ActorRef | None = None
+        self._incarnation = ""
+        self.registrations = 0
+        self.pushed = 0
+
+    async def on_start(self) -> None:
+        from shoal.envs.hashing import env_hash
+        from shoal.envs.vector import make_vector
+
+        spec = self.spec
+        env = make_vector(spec.env_id, spec.num_envs, seed=spec.seed, **spec.env_kwargs)
+        shape = env.single_observation_space.shape
+        if shape is None:
+            env.close()
+            raise ActorError(f"{spec.env_id} has no observation shape; an MLP policy needs one")
+        policy = ActorCritic(shape, env.single_action_space, spec.hidden)
+        # A fresh id per incarnation: sequence numbers restart at 0, so the learner's
+        # exactly-once accounting must see a new actor, not duplicates.
+        actor_id = f"{spec.name}#{os.urandom(4).hex()}"
+        digest = env_hash(spec.env_id, dict(spec.env_kwargs), spec.seed)
+        self._collector = Collector(actor_id, env, policy, spec.horizon, digest, spec.seed)
+        self._learner = self.context.system.ref(spec.learner_path)
+        self._task = asyncio.create_task(
+            self._run(self._collector, self._learner), name=f"rollout {spec.name}"
+        )
+
+    async def on_stop(self) -> None:
+        for task in (self._task, self._in_flight):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if self._collector is not None:
+            self._collector.env.close()
+
+    def set_weights(self, version: int, weights: dict[str, np.ndarray]) -> None:
+        """Newer weights from the learner; adopted before the next environment step."""
+        collector = self._collector
+        if collector is None or version <= collector.policy_version:
+            return
+        if self._pending is None or version > self._pending[0]:
+            self._pending = (version, weights)
+
+    def stats(self) -> dict[str, Any]:
+        collector = self._collector
+        return {
+            "actor_id": "" if collector is None else collector.actor_id,
+            "env_steps": 0 if collector is None else collector.env_steps,
+            "fragments": self.pushed,
+            "policy_version": 0 if collector is None else collector.policy_version,
+            "registrations": self.registrations,
+        }
+
+    async def _run(self, collector: Collector, learner: ActorRef) -> None:
+        try:
+            await self._loop(collector, learner)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("rollout actor %s failed", self.spec.name)
+            if self._failed is not None and not self._failed.done():
+                self._failed.set_exception(exc)
+            raise
+
+    async def _loop(self, collector: Collector, learner: ActorRef) -> None:
+        await self._register(collector, learner)
+        while True:
+            buf = collector.new_buffers()
+            self._adopt()
+            version = collector.policy_version
+            for t in range(collector.horizon):
+                if t % YIELD_EVERY_STEPS == 0:
+                    await asyncio.sleep(0)
+                    self._adopt()
+                collector.step(buf, t)
+            fragment = collector.finish(buf, version)
+            if self._in_flight is not None and not await self._in_flight:
+                await self._register(collector, learner)
+            self._in_flight = asyncio.create_task(self._push(learner, fragment))
+
+    def _adopt(self) -> None:
+        pending, self._pending = self._pending, None
+        collector = self._collector
+        if pending is not None and collector is not None and pending[0] > collector.policy_version:
+            collector.set_weights(*pending)
+
+    async def _push(self, learner: ActorRef, fragment: Fragment) -> bool:
+        """Send one fragment; False when the learner is gone or is a new incarnation."""
+        try:
+            reply = await learner.ask(timeout=PUSH_TIMEOUT_S).push_fragment(fragment.to_wire())
+        except (ActorError, WireError) as exc:
+            log.warning("push to %s failed (%s); registering again", self.spec.learner_path, exc)
+            return False
+        self.pushed += 1
+        return isinstance(reply, dict) and reply.get("incarnation") == self._incarnation
+
+    async def _register(self, collector: Collector, learner: ActorRef) -> None:
+        """Register until the learner answers; adopt its weights, version and incarnation."""
+        delay = 0.05
+        while True:
+            try:
+                reply = await learner.ask(timeout=REGISTER_TIMEOUT_S).register(
+                    collector.actor_id, self.ref.path
+                )
+                break
+            except (ActorError, WireError) as exc:
+                log.info("learner %s not ready (%s)", self.spec.learner_path, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        self._incarnation = str(reply["incarnation"])
+        self._pending = None
+        collector.policy.set_weights(reply["weights"])
+        collector.policy_version = int(reply["version"])
+        self.registrations += 1
