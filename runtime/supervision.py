@@ -256,8 +256,10 @@ class Guardian:
         if supervisor is None:
             self._record(cell, error, "stop")
             log.error(
-                "actor %s failed more than %d times within %ss; stopping it and its children",
+                "actor %s failed (%r) with the system's restart budget (%d within %ss) spent; "
+                "stopping it and its children",
                 cell.path,
+                error,
                 spec.max_restarts,
                 spec.within,
             )
@@ -265,8 +267,9 @@ class Guardian:
             return
         self._record(cell, error, "escalate")
         escalated = Escalated(
-            f"child {cell.path} failed more than {spec.max_restarts} times within "
-            f"{spec.within}s ({error!r}), so its supervisor {supervisor.path} fails in turn"
+            f"child {cell.path} failed ({error!r}) with the restart budget of "
+            f"{supervisor.path} spent ({spec.max_restarts} restarts within {spec.within}s), "
+            "so the supervisor fails in turn"
         )
         escalated.__cause__ = error
         await self._on_failure(supervisor, escalated)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from shoal.errors import ConfigError
 from shoal.runtime import Actor, ActorSystem, SupervisorSpec, run, split_path
 from shoal.runtime.errors import (
+    ActorInterrupted,
     ActorNotFound,
     InvalidActorName,
     InvalidActorPath,
@@ -43,6 +44,11 @@ class Echo(Actor):
     def record(self, sender: int, seq: int) -> tuple[int, int]:
         self.log.append((self.context.name, sender, seq))
         return sender, seq
+
+    async def record_later(self, sender: int, seq: int) -> tuple[int, int]:
+        """Suspends before recording, so a stop or a restart can interrupt it."""
+        await asyncio.sleep(0)
+        return self.record(sender, seq)
 
     def fail(self, sender: int, seq: int) -> None:
         self.log.append((self.context.name, sender, seq))
@@ -276,8 +282,20 @@ def test_spawn_under_a_stopped_parent_fails():
     run(body())
 
 
+class Team(Actor):
+    """Supervises three Echo children; a restarted team builds three new ones."""
+
+    def __init__(self, log: list[tuple[str, int, int]], mailbox_size: int) -> None:
+        self.log = log
+        self.mailbox_size = mailbox_size
+
+    async def on_start(self) -> None:
+        for i in range(3):
+            await self.spawn(Echo, self.log, name=f"a{i}", mailbox_size=self.mailbox_size)
+
+
 ops = st.tuples(
-    st.sampled_from(["tell", "tell_nowait", "ask", "fail", "stop", "yield"]),
+    st.sampled_from(["tell", "tell_nowait", "ask", "async_ask", "fail", "stop", "yield"]),
     st.integers(0, 2),
 )
 
@@ -288,20 +306,24 @@ ops = st.tuples(
 @given(
     scripts=st.lists(st.lists(ops, max_size=25), min_size=1, max_size=3),
     mailbox_size=st.integers(1, 4),
-    root_max=st.integers(0, 4),
+    strategy=st.sampled_from(["one_for_one", "one_for_all"]),
+    team_max=st.integers(0, 3),
+    root_max=st.integers(0, 2),
 )
-def test_model_nothing_lost_nothing_doubled_order_kept(scripts, mailbox_size, root_max):
-    """Concurrent senders tell, ask, fail and stop actors at random; afterwards every message
-    sent was handled exactly once or counted as a dead letter, in each sender's order."""
+def test_model_nothing_lost_nothing_doubled_order_kept(
+    scripts, mailbox_size, strategy, team_max, root_max
+):
+    """Concurrent senders tell, ask, fail and stop supervised actors at random; afterwards every
+    message sent was handled exactly once or counted as a dead letter, in each sender's order."""
 
     async def body():
         log: list[tuple[str, int, int]] = []
         sent = 0
         system = ActorSystem(root_supervisor=SupervisorSpec(max_restarts=root_max, within=60))
         await system.start()
-        refs = [
-            await system.spawn(Echo, log, name=f"a{i}", mailbox_size=mailbox_size) for i in range(3)
-        ]
+        team_spec = SupervisorSpec(strategy=strategy, max_restarts=team_max, within=60)
+        await system.spawn(Team, log, mailbox_size, name="team", supervisor=team_spec)
+        refs = [system.lookup(f"a{i}") for i in range(3)]
 
         async def sender(who: int, script: list[tuple[str, int]]) -> None:
             nonlocal sent
@@ -314,10 +336,11 @@ def test_model_nothing_lost_nothing_doubled_order_kept(scripts, mailbox_size, ro
                         ref.tell_nowait.record(who, seq)
                     except MailboxFull:
                         continue
-                elif op == "ask":
+                elif op in ("ask", "async_ask"):
+                    method = "record" if op == "ask" else "record_later"
                     try:
-                        assert await ref.ask.record(who, seq) == (who, seq)
-                    except ActorNotFound:
+                        assert await ref.ask.__getattr__(method)(who, seq) == (who, seq)
+                    except (ActorNotFound, ActorInterrupted):
                         pass
                 elif op == "fail":
                     await ref.tell.fail(who, seq)
