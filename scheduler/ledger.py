@@ -26,6 +26,12 @@ class NodeUsage:
     memory_mb: int = 0
     gpus: set[int] = field(default_factory=set)
     tasks: set[str] = field(default_factory=set)
+    by_island: dict[str, list[int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_island = {}
+        for gpu in sorted(self.node.gpus, key=lambda g: g.index):
+            self.by_island.setdefault(gpu.island, []).append(gpu.index)
 
     @property
     def free_cpus(self) -> float:
@@ -35,13 +41,15 @@ class NodeUsage:
     def free_memory_mb(self) -> int:
         return self.node.memory_mb - self.memory_mb
 
+    @property
+    def free_gpu_count(self) -> int:
+        return len(self.node.gpus) - len(self.gpus)
+
     def free_gpus(self, island: str | None = None) -> list[int]:
         """Free GPU indices, ascending; only those on `island` when given."""
-        return sorted(
-            g.index
-            for g in self.node.gpus
-            if g.index not in self.gpus and (island is None or g.island == island)
-        )
+        if island is None:
+            return sorted(g.index for g in self.node.gpus if g.index not in self.gpus)
+        return [i for i in self.by_island.get(island, ()) if i not in self.gpus]
 
     def fits(self, cpus: float, memory_mb: int) -> bool:
         return cpus <= self.free_cpus + CPU_EPSILON and memory_mb <= self.free_memory_mb
@@ -74,9 +82,8 @@ class Ledger:
         usage = self.usage.get(p.node)
         if usage is None:
             raise TopologyError(f"task {p.task!r} is placed on unknown node {p.node!r}")
-        known = {g.index for g in usage.node.gpus}
         for index in p.gpus:
-            if index not in known:
+            if not any(g.index == index for g in usage.node.gpus):
                 raise TopologyError(f"task {p.task!r}: node {p.node!r} has no GPU {index}")
             if index in usage.gpus:
                 raise TopologyError(f"task {p.task!r}: GPU {index} of {p.node!r} is already in use")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from shoal.scheduler.errors import PlacementRefused, TopologyError
 from shoal.scheduler.ledger import CPU_EPSILON, Ledger, NodeUsage
@@ -28,11 +29,12 @@ def place(
     """Plan new placements around `existing` ones; the largest groups are placed first."""
     ledger = Ledger(topology, existing)
     _check_names(ledger, groups, actors)
+    shape = _Shape.of(topology)
     placements: list[Placement] = []
     refused: list[Refusal] = []
     for group in sorted(groups, key=lambda g: (-g.total_gpus, -g.ranks, g.name)):
         try:
-            ranks = _place_group(ledger, topology, group)
+            ranks = _place_group(ledger, shape, group)
         except PlacementRefused as exc:
             refused.append(Refusal(exc.task, exc.reason))
             continue
@@ -51,7 +53,7 @@ def place_group(
     """One group's rank placements, or `PlacementRefused` saying why not."""
     ledger = Ledger(topology, existing)
     _check_names(ledger, [group], [])
-    return tuple(_place_group(ledger, topology, group))
+    return tuple(_place_group(ledger, _Shape.of(topology), group))
 
 
 def _check_names(
@@ -71,7 +73,8 @@ def _rank_slots(usage: NodeUsage, group: LearnerGroup, island: str | None) -> in
         return 0
     limits = [group.ranks]
     if group.gpus_per_rank:
-        limits.append(len(usage.free_gpus(island)) // group.gpus_per_rank)
+        free = usage.free_gpu_count if island is None else len(usage.free_gpus(island))
+        limits.append(free // group.gpus_per_rank)
     if group.cpus_per_rank:
         limits.append(math.floor((usage.free_cpus + CPU_EPSILON) / group.cpus_per_rank))
     if group.memory_mb_per_rank:
@@ -79,29 +82,38 @@ def _rank_slots(usage: NodeUsage, group: LearnerGroup, island: str | None) -> in
     return max(0, min(limits))
 
 
-def _place_group(ledger: Ledger, topology: Topology, group: LearnerGroup) -> list[Placement]:
-    domains = topology.domains()
+@dataclass(frozen=True)
+class _Shape:
+    """The cluster's islands and domains as candidate node lists, computed once per call."""
+
+    islands: dict[str, tuple[list[str], str | None]]
+    domains: dict[str, tuple[list[str], str | None]]
+
+    @classmethod
+    def of(cls, topology: Topology) -> _Shape:
+        islands: dict[str, list[str]] = {}
+        for label, gpus in topology.islands().items():
+            names = islands.setdefault(label, [])
+            for node, _ in gpus:
+                if not names or names[-1] != node:
+                    names.append(node)
+        return cls(
+            {label: (nodes, label) for label, nodes in islands.items()},
+            {d: (nodes, None) for d, nodes in topology.domains().items()},
+        )
+
+
+def _place_group(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> list[Placement]:
     if group.gpus_per_rank:
-        islands = _island_nodes(topology)
-        fits = _fitting(ledger, group, {label: (nodes, label) for label, nodes in islands.items()})
+        fits = _fitting(ledger, group, shape.islands)
         if fits is not None:
             nodes, label = fits
             return _assign(ledger, group, nodes, label)
-    fits_domain = _fitting(ledger, group, {d: (nodes, None) for d, nodes in domains.items()})
+    fits_domain = _fitting(ledger, group, shape.domains)
     if fits_domain is not None:
         nodes, _ = fits_domain
         return _assign(ledger, group, nodes, None)
-    raise PlacementRefused(group.name, _refusal(ledger, topology, group))
-
-
-def _island_nodes(topology: Topology) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for label, gpus in topology.islands().items():
-        names = out.setdefault(label, [])
-        for node, _ in gpus:
-            if not names or names[-1] != node:
-                names.append(node)
-    return out
+    raise PlacementRefused(group.name, _refusal(ledger, shape, group))
 
 
 def _fitting(
@@ -114,7 +126,9 @@ def _fitting(
         if slots < group.ranks:
             continue
         free = sum(
-            len(ledger.usage[n].free_gpus(island))
+            ledger.usage[n].free_gpu_count
+            if island is None
+            else len(ledger.usage[n].free_gpus(island))
             for n in nodes
             if ledger.usage[n].node.schedulable
         )
@@ -152,7 +166,7 @@ def _assign(
     return out
 
 
-def _refusal(ledger: Ledger, topology: Topology, group: LearnerGroup) -> str:
+def _refusal(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> str:
     need = (
         f"learner group {group.name!r} needs {group.total_gpus} GPUs "
         f"({group.ranks} ranks × {group.gpus_per_rank}, {group.cpus_per_rank:g} CPUs and "
@@ -166,7 +180,7 @@ def _refusal(ledger: Ledger, topology: Topology, group: LearnerGroup) -> str:
                 for n in nodes
                 if ledger.usage[n].node.schedulable
             )
-            for label, nodes in _island_nodes(topology).items()
+            for label, (nodes, _) in shape.islands.items()
         }
         if free_by_island:
             label = max(sorted(free_by_island), key=lambda k: free_by_island[k])
@@ -175,7 +189,7 @@ def _refusal(ledger: Ledger, topology: Topology, group: LearnerGroup) -> str:
             parts.append("the cluster has no GPUs")
     by_domain = {
         d: sum(_rank_slots(ledger.usage[n], group, None) for n in nodes)
-        for d, nodes in topology.domains().items()
+        for d, (nodes, _) in shape.domains.items()
     }
     if by_domain:
         d = max(sorted(by_domain), key=lambda k: by_domain[k])
@@ -197,7 +211,7 @@ def _spread_actors(
         while heap:
             load, name = heapq.heappop(heap)
             usage = ledger.usage[name]
-            if usage.fits(actor.cpus, actor.memory_mb) and len(usage.free_gpus()) >= actor.gpus:
+            if usage.fits(actor.cpus, actor.memory_mb) and usage.free_gpu_count >= actor.gpus:
                 chosen = usage
                 break
             skipped.append((load, name))
@@ -210,7 +224,7 @@ def _spread_actors(
             task=actor.name,
             node=chosen.node.name,
             kind="rollout",
-            gpus=tuple(chosen.free_gpus()[: actor.gpus]),
+            gpus=tuple(chosen.free_gpus()[: actor.gpus]) if actor.gpus else (),
             cpus=actor.cpus,
             memory_mb=actor.memory_mb,
             movable=actor.movable,

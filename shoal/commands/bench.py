@@ -11,6 +11,7 @@ SUITES: dict[str, str] = {
     "raft": "raft",
     "runtime": "runtime",
     "sandbox": "sandbox",
+    "scheduler": "scheduler",
 }
 
 
