@@ -407,3 +407,31 @@ def test_stop_during_a_spawn_undoes_it():
         assert asyncio.all_tasks() == {asyncio.current_task()}
 
     run(body())
+
+
+def test_stop_from_a_hook_and_a_child_stopping_its_parent_do_not_deadlock():
+    class Child(Actor):
+        async def stop_parent(self) -> str:
+            parent = self.context.parent
+            assert parent is not None
+            await self.context.stop(parent)
+            return "scheduled"
+
+    class Parent(Actor):
+        async def on_start(self) -> None:
+            await self.spawn(Child, name="child")
+
+        async def on_stop(self) -> None:
+            await self.context.system.stop()  # runs in the guardian: must only schedule
+
+    async def body():
+        system = ActorSystem()
+        await system.start()
+        await system.spawn(Parent, name="parent")
+        await system.spawn(Echo, name="bystander")
+        assert await system.lookup("child").ask.stop_parent() == "scheduled"
+        await asyncio.wait_for(system.stop(), 10)
+        assert system.names == []
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    run(body())
