@@ -61,7 +61,7 @@ class NativeVector(VectorEnvironment):
         self.max_episode_steps = max_episode_steps
         self._rng = np.random.default_rng(seed)
         self._all_rows = np.arange(self.num_envs)
-        self._returns = np.zeros(self.num_envs, dtype=np.float32)
+        self._returns = np.zeros(self.num_envs, dtype=np.float64)
         self._lengths = np.zeros(self.num_envs, dtype=np.int32)
         self._started = False
 

@@ -23,7 +23,6 @@ MAX_KEYS = 4
 
 # action -> (row delta, column delta): up, right, down, left
 MOVES = np.array([[-1, 0], [0, 1], [1, 0], [0, -1]], dtype=np.int64)
-ACTION_NAMES = ("up", "right", "down", "left")
 
 # a planner node: (agent position, keys held)
 Node = tuple[tuple[int, int], tuple[bool, ...]]

@@ -12,13 +12,16 @@ import functools
 import importlib
 import importlib.metadata
 from collections.abc import Callable
-from typing import Any, SupportsFloat
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium
 import numpy as np
 
 from shoal.envs.base import BaseEnvironment
 from shoal.envs.errors import EnvError
+
+if TYPE_CHECKING:
+    from shoal.envs.registry import EnvSpec
 
 # Packages that register their environments with Gymnasium when imported.
 GYMNASIUM_PLUGINS: tuple[str, ...] = ("ale_py", "minigrid")
@@ -65,7 +68,7 @@ def requirements_of(entry_point: object) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def gym_spec(full_id: str, gym_id: str, not_found: Callable[[str], EnvError]) -> Any:
+def gym_spec(full_id: str, gym_id: str, not_found: Callable[[str], EnvError]) -> EnvSpec:
     """A shoal `EnvSpec` for the Gymnasium id `gym_id`, or the registry's lookup error."""
     from shoal.envs.registry import EnvSpec
 

@@ -75,10 +75,6 @@ class EnvSpec:
     description: str = ""
 
     @property
-    def parsed(self) -> ParsedId:
-        return parse_id(self.id)
-
-    @property
     def entry_point_name(self) -> str:
         """The entry point as text, for the hash and for `shoal envs info`."""
         return _entry_point_name(self.entry_point)
