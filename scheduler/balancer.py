@@ -162,6 +162,15 @@ class _Round:
             n: at for n, at in self.prev.node_moved_at if self.now - at < self.cfg.cooldown_s
         }
         self.moved: set[str] = set()
+        # Nodes that may receive tasks this round, apart from `over`, which changes as we go.
+        self.receivers = [
+            n
+            for n in self.load
+            if self.ledger.usage[n].node.schedulable
+            and n not in self.draining
+            and n not in self.degraded
+            and n not in self.node_cool
+        ]
 
     # --- classification -----------------------------------------------------------------
 
@@ -219,16 +228,7 @@ class _Round:
 
     def _targets(self, source: str) -> list[str]:
         """Nodes that may receive a task, least loaded first (ties by name)."""
-        ok = [
-            n
-            for n in self.load
-            if n != source
-            and self.ledger.usage[n].node.schedulable
-            and n not in self.draining
-            and n not in self.degraded
-            and n not in self.over
-            and n not in self.node_cool
-        ]
+        ok = [n for n in self.receivers if n != source and n not in self.over]
         return sorted(ok, key=lambda n: (self.load[n], n))
 
     def _fits(self, p: Placement, target: str) -> bool:

@@ -122,9 +122,6 @@ def _fitting(
     """Best fit: of the candidates with room for every rank, the one with the fewest free GPUs."""
     best: tuple[int, str] | None = None
     for key, (nodes, island) in candidates.items():
-        slots = sum(_rank_slots(ledger.usage[n], group, island) for n in nodes)
-        if slots < group.ranks:
-            continue
         free = sum(
             ledger.usage[n].free_gpu_count
             if island is None
@@ -132,6 +129,10 @@ def _fitting(
             for n in nodes
             if ledger.usage[n].node.schedulable
         )
+        if free < group.total_gpus:
+            continue
+        if sum(_rank_slots(ledger.usage[n], group, island) for n in nodes) < group.ranks:
+            continue
         if best is None or (free, key) < best:
             best = (free, key)
     return None if best is None else candidates[best[1]]
