@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -149,7 +150,10 @@ class Actor:
 _RESERVED = frozenset(name for name in dir(Actor) if not name.startswith("_"))
 
 
-_HANDLER_NAMES: dict[type[Actor], tuple[frozenset[str], frozenset[str]]] = {}
+# Per-class cache; weak so classes made at run time (tests, factories) can still be freed.
+_HANDLER_NAMES: weakref.WeakKeyDictionary[type[Actor], tuple[frozenset[str], frozenset[str]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def handler_names(cls: type[Actor]) -> tuple[frozenset[str], frozenset[str]]:

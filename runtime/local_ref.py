@@ -49,9 +49,9 @@ class LocalActorRef(ActorRef):
         return not self._cell.dead
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, LocalActorRef):
-            return other._cell is self._cell
-        return isinstance(other, ActorRef) and other.path == self.path
+        # Identity, not path: the path changes when a transport attaches, and a later actor
+        # may reuse the name. Never equal to a remote ref, so hashes stay consistent.
+        return isinstance(other, LocalActorRef) and other._cell is self._cell
 
     def __hash__(self) -> int:
         return hash(self._cell.name)
