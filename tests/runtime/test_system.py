@@ -167,6 +167,7 @@ def test_remote_paths_go_to_the_attached_resolver():
             assert ref.path == "shoal://127.0.0.1:4567/echo"
             assert system.ref("shoal://127.0.0.1:4567/echo") == ref
             assert system.ref("echo") == ref
+            assert ref != Remote(ref.path)  # a local actor is never equal to a remote ref
             remote = system.ref("shoal://127.0.0.1:4568/echo")
             assert isinstance(remote, Remote)
             assert remote.path == "shoal://127.0.0.1:4568/echo"
