@@ -84,7 +84,7 @@ def _envpool(seconds: float) -> float | None:
         except ImportError:
             return None
         pool = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=BATCH, batch_size=BATCH)
-    pool.reset()
+        pool.reset()  # envpool builds its float64-bounded spaces here, which Gymnasium warns about
     try:
         return _rate(pool.step, _actions(64, BATCH), seconds)
     finally:
