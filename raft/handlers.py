@@ -47,7 +47,13 @@ class ApiContext:
 
     async def write(self, op: str, args: dict[str, Any], op_id: str) -> Result:
         command = cmd.make_command(op, args, op_id, time.time())
+        started = time.perf_counter()
         result = await self.bridge.propose(command, self.config.write_timeout)
+        self.metrics.observe(
+            "shoal_raft_commit_seconds",
+            "propose-to-applied time of one command",
+            time.perf_counter() - started,
+        )
         self.metrics.inc(
             "shoal_raft_commands_total", "commands committed", op=op, ok=str(result["ok"]).lower()
         )

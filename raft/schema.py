@@ -1,7 +1,9 @@
 """A small JSON-Schema subset: one schema both validates a body and documents it in OpenAPI.
 
 Supported keywords: type (one or a list), properties, required, additionalProperties,
-items, enum, minimum, maximum, minLength, maxLength, maxItems, pattern. Pure functions only.
+items, enum, minimum, maximum, minLength, maxLength, maxItems, pattern. An object schema with
+neither properties nor additionalProperties is free-form JSON (a job spec, task args, a health
+summary): it is still checked to be plain, finite JSON of bounded depth. Pure functions only.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from shoal.raft.errors import ValidationError
 
 Schema = dict[str, Any]
+MAX_JSON_DEPTH = 16
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -83,7 +86,29 @@ def _check_array(schema: Schema, value: list[Any], field: str) -> None:
             check(items, item, f"{field}[{i}]")
 
 
+def check_json(value: Any, field: str, depth: int = 0) -> None:
+    """Free-form values must still be plain finite JSON of bounded depth (no sets, no NaN)."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValidationError(field, f"nests deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValidationError(field, f"object keys must be strings, got {key!r}")
+            check_json(item, f"{field}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_json(item, f"{field}[{i}]", depth + 1)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValidationError(field, "must be a finite number")
+    elif not isinstance(value, str | int | bool | type(None)):
+        raise ValidationError(field, f"is not JSON (a {type(value).__name__})")
+
+
 def _check_object(schema: Schema, value: dict[Any, Any], field: str) -> None:
+    if "properties" not in schema and "additionalProperties" not in schema:
+        check_json(value, field)
+        return
     for key in value:
         if not isinstance(key, str):
             raise ValidationError(field, f"keys must be strings, got {key!r}")
