@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from shoal.errors import ConfigError
 from shoal.scheduler.errors import SchedulerError
 from shoal.scheduler.ledger import Ledger
 from shoal.scheduler.model import (
@@ -40,53 +38,10 @@ from shoal.scheduler.model import (
     NodeHealth,
     Placement,
 )
+from shoal.scheduler.signals import BalancerConfig, degradation, effective_load, fault
 from shoal.scheduler.topology import Topology
 
-
-@dataclass(frozen=True)
-class BalancerConfig:
-    """Thresholds of the balancer (the `[balancer]` table of shoal.toml)."""
-
-    high: float = 0.85
-    """Load (busiest resource fraction) at or above which a node is a candidate for relief."""
-    low: float = 0.65
-    """An overloaded node counts as recovered once below this; also the goal of a relief."""
-    enter_after: int = 2
-    """Consecutive reports at or above `high` before a node counts as overloaded."""
-    cooldown_s: float = 120.0
-    """A moved task, and its source and target nodes, are not touched again for this long."""
-    max_xid_errors: int = 0
-    """New XID events tolerated per report before the node is drained."""
-    max_ecc_errors: int = 0
-    """New uncorrectable ECC errors tolerated per report before the node is drained."""
-    max_latency_ms: float = 50.0
-    """Above this network latency the node takes no migrated tasks."""
-    max_clock_offset_ms: float = 100.0
-    """Above this clock offset (either sign) the node takes no migrated tasks."""
-    min_steps_ratio: float = 0.5
-    """Env steps/s below this fraction of the node's own baseline counts as overload."""
-
-    def __post_init__(self) -> None:
-        for key in ("high", "low", "cooldown_s", "max_latency_ms", "max_clock_offset_ms"):
-            value = getattr(self, key)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ConfigError(f"balancer.{key} = {value!r}: must be a finite number >= 0")
-        if not 0 < self.low < self.high:
-            raise ConfigError(
-                f"balancer.low = {self.low!r}, balancer.high = {self.high!r}: "
-                "need 0 < low < high (e.g. low 0.65, high 0.85)"
-            )
-        for key in ("enter_after",):
-            if not isinstance(self.enter_after, int) or self.enter_after < 1:
-                raise ConfigError(f"balancer.{key} = {self.enter_after!r}: must be an int >= 1")
-        for key in ("max_xid_errors", "max_ecc_errors"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"balancer.{key} = {value!r}: must be an int >= 0")
-        if not 0 <= self.min_steps_ratio <= 1:
-            raise ConfigError(
-                f"balancer.min_steps_ratio = {self.min_steps_ratio!r}: must be between 0 and 1"
-            )
+__all__ = ["BalancerConfig", "balance"]
 
 
 def balance(
@@ -107,28 +62,24 @@ def balance(
     return round_.result()
 
 
-@dataclass
 class _Round:
     """The mutable working state of one `balance` call (never escapes it)."""
 
-    topology: Topology
-    placements: Sequence[Placement]
-    health_list: Sequence[NodeHealth]
-    prev: BalancerState
-    now: float
-    cfg: BalancerConfig
-    ledger: Ledger = field(init=False)
-    health: dict[str, NodeHealth] = field(init=False)
-    load: dict[str, float] = field(init=False)
-    share: dict[str, float] = field(init=False)
-    over: set[str] = field(init=False)
-    moves: list[Migration] = field(default_factory=list)
-    decisions: list[Decision] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.ledger = Ledger(self.topology, self.placements)
-        self.health = {}
-        for h in self.health_list:
+    def __init__(
+        self,
+        topology: Topology,
+        placements: Sequence[Placement],
+        health: Sequence[NodeHealth],
+        prev: BalancerState,
+        now: float,
+        cfg: BalancerConfig,
+    ) -> None:
+        self.topology, self.prev, self.now, self.cfg = topology, prev, now, cfg
+        self.moves: list[Migration] = []
+        self.decisions: list[Decision] = []
+        self.ledger = Ledger(topology, placements)
+        self.health: dict[str, NodeHealth] = {}
+        for h in health:
             if h.node not in self.ledger.usage:
                 raise SchedulerError(
                     f"health reported for unknown node {h.node!r}; register it first"
@@ -136,14 +87,14 @@ class _Round:
             if h.node in self.health:
                 raise SchedulerError(f"two health reports for node {h.node!r} in one round")
             self.health[h.node] = h
-        self.load = {n: self._effective_load(h) for n, h in self.health.items()}
+        self.load = {n: effective_load(h, self.cfg) for n, h in self.health.items()}
         self.share = self._task_shares()
         self.streak = {
             n: (dict(self.prev.streak).get(n, 0) + 1 if self.load[n] >= self.cfg.high else 0)
             for n in self.health
         }
-        self.faulty = {n for n, h in self.health.items() if self._fault(h)}
-        self.degraded = {n for n, h in self.health.items() if self._degradation(h)}
+        self.faulty = {n for n, h in self.health.items() if fault(h, self.cfg)}
+        self.degraded = {n for n, h in self.health.items() if degradation(h, self.cfg)}
         self.draining = self.faulty | {n.name for n in self.topology.nodes if n.state == "draining"}
         self.measured_over = {
             n
@@ -171,38 +122,6 @@ class _Round:
             and n not in self.degraded
             and n not in self.node_cool
         ]
-
-    # --- classification -----------------------------------------------------------------
-
-    def _effective_load(self, h: NodeHealth) -> float:
-        value, _ = h.load()
-        ratio = h.steps_ratio()
-        if ratio is not None and ratio < self.cfg.min_steps_ratio:
-            return max(value, self.cfg.high)
-        return value
-
-    def _fault(self, h: NodeHealth) -> str:
-        parts = []
-        if h.xid_errors > self.cfg.max_xid_errors:
-            parts.append(f"{h.xid_errors} new XID error(s)")
-        if h.ecc_errors > self.cfg.max_ecc_errors:
-            parts.append(f"{h.ecc_errors} new uncorrectable ECC error(s)")
-        return " and ".join(parts)
-
-    def _degradation(self, h: NodeHealth) -> str:
-        parts = []
-        if h.latency_ms > self.cfg.max_latency_ms:
-            parts.append(f"network latency {h.latency_ms:g} ms > {self.cfg.max_latency_ms:g} ms")
-        if abs(h.clock_offset_ms) > self.cfg.max_clock_offset_ms:
-            parts.append(
-                f"clock offset {h.clock_offset_ms:+g} ms beyond ±{self.cfg.max_clock_offset_ms:g} ms"
-            )
-        ratio = h.steps_ratio()
-        if ratio is not None and ratio < self.cfg.min_steps_ratio:
-            parts.append(
-                f"env steps/s at {ratio:.0%} of its baseline (< {self.cfg.min_steps_ratio:.0%})"
-            )
-        return "; ".join(parts)
 
     def _task_shares(self) -> dict[str, float]:
         """Split each node's measured load among its tasks by reservation (CPUs + GPUs)."""
@@ -250,12 +169,12 @@ class _Round:
     def drain(self, checkpoint_groups: frozenset[str]) -> None:
         for node in sorted(self.faulty):
             if self.topology.node(node).state not in ("draining", "dead"):
-                why = self._fault(self.health[node])
+                why = fault(self.health[node], self.cfg)
                 self.decisions.append(
                     Decision(node, "drain", f"{node}: {why}; cordon it and move its tasks away")
                 )
         for node in sorted(self.draining):
-            why = self._fault(self.health[node]) if node in self.faulty else "node is draining"
+            why = fault(self.health[node], self.cfg) if node in self.faulty else "node is draining"
             for task in sorted(self.ledger.usage[node].tasks):
                 self._drain_task(self.ledger.where[task], why, checkpoint_groups)
 
@@ -375,7 +294,7 @@ class _Round:
     def result(self) -> BalancePlan:
         self._overload_decisions()
         for node in sorted(self.degraded - self.prev.degraded):
-            reason = f"{node} degraded: {self._degradation(self.health[node])}; it takes no migrated tasks"
+            reason = f"{node} degraded: {degradation(self.health[node], self.cfg)}; it takes no migrated tasks"
             self.decisions.append(Decision(node, "degraded", reason))
         for m in self.moves:
             self.task_cool[m.task] = self.now
@@ -405,7 +324,7 @@ class _Round:
                     node,
                     "overloaded",
                     f"{node} overloaded: {what} {value:.2f} (effective load "
-                    f"{self._measured(node):.2f}) ≥ {self.cfg.high:.2f} for "
+                    f"{effective_load(self.health[node], self.cfg):.2f}) ≥ {self.cfg.high:.2f} for "
                     f"{self.streak[node]} report(s); {plan}",
                 )
             )
@@ -415,9 +334,6 @@ class _Round:
                     Decision(
                         node,
                         "recovered",
-                        f"{node} recovered: load {self._measured(node):.2f} < {self.cfg.low:.2f}",
+                        f"{node} recovered: load {effective_load(self.health[node], self.cfg):.2f} < {self.cfg.low:.2f}",
                     )
                 )
-
-    def _measured(self, node: str) -> float:
-        return self._effective_load(self.health[node])

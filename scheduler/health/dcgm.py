@@ -167,21 +167,20 @@ class DcgmCollector:
                 self._reason = f"DCGM host engine unreachable ({type(exc).__name__}: {exc})"
 
     def collect(self) -> Report:
-        if self._reason:
-            return unavailable(self.name, self._reason)
         if self._bindings is not None:
             try:
                 return self._bindings.collect(self.name)
-            except Exception as exc:
+            except Exception as exc:  # the bindings raise their own DCGMError tree
                 return unavailable(self.name, f"DCGM query failed ({type(exc).__name__}: {exc})")
-        return self._collect_cli()
+        if self._dcgmi is not None:
+            return self._collect_cli(self._dcgmi)
+        return unavailable(self.name, self._reason or "DCGM collector closed")
 
-    def _collect_cli(self) -> Report:
-        assert self._dcgmi is not None
+    def _collect_cli(self, dcgmi: str) -> Report:
         fields = ",".join(str(f) for f in FIELDS)
         try:
-            dmon = self._run([self._dcgmi, "dmon", "-e", fields, "-c", "1"])
-            health_text = self._run([self._dcgmi, "health", "-c"])
+            dmon = self._run([dcgmi, "dmon", "-e", fields, "-c", "1"])
+            health_text = self._run([dcgmi, "health", "-c"])
             values = parse_dmon(dmon)
         except (OSError, subprocess.SubprocessError, HealthError) as exc:
             return unavailable(self.name, f"dcgmi failed ({exc})")

@@ -47,9 +47,9 @@ class _Store:
         self._lock = threading.Lock()
         self._memory = {"count": count, "gpus": [_fresh_gpu() for _ in range(count)], "xids": []}
         if path is not None and not path.exists():
-            with self._locked():
+            with _locked(path):
                 if not path.exists():
-                    self._write(self._memory)
+                    _write(path, self._memory)
 
     def read(self) -> dict[str, Any]:
         if self.path is None:
@@ -70,26 +70,28 @@ class _Store:
             with self._lock:
                 change(self._memory)
             return
-        with self._locked():
+        with _locked(self.path):
             data = self.read()
             change(data)
-            self._write(data)
+            _write(self.path, data)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        assert self.path is not None
-        with open(f"{self.path}.lock", "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _write(self, data: dict[str, Any]) -> None:
-        assert self.path is not None
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.path)
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Exclusive flock on `<path>.lock`, so writers in several processes take turns."""
+    with open(f"{path}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Write beside, then rename: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
