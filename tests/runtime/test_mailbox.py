@@ -177,3 +177,45 @@ def test_dead_letters_count_all_and_keep_recent():
     none_kept.record("a", "m", "r")
     assert none_kept.total == 1
     assert list(none_kept) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 3),
+    background=st.lists(st.booleans(), min_size=1, max_size=30),
+    consumer_yields=st.lists(st.booleans(), min_size=1, max_size=30),
+)
+def test_sends_from_different_tasks_keep_their_causal_order(capacity, background, consumer_yields):
+    """Each send starts once the previous one is in the mailbox or waiting in line, some from
+    their own task: the consumer sees them in exactly that order."""
+
+    async def body():
+        box: Mailbox[int] = Mailbox(capacity)
+        got: list[int] = []
+        total = len(background)
+
+        async def consume() -> None:
+            step = 0
+            while len(got) < total:
+                item = box.get_nowait()
+                if item is None:
+                    await box.wait_nonempty()
+                    continue
+                got.append(item)
+                if consumer_yields[step % len(consumer_yields)]:
+                    await asyncio.sleep(0)
+                step += 1
+
+        consumer = asyncio.ensure_future(consume())
+        senders = []
+        for i, in_own_task in enumerate(background):
+            if in_own_task:
+                senders.append(asyncio.ensure_future(box.put(i)))
+                await asyncio.sleep(0)  # it is now in the mailbox or in line
+            else:
+                await box.put(i)
+        await asyncio.gather(*senders)
+        await consumer
+        assert got == list(range(total))
+
+    run(body())
