@@ -98,7 +98,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_atomically(path: Path, payload: bytes) -> None:
+def write_atomically(path: Path, payload: bytes) -> None:
     """temp file → write → fsync → rename over `path` → fsync the directory."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -199,11 +199,11 @@ class CheckpointManager:
             "meta": info.meta,
         }
         try:
-            _write_atomically(info.path, payload)
+            write_atomically(info.path, payload)
         except OSError as exc:
             raise self._write_error(info, exc) from exc
         try:
-            _write_atomically(info.manifest, json.dumps(manifest, indent=1).encode())
+            write_atomically(info.manifest, json.dumps(manifest, indent=1).encode())
         except OSError as exc:
             info.path.unlink(missing_ok=True)
             raise self._write_error(info, exc) from exc

@@ -21,3 +21,7 @@ class PolicyError(LearnerError):
 
 class CheckpointError(LearnerError):
     """A checkpoint could not be written (disk full, no permission) or read back intact."""
+
+
+class PipelineError(LearnerError):
+    """A pipeline stage cannot run: no teacher for the environment, or a stage's input is unusable."""
