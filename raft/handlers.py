@@ -468,7 +468,7 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/nodes/{node_id}/drain",
         drain_node,
-        "cordon and move tasks away",
+        "cordon and mark draining (the scheduler moves its tasks away)",
         body=EMPTY,
         write=True,
         tag="nodes",
