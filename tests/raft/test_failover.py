@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,3 +165,23 @@ def test_killing_everyone_and_restarting_keeps_data_and_digests_equal(
 
     assert set(acked) <= set(asyncio.run(read()))
     assert len(converged_digests(cluster)) == 1
+
+
+def test_writes_and_heartbeats_sent_to_a_follower_reach_the_leader(cluster: LocalCluster) -> None:
+    leader = leader_name(cluster)
+    follower = next(s for s in cluster.specs() if s.name != leader)
+    assert follower.api_url is not None
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], str]:
+        async with CoordinatorClient([follower.api_url], cluster.token) as c:
+            await c.register_node("via-follower", "127.0.0.1:1", cpus=1, memory=1)
+            beat = await c.heartbeat("via-follower", {"load": 1})
+        leader_url = next(s.api_url for s in cluster.specs() if s.name == leader)
+        assert leader_url is not None
+        async with CoordinatorClient([leader_url], cluster.token) as c:
+            return beat, await c.node("via-follower"), await c.request("GET", "/metrics")
+
+    beat, seen_on_leader, leader_metrics = asyncio.run(scenario())
+    assert beat["node_id"] == "via-follower"
+    assert seen_on_leader["liveness"] == "alive"
+    assert "shoal_heartbeats_total" in leader_metrics  # the leader, not the follower, took it
