@@ -214,14 +214,19 @@ def _percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _latencies(call: Callable[[], Awaitable[Any]], n: int) -> list[float]:
+async def _latencies(calls: list[Callable[[], Awaitable[Any]]], n: int) -> list[list[float]]:
+    """Round-trip times in µs of each call, interleaved call by call, so a change in the
+    machine's load (other processes share these cores) hits shoal and baselines alike."""
     for _ in range(min(100, n)):
-        await call()
-    samples = []
+        for call in calls:
+            await call()
+    samples: list[list[float]] = [[] for _ in calls]
+    clock = time.perf_counter
     for _ in range(n):
-        start = time.perf_counter()
-        await call()
-        samples.append((time.perf_counter() - start) * 1e6)
+        for call, out in zip(calls, samples):
+            start = clock()
+            await call()
+            out.append((clock() - start) * 1e6)
     return samples
 
 
@@ -284,14 +289,16 @@ class _Ws:
     def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
         self.session, self.base = session, base.replace("http", "ws")
 
-    async def echo_latencies(self, n: int, payload: bytes) -> list[float]:
+    @contextlib.asynccontextmanager
+    async def echo(self, payload: bytes) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+        """One round trip per call on a fresh connection."""
         async with self.session.ws_connect(self.base + "/echo", compress=0) as ws:
 
             async def call() -> None:
                 await ws.send_bytes(payload)
                 await ws.receive()
 
-            return await _latencies(call, n)
+            yield call
 
     async def echo_rate(self, n: int, payload: bytes, window: int = 256) -> float:
         async with self.session.ws_connect(self.base + "/echo", compress=0) as ws:
@@ -326,7 +333,7 @@ class _Tcp:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
 
-    async def echo_latencies(self, n: int, payload: bytes) -> list[float]:
+    def echo(self, payload: bytes) -> Callable[[], Awaitable[None]]:
         message = _LEN.pack(len(payload)) + payload
 
         async def call() -> None:
@@ -334,7 +341,7 @@ class _Tcp:
             (length,) = _LEN.unpack(await self.reader.readexactly(_LEN.size))
             await self.reader.readexactly(length)
 
-        return await _latencies(call, n)
+        return call
 
     async def stream(self, n: int, payload: bytes | memoryview) -> float:
         header = _LEN.pack(len(payload))
@@ -415,9 +422,10 @@ async def _measure(quick: bool) -> list[Row]:
                     True,
                 )
             )
-            shoal_rtt = await _latencies(lambda: sink.ask.echo(7), sizes.asks)
-            ws_rtt = await ws.echo_latencies(sizes.asks, small)
-            tcp_rtt = await tcp.echo_latencies(sizes.asks, b"E" + small)
+            async with ws.echo(small) as ws_echo:
+                shoal_rtt, ws_rtt, tcp_rtt = await _latencies(
+                    [lambda: sink.ask.echo(7), ws_echo, tcp.echo(b"E" + small)], sizes.asks
+                )
             for q, label in ((0.5, "p50"), (0.99, "p99")):
                 rows.append(
                     Row(
