@@ -30,8 +30,11 @@ LOADS = st.sampled_from([0.0, 0.1, 0.25, 0.4, 0.55, 0.7, 0.8, 0.9, 0.95, 1.0, 1.
 
 
 @st.composite
-def clusters(draw: st.DrawFn) -> tuple[Topology, tuple[Placement, ...], list[NodeHealth]]:
-    """Nodes of equal capacity with rollout actors piled on unevenly, and a load per node."""
+def clusters(
+    draw: st.DrawFn, faults: bool = False
+) -> tuple[Topology, tuple[Placement, ...], list[NodeHealth]]:
+    """Nodes of equal capacity with rollout actors piled on unevenly, and a load per node;
+    with `faults`, also XID errors, learner ranks and nodes already draining."""
     count = draw(st.integers(2, 8))
     topo = simulated_cluster(
         count,
@@ -41,7 +44,13 @@ def clusters(draw: st.DrawFn) -> tuple[Topology, tuple[Placement, ...], list[Nod
         cpus=8.0,
         memory_mb=8192,
     )
+    if faults:
+        for node in topo.nodes:
+            if draw(st.integers(0, 5)) == 0:
+                topo = topo.with_state(node.name, "draining")
     ledger = Ledger(topo)
+    if faults and topo.nodes[0].gpus:
+        ledger.add(Placement("g/rank0", "node-0", "learner", gpus=(0,), cpus=1.0, group="g"))
     for i in range(draw(st.integers(0, 30))):
         node = topo.nodes[draw(st.integers(0, count - 1))]
         cpus = draw(st.sampled_from([0.5, 1.0, 2.0]))
@@ -57,7 +66,8 @@ def clusters(draw: st.DrawFn) -> tuple[Topology, tuple[Placement, ...], list[Nod
         )
         if ledger.usage[node.name].fits(p.cpus, p.memory_mb):
             ledger.add(p)
-    health = [NodeHealth(n.name, cpu=draw(LOADS)) for n in topo.nodes]
+    xids = st.sampled_from([0, 0, 0, 1]) if faults else st.just(0)
+    health = [NodeHealth(n.name, cpu=draw(LOADS), xid_errors=draw(xids)) for n in topo.nodes]
     return topo, tuple(ledger.where.values()), health
 
 
@@ -104,20 +114,28 @@ def projected_health(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.data())
-def test_plan_keeps_every_task_once_and_never_overcommits(data):
-    topo, placements, health = data.draw(clusters())
+@given(st.data(), st.booleans(), st.booleans())
+def test_plan_keeps_every_task_once_and_never_overcommits(data, faults, at_checkpoint):
+    topo, placements, health = data.draw(clusters(faults))
     state = data.draw(states(topo))
-    plan = balance(topo, placements, health, state, now=1000.0)
+    ckpt = frozenset({"g"}) if at_checkpoint else frozenset()
+    plan = balance(topo, placements, health, state, 1000.0, checkpoint_groups=ckpt)
     after = apply(placements, plan)
     Ledger(topo, after)  # refuses over-commit, unknown GPUs and duplicates
     assert sorted(p.task for p in after) == sorted(p.task for p in placements)
     tasks = [m.task for m in plan.migrations]
     assert len(tasks) == len(set(tasks))
     where = {p.task: p for p in placements}
+    ready = {n.name for n in topo.nodes if n.state == "ready"}
+    faulty = {h.node for h in health if h.xid_errors}
     for m in plan.migrations:
         assert m.source == where[m.task].node != m.target
-        assert where[m.task].movable
+        assert m.target in ready - faulty
+        if where[m.task].kind == "learner":
+            assert at_checkpoint
+            assert m.source in faulty or topo.node(m.source).state == "draining"
+        else:
+            assert where[m.task].movable
         assert m.steps == (("start", m.target), ("stop", m.source))
         assert m.reason
 
@@ -279,3 +297,39 @@ def test_bad_input_is_named():
         BalancerConfig(enter_after=0)
     with pytest.raises(ConfigError, match=r"balancer\.min_steps_ratio = 2"):
         BalancerConfig(min_steps_ratio=2)
+
+
+def test_draining_node_is_emptied_and_what_cannot_move_is_named():
+    topo, placements = _spread(3, 6)
+    topo = topo.with_state("node-0", "draining")
+    pinned = Placement("pinned", "node-0", "rollout", cpus=1.0, movable=False)
+    health = [NodeHealth(n.name, cpu=0.2) for n in topo.nodes]
+    out = balance(topo, (*placements, pinned), health, BalancerState(), 0.0)
+    on_node0 = {p.task for p in placements if p.node == "node-0"}
+    assert {m.task for m in out.migrations} == on_node0
+    assert all(m.reason.startswith("drain node-0 (node is draining)") for m in out.migrations)
+    [hold] = [d for d in out.decisions if d.action == "hold"]
+    assert hold.task == "pinned"
+    assert "is not movable" in hold.reason
+
+
+def test_drain_with_no_room_anywhere_is_stuck_and_retried():
+    topo, placements = _spread(2, 16, cpus=8.0)  # 8 one-CPU actors fill each node
+    health = [NodeHealth("node-0", cpu=0.5, ecc_errors=2), NodeHealth("node-1", cpu=0.5)]
+    out = balance(topo, placements, health, BalancerState(), 0.0)
+    assert out.migrations == ()
+    stuck = [d for d in out.decisions if d.action == "stuck"]
+    assert len(stuck) == 8
+    assert "lacks 1 CPUs" in stuck[0].reason
+    assert "2 new uncorrectable ECC error(s)" in stuck[0].reason
+
+
+def test_learner_rank_drains_to_its_own_island_first():
+    topo = simulated_cluster(4, 8, island_size=16, nodes_per_domain=4)
+    rank = Placement("ppo/rank0", "node-0", "learner", gpus=tuple(range(8)), cpus=1.0, group="ppo")
+    health = [NodeHealth("node-0", xid_errors=1), NodeHealth("node-1", cpu=0.6)] + [
+        NodeHealth(f"node-{i}", cpu=0.1) for i in (2, 3)
+    ]
+    out = balance(topo, (rank,), health, BalancerState(), 0.0, checkpoint_groups=frozenset({"ppo"}))
+    [m] = out.migrations
+    assert (m.target, m.gpus) == ("node-1", tuple(range(8)))  # island-0, though node-2 is cooler
