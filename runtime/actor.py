@@ -8,11 +8,12 @@ instance does not. Everything here runs on the system's loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shoal.runtime.errors import (
     ActorError,
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from shoal.runtime.system import ActorSystem
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DEFAULT_MAILBOX_SIZE = 1024
 # A consumer with a full mailbox yields to the loop after this many messages, so an actor
@@ -86,6 +89,12 @@ class ActorContext:
         return await self._cell.system._spawn(
             self._cell, factory, args, kwargs, name, mailbox_size, supervisor
         )
+
+    def create_task(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:
+        """Run `coro` beside the handlers, owned by this actor: cancelled (and awaited) before
+        `on_stop` when the actor stops or restarts; if it raises, the actor fails like a
+        handler that raised and its supervisor restarts or escalates."""
+        return self._cell.create_task(coro, name)
 
     async def stop(self, ref: ActorRef | None = None) -> None:
         """Stop this actor (no argument) or another local actor, with its children.
@@ -216,6 +225,9 @@ class ActorCell(SupervisorNode):
         self.restarting = False
         self.incarnation = 0
         self.task: asyncio.Task[None] | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.started = False
+        self.early_failure: Exception | None = None
         self.ref = LocalActorRef(self)
         self._factory = factory
         self._args = args
@@ -252,22 +264,55 @@ class ActorCell(SupervisorNode):
 
     def start(self) -> None:
         """Start the consumer task for the current instance."""
+        self.started = True
         task = asyncio.get_running_loop().create_task(self._consume(), name=f"actor:{self.name}")
         self.task = task
         self.system._guardian.consumers[task] = self
 
     async def halt(self, timeout: float) -> None:
-        """Cancel the consumer task and wait for it; the message it was handling is interrupted."""
-        task = self.task
+        """Cancel the consumer and the actor's own tasks and wait for them; the message being
+        handled is interrupted. Tasks that ignore cancellation past `timeout` are left to the
+        system's final sweep."""
+        tasks = [task for task in (self.task, *self.tasks) if task is not None and not task.done()]
         self.task = None
-        if task is None or task.done():
+        self.tasks.clear()
+        if not tasks:
             return
-        task.cancel()
-        await asyncio.wait({task}, timeout=timeout)
-        if not task.done():
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=timeout)
+        stragglers = [task for task in tasks if not task.done()]
+        if stragglers:
             log.error(
-                "actor %s ignored cancellation for %ss; abandoning its task", self.path, timeout
+                "actor %s: %d task(s) ignored cancellation for %ss; abandoning them",
+                self.path,
+                len(stragglers),
+                timeout,
             )
+            self.system._guardian.stragglers.update(stragglers)
+
+    def create_task(self, coro: Coroutine[Any, Any, T], name: str | None) -> asyncio.Task[T]:
+        """A task owned by the current incarnation: cancelled when the actor stops or restarts,
+        and if it raises, the actor fails and its supervisor decides."""
+        if self.dead or self.instance is None:
+            coro.close()
+            raise ActorNotFound(f"actor {self.path} is stopping; it cannot start tasks")
+        task = asyncio.get_running_loop().create_task(coro, name=name or f"actor:{self.name}:task")
+        self.tasks.add(task)
+        task.add_done_callback(functools.partial(self._task_done, self.incarnation))
+        return task
+
+    def _task_done(self, incarnation: int, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if not isinstance(error, Exception) or incarnation != self.incarnation or self.dead:
+            return
+        if self.started:
+            self.system._guardian.failed(self, error)
+        elif self.early_failure is None:
+            self.early_failure = error  # during the first on_start: spawn raises it
 
     async def stop_instance(self, timeout: float) -> None:
         """Run `on_stop` on the current instance (at most once); errors are logged, not raised."""

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ConfigError
 from shoal.runtime.errors import Escalated
@@ -151,6 +151,8 @@ class Guardian:
         self.hook_timeout = hook_timeout
         self.failures: deque[FailureRecord] = deque(maxlen=keep_failures)
         self.consumers: dict[asyncio.Task[None], ActorCell] = {}
+        # tasks of stopped actors that ignored cancellation; the system's final sweep ends them
+        self.stragglers: set[asyncio.Task[Any]] = set()
         self._clock = clock
         self._ops: asyncio.Queue[_Op] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None

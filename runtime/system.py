@@ -163,8 +163,9 @@ class ActorSystem:
             await self._sweep()
 
     async def _sweep(self) -> None:
-        """Cancel consumer tasks that outlived their actor (a handler that ignored cancellation)."""
-        left = [task for task in self._guardian.consumers if not task.done()]
+        """Cancel tasks that outlived their actor (code that ignored cancellation)."""
+        guardian = self._guardian
+        left = [task for task in (*guardian.consumers, *guardian.stragglers) if not task.done()]
         for task in left:
             task.cancel()
         if left:
@@ -228,6 +229,9 @@ class ActorSystem:
             if not self._parent_alive(parent):
                 await self._abort(cell, run_on_stop=True)
                 raise ActorNotFound(f"the parent of {name!r} stopped while it was starting")
+            if cell.early_failure is not None:
+                await self._abort(cell, run_on_stop=True)
+                raise cell.early_failure
         finally:
             self._starting.discard(name)
         self._names[name] = cell
@@ -255,6 +259,7 @@ class ActorSystem:
     async def _abort(self, cell: ActorCell, run_on_stop: bool = False) -> None:
         """Undo a spawn whose `on_start` failed: stop the children it started, drop its mail."""
         cell.dead = True
+        await cell.halt(self._guardian.hook_timeout)
         await self._guardian.stop_children_here(cell)
         if run_on_stop:
             await cell.stop_instance(self._guardian.hook_timeout)

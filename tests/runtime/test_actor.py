@@ -498,3 +498,87 @@ def test_a_stopped_actor_does_not_keep_its_state_alive():
             assert not ref.alive
 
     run(body())
+
+
+class Ticker(Actor):
+    """Runs a background loop owned by the actor; `crash` makes the loop raise."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+        self.crash_now = asyncio.Event()
+
+    async def on_start(self) -> None:
+        self.events.append("start")
+        self.loop_task = self.context.create_task(self._loop(), name="ticker")
+
+    async def on_stop(self) -> None:
+        self.events.append(f"stop (loop cancelled: {self.loop_task.cancelled()})")
+
+    async def _loop(self) -> None:
+        await self.crash_now.wait()
+        raise RuntimeError("background loop broke")
+
+    def crash(self) -> None:
+        self.crash_now.set()
+
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_an_owned_task_that_raises_fails_the_actor_and_it_restarts():
+    async def body():
+        events: list[str] = []
+        async with ActorSystem() as system:
+            ref = await system.spawn(Ticker, events, name="ticker")
+            await ref.ask.crash()
+            for _ in range(500):
+                if len(system.failures) == 1 and events[-1] == "start":
+                    break
+                await asyncio.sleep(0.01)
+            assert events == ["start", "stop (loop cancelled: False)", "start"]
+            assert str(system.failures[0].error) == "background loop broke"
+            assert await ref.ask.ping() == "pong"
+        assert events[-1] == "stop (loop cancelled: True)"
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    run(body())
+
+
+def test_an_owned_task_failing_during_first_on_start_makes_spawn_raise():
+    class Early(Actor):
+        async def on_start(self) -> None:
+            self.context.create_task(self._boom())
+            await asyncio.sleep(0.01)
+
+        async def _boom(self) -> None:
+            raise OSError("no device")
+
+    async def body():
+        async with ActorSystem() as system:
+            with pytest.raises(OSError, match="no device"):
+                await system.spawn(Early, name="early")
+            assert system.names == []
+            assert not system.failures
+
+    run(body())
+
+
+def test_a_stopped_actor_cannot_start_tasks():
+    class Keeper(Actor):
+        def ctx(self):
+            return self.context
+
+    async def idle() -> None:
+        await asyncio.sleep(3600)
+
+    async def body():
+        async with ActorSystem() as system:
+            ref = await system.spawn(Keeper)
+            context = await ref.ask.ctx()
+            await system.stop_actor(ref)
+            coro = idle()
+            with pytest.raises(ActorNotFound, match="cannot start tasks"):
+                context.create_task(coro)
+            assert coro.cr_frame is None  # closed, so no 'never awaited' warning
+
+    run(body())
