@@ -102,3 +102,17 @@ def test_bad_inputs_raise_policy_error():
         ActorCritic((), DISCRETE)
     with pytest.raises(PolicyError, match="malformed policy spec"):
         ActorCritic.from_spec({"obs_shape": [4]})
+
+
+def test_sampled_actions_follow_the_policy_probabilities():
+    torch.manual_seed(0)
+    policy = ActorCritic((4,), DISCRETE)
+    target = torch.tensor([0.2, 0.5, 0.3])
+    with torch.no_grad():
+        head = policy.actor[-1]
+        head.weight.zero_()
+        head.bias.copy_(target.log())
+    actions, logp, _ = policy.act(np.zeros((40_000, 4), np.float32))
+    freq = np.bincount(actions, minlength=3) / actions.size
+    np.testing.assert_allclose(freq, target.numpy(), atol=0.015)
+    np.testing.assert_allclose(logp, np.log(target.numpy())[actions], rtol=1e-5)
