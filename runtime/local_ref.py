@@ -15,7 +15,7 @@ from shoal.runtime.mailbox import MailboxClosed
 from shoal.runtime.ref import ActorRef
 
 if TYPE_CHECKING:
-    from shoal.runtime.actor import ActorCell
+    from shoal.runtime.cell import ActorCell
 
 
 def _expire(reply: asyncio.Future[Any], ref: ActorRef, method: str, timeout: float) -> None:

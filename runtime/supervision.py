@@ -21,7 +21,7 @@ from shoal.errors import ConfigError
 from shoal.runtime.errors import Escalated
 
 if TYPE_CHECKING:
-    from shoal.runtime.actor import ActorCell
+    from shoal.runtime.cell import ActorCell
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from types import TracebackType
 from typing import Any
 
 from shoal.errors import ConfigError
-from shoal.runtime.actor import DEFAULT_MAILBOX_SIZE, Actor, ActorCell, call_hook
+from shoal.runtime.actor import DEFAULT_MAILBOX_SIZE, Actor, call_hook
+from shoal.runtime.cell import ActorCell
 from shoal.runtime.errors import (
     ActorNotFound,
     InvalidActorName,
