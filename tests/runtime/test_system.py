@@ -436,3 +436,19 @@ def test_stop_from_a_hook_and_a_child_stopping_its_parent_do_not_deadlock():
         assert asyncio.all_tasks() == {asyncio.current_task()}
 
     run(body())
+
+
+def test_plain_asyncio_runs_the_same_system_when_uvloop_is_missing(monkeypatch):
+    from shoal.runtime import loop as loop_module
+
+    monkeypatch.setattr(loop_module, "_HAS_UVLOOP", False)
+
+    async def body() -> str:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Echo, name="echo")
+            ref.tell_nowait.record(0, 0)
+            assert await ref.ask.echo("plain") == "plain"
+        return type(asyncio.get_running_loop()).__module__
+
+    assert not loop_module.uses_uvloop()
+    assert run(body()).startswith("asyncio")
