@@ -1,9 +1,9 @@
 """The pre-forked sandbox server: one process that forks a fresh, confined child per episode.
 
 It runs as its own interpreter (`python -I -S sandbox_server.py CONFIG`) and imports only the
-standard library, so its memory stays small and a fork costs about a millisecond. Isolation
-that is costly to set up (a new network namespace, the module imports a child may need) is done
-once here and inherited by every child; what is per episode (a chroot into a fresh directory,
+standard library, so its memory stays small and a fork stays cheap. Isolation that is costly to
+set up (a new network namespace, the code of the modules a child may import) is done once here
+and inherited by every child; what is per episode (a chroot into a fresh directory,
 an unprivileged uid, resource limits, a new session) is a few system calls in the child.
 
 The server reports facts (exit status, signal, events the child wrote, captured output); the
@@ -17,21 +17,26 @@ import contextlib
 import ctypes
 import errno
 import gc
+import importlib.machinery
+import itertools
 import json
 import os
 import resource
 import select
-import shutil
 import signal
 import struct
 import sys
-import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-# Modules a child may import: after the chroot nothing can be loaded from disk, so anything
-# an episode imports must already be in sys.modules.
-PREIMPORTED = (
+if TYPE_CHECKING:
+    import importlib.abc
+
+# Modules an episode may import. After the chroot nothing can be read from disk, so the server
+# keeps their compiled code in memory (`_Preloaded`) and runs it only when an episode imports
+# one; importing them all up front would make every fork dearer (the server's memory grows,
+# and `random` reseeds itself in every child), for modules most episodes never use.
+ALLOWED_MODULES = (
     "array",
     "bisect",
     "collections",
@@ -192,6 +197,93 @@ def _child(
         os._exit(0)
 
 
+# ---------------------------------------------------------------- modules for episodes
+
+
+class _Preloaded:
+    """A meta-path finder and loader serving modules from code compiled before the chroot."""
+
+    def __init__(self, code: dict[str, tuple[Any, str, bool]]) -> None:
+        self.code = code
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        entry = self.code.get(name)
+        if entry is None:
+            return None
+        _, origin, is_package = entry
+        loader = cast("importlib.abc.Loader", self)  # importlib.abc itself is too dear to import
+        spec = importlib.machinery.ModuleSpec(name, loader, origin=origin, is_package=is_package)
+        spec.has_location = True
+        return spec
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        code, origin, is_package = self.code[module.__name__]
+        module.__file__ = origin
+        if is_package:
+            module.__path__ = []
+        exec(code, module.__dict__)
+
+
+def _probe_dependencies(names: tuple[str, ...]) -> list[list[str]]:
+    """[name, kind] of every module importing `names` loads, found in a throwaway child.
+
+    kind is "source" (Python code we can hold in memory) or "native" (built in or an
+    extension, which must be loaded in the server itself).
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            before = set(sys.modules)
+            for name in names:
+                with contextlib.suppress(ImportError):
+                    __import__(name)
+            found = []
+            for name in sorted(set(sys.modules) - before):
+                spec = getattr(sys.modules[name], "__spec__", None)
+                origin = getattr(spec, "origin", None) or ""
+                found.append([name, "source" if origin.endswith(".py") else "native"])
+            os.write(write_end, json.dumps(found).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, _READ_CHUNK):
+        chunks.append(chunk)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return list(json.loads(b"".join(chunks) or b"[]"))
+
+
+def _install_preloaded(names: tuple[str, ...]) -> None:
+    code: dict[str, tuple[Any, str, bool]] = {}
+    for name, kind in _probe_dependencies(names):
+        if kind == "native":
+            with contextlib.suppress(ImportError):
+                __import__(name)
+            continue
+        spec = importlib.machinery.PathFinder.find_spec(name, _parent_path(name))
+        if spec is None or spec.loader is None or not spec.origin:
+            continue
+        code[name] = (
+            spec.loader.get_code(name),  # type: ignore[attr-defined]
+            spec.origin,
+            spec.submodule_search_locations is not None,
+        )
+    sys.meta_path.insert(0, _Preloaded(code))
+
+
+def _parent_path(name: str) -> list[str] | None:
+    parent, _, _ = name.rpartition(".")
+    if not parent:
+        return None
+    spec = importlib.machinery.PathFinder.find_spec(parent, _parent_path(parent))
+    return None if spec is None else list(spec.submodule_search_locations or [])
+
+
 # ---------------------------------------------------------------- the server (trusted side)
 
 
@@ -327,9 +419,34 @@ def _parse_events(data: bytes) -> list[dict[str, Any]]:
     return events
 
 
+_EPISODES = itertools.count()
+
+
+def _remove_tree(top: str) -> None:
+    """Delete what an episode left, never following its symlinks out of the directory."""
+    stack, dirs = [top], []
+    while stack:
+        path = stack.pop()
+        dirs.append(path)
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+    for path in reversed(dirs):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
 def _run_episode(request: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
-    workdir = tempfile.mkdtemp(prefix="ep-", dir=config["root"])
+    workdir = os.path.join(config["root"], f"ep-{os.getpid()}-{next(_EPISODES)}")
+    os.mkdir(workdir, 0o700)
     if config["uid"] is not None:
         os.chown(workdir, config["uid"], config["uid"])
     pipes = [os.pipe() for _ in range(3)]
@@ -344,7 +461,7 @@ def _run_episode(request: dict[str, Any], config: dict[str, Any]) -> dict[str, A
     finally:
         for read_end, _ in pipes:
             os.close(read_end)
-        shutil.rmtree(workdir, ignore_errors=True)
+        _remove_tree(workdir)
     facts["duration_s"] = time.perf_counter() - started
     return facts
 
@@ -383,8 +500,7 @@ def _isolate_once(config: dict[str, Any]) -> dict[str, Any]:
     config["netns"] = root and _libc.unshare(_CLONE_NEWNET) == 0
     config["chroot"] = root
     config["uid"] = (config["uid_base"] + os.getpid()) if root else None
-    for name in PREIMPORTED:
-        __import__(name)
+    _install_preloaded(ALLOWED_MODULES)
     gc.collect()
     gc.freeze()
     return {

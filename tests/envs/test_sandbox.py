@@ -279,3 +279,19 @@ def test_bad_arguments_are_refused_with_the_fix(pool):
         pool.run(GOOD, timeout=-1)
     with pytest.raises(SandboxConfigError, match="JSON-serialisable"):
         pool.run(GOOD, [TestCase("f(1)", {1, 2})])
+
+
+@pytest.mark.timeout(60)
+def test_allowed_modules_import_inside_the_chroot_and_others_do_not(pool):
+    source = (
+        "import random, statistics, dataclasses, decimal, collections\n"
+        "def f():\n"
+        "    return [statistics.mean([1, 2, 3]), str(decimal.Decimal('0.1') * 3),\n"
+        "            random.Random(1).randint(0, 0)]\n"
+    )
+    result = pool.run(source, [TestCase("f()", [2, "0.3", 0])])
+    assert result.status is Status.OK, result
+    assert result.reward == 1.0
+    refused = pool.run("import sqlite3\n")
+    assert refused.status is Status.RUNTIME_ERROR
+    assert "ModuleNotFoundError" in refused.message
