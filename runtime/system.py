@@ -227,6 +227,8 @@ class ActorSystem:
             except BaseException:
                 await self._abort(cell)
                 raise
+            if cell.dead:
+                raise ActorNotFound(f"actor {name!r} was stopped while it was starting")
             if not self._parent_alive(parent):
                 await self._abort(cell, run_on_stop=True)
                 raise ActorNotFound(f"the parent of {name!r} stopped while it was starting")

@@ -582,3 +582,25 @@ def test_a_stopped_actor_cannot_start_tasks():
             assert coro.cr_frame is None  # closed, so no 'never awaited' warning
 
     run(body())
+
+
+def test_an_actor_that_stops_itself_in_on_start_is_not_registered():
+    events: list[str] = []
+
+    class Quitter(Actor):
+        async def on_start(self) -> None:
+            await self.context.stop()
+            events.append("on_start finished")
+
+        async def on_stop(self) -> None:
+            events.append("on_stop")
+
+    async def body():
+        async with ActorSystem() as system:
+            with pytest.raises(ActorNotFound, match="stopped while it was starting"):
+                await system.spawn(Quitter, name="quitter")
+            assert system.names == []
+            assert events == ["on_stop", "on_start finished"]
+            assert asyncio.all_tasks() == {asyncio.current_task(), system._guardian._task}
+
+    run(body())
