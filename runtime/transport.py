@@ -143,6 +143,7 @@ class Link:
         self._receive_credit = ReceiveCredit(config.credit_frames, config.credit_bytes)
         self._outbox: deque[wire.Buffer] = deque()
         self._writing = False
+        self._burst = False
         self._inbox: deque[list[Any]] = deque()
         self._wake_delivery = asyncio.Event()
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -177,19 +178,34 @@ class Link:
         """Queue a frame from synchronous code; a task writes it on the next loop turn."""
         self._outbox.extend(frame.parts)
         if not self._writing:
-            self._writing = True
-            task = asyncio.create_task(self._flush())
-            self._serving.add(task)
-            task.add_done_callback(self._serving.discard)
+            self._flush_soon()
 
     async def _send(self, frame: wire.EncodedFrame) -> None:
-        """Queue a frame and, unless another task is writing, write it in the caller's task:
-        one trip through the event loop fewer than a writer task, which is most of a small
-        ask's latency. Whoever writes drains everything queued meanwhile (coalesced)."""
+        """Send a frame with the least latency that still batches.
+
+        The first frame of a loop turn is written at once in the caller's task (no trip
+        through the event loop, which is most of a small ask's latency); later frames of the
+        same turn queue and go out together on the next turn, coalesced into websocket
+        messages of up to `chunk_bytes` (which is what makes pipelined tells cheap)."""
         self._outbox.extend(frame.parts)
-        if not self._writing:
-            self._writing = True
-            await self._flush()
+        if self._writing:
+            return
+        if self._burst:
+            self._flush_soon()
+            return
+        self._burst = True
+        asyncio.get_running_loop().call_soon(self._end_burst)
+        self._writing = True
+        await self._flush()
+
+    def _end_burst(self) -> None:
+        self._burst = False
+
+    def _flush_soon(self) -> None:
+        self._writing = True
+        task = asyncio.create_task(self._flush())
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
 
     async def tell(
         self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
