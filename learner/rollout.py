@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 # Asks to the learner that may wait for intake room use this timeout; back-pressure is not a failure.
 PUSH_TIMEOUT_S = 600.0
 REGISTER_TIMEOUT_S = 10.0
+# A paced actor waits at most this long for newer weights before collecting anyway.
+PACE_TIMEOUT_S = 2.0
 # Steps between yields to the event loop (lets set_weights and transport I/O run).
 YIELD_EVERY_STEPS = 4
 
@@ -163,6 +166,34 @@ class RolloutSpec:
     learner_path: str
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     hidden: tuple[int, ...] = (64, 64)
+    fragments_per_version: float = 0.0
+    """This actor's share of what its learner consumes per policy version; 0 turns pacing off."""
+
+
+class Pacer:
+    """Keeps a rollout actor from running ahead of its learner, which is what keeps lag near 1.
+
+    Environment steps are cheap next to a PPO update here, so an unpaced actor fills the intake
+    and every fragment waits there while the policy moves on. A paced actor may have produced
+    `floor((v - v0 + 1) * per_version) + 1` fragments by the time it holds policy version v
+    (v0: the version at registration): one fragment ready beyond the learner's consumption, so
+    the learner never waits, and no more, so each fragment is about one version old when used.
+    """
+
+    def __init__(self, per_version: float) -> None:
+        self.per_version = per_version
+        self.start = 0
+        self.produced = 0
+
+    def reset(self, version: int) -> None:
+        self.start = version
+        self.produced = 0
+
+    def allowance(self, version: int) -> int:
+        return math.floor((version - self.start + 1) * self.per_version) + 1
+
+    def allowed(self, version: int) -> bool:
+        return self.per_version <= 0 or self.produced < self.allowance(version)
 
 
 class RolloutActor(Actor):
@@ -178,6 +209,8 @@ class RolloutActor(Actor):
         self._pending: tuple[int, dict[str, np.ndarray]] | None = None
         self._task: asyncio.Task[None] | None = None
         self._in_flight: asyncio.Task[bool] | None = None
+        self._weights_arrived = asyncio.Event()
+        self.pacer = Pacer(spec.fragments_per_version)
         self._collector: Collector | None = None
         self._learner: ActorRef | None = None
         self._incarnation = ""
@@ -220,6 +253,7 @@ class RolloutActor(Actor):
             return
         if self._pending is None or version > self._pending[0]:
             self._pending = (version, weights)
+            self._weights_arrived.set()
 
     def stats(self) -> dict[str, Any]:
         collector = self._collector
@@ -257,6 +291,23 @@ class RolloutActor(Actor):
             if self._in_flight is not None and not await self._in_flight:
                 await self._register(collector, learner)
             self._in_flight = asyncio.create_task(self._push(learner, fragment))
+            self.pacer.produced += 1
+            await self._wait_for_turn(collector)
+
+    async def _wait_for_turn(self, collector: Collector) -> None:
+        """Hold off the next fragment until the learner has consumed enough (see `Pacer`).
+
+        Newer weights are the signal; without them for PACE_TIMEOUT_S (a lost message, a
+        restarting learner) the actor goes on, and a failed push makes it register again.
+        """
+        self._adopt()
+        while not self.pacer.allowed(collector.policy_version):
+            self._weights_arrived.clear()
+            try:
+                await asyncio.wait_for(self._weights_arrived.wait(), PACE_TIMEOUT_S)
+            except TimeoutError:
+                return
+            self._adopt()
 
     def _adopt(self) -> None:
         pending, self._pending = self._pending, None
@@ -291,4 +342,5 @@ class RolloutActor(Actor):
         self._pending = None
         collector.policy.set_weights(reply["weights"])
         collector.policy_version = int(reply["version"])
+        self.pacer.reset(collector.policy_version)
         self.registrations += 1

@@ -35,6 +35,7 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
             learner_path=str(value["learner_path"]),
             env_kwargs=dict(value.get("env_kwargs") or {}),
             hidden=tuple(int(h) for h in value.get("hidden", (64, 64))),
+            fragments_per_version=float(value.get("fragments_per_version", 0.0)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise LearnerError(f"malformed rollout spec {value!r} in job.json: {exc}") from exc

@@ -112,7 +112,11 @@ class _FromEnv:
         self.text = text
 
 
-def _build(cls: type[T], mapping: Any, *, source: str, path: tuple[str, ...]) -> T:
+def _build(
+    cls: type[T], mapping: Any, *, source: str, path: tuple[str, ...], base: Any = None
+) -> T:
+    """Build `cls` from `mapping`; keys left out keep `base`'s values (the parent's default
+    for this section, which may differ from the section class's own defaults)."""
     where = ".".join(path) or "(top level)"
     if not isinstance(mapping, Mapping):
         raise ConfigError(
@@ -128,8 +132,17 @@ def _build(cls: type[T], mapping: Any, *, source: str, path: tuple[str, ...]) ->
         )
     kwargs: dict[str, Any] = {}
     for name, raw in mapping.items():
-        kwargs[name] = _convert(hints[name], raw, source=source, path=(*path, name))
+        hint = hints[name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(raw, Mapping):
+            section = _build(
+                hint, raw, source=source, path=(*path, name), base=_default(fields[name])
+            )
+            kwargs[name] = section
+        else:
+            kwargs[name] = _convert(hint, raw, source=source, path=(*path, name))
     try:
+        if base is not None:
+            return dataclasses.replace(base, **kwargs)
         return cls(**kwargs)
     except ConfigError as exc:
         prefix = f"{source}: " if not path else f"{source}: [{where}] "
@@ -137,6 +150,14 @@ def _build(cls: type[T], mapping: Any, *, source: str, path: tuple[str, ...]) ->
     except TypeError as exc:
         # Only a required field without a default can get here.
         raise ConfigError(f"{source}: {where}: {exc}") from None
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
 
 
 def _dotted(path: tuple[str, ...], key: str) -> str:

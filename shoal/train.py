@@ -182,11 +182,19 @@ class LocalRun:
                         "seed": cfg.seed + 1000 * (w * cfg.rollout.actors_per_worker + a + 1),
                         "learner_path": f"shoal://127.0.0.1:{port}/{LEARNER_NAME}",
                         "hidden": list(cfg.hidden),
+                        "fragments_per_version": self._pace_share(),
                     }
                 )
             workers.append(specs)
         job = {"env_id": self.env_id, "config": asdict(cfg), "workers": workers}
         (self.run_dir / "job.json").write_text(json.dumps(job, indent=1))
+
+    def _pace_share(self) -> float:
+        """Each actor's share of the fragments its rank trains on per version (0: unpaced)."""
+        cfg = self.cfg
+        if not cfg.rollout.pace:
+            return 0.0
+        return cfg.intake.fragments_per_update * cfg.learner.ranks / cfg.total_actors
 
     def _child_env(self, extra: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)

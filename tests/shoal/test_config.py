@@ -71,6 +71,16 @@ def test_all_field_kinds_convert() -> None:
     assert isinstance(cfg.limit, float)
 
 
+@dataclass(frozen=True)
+class Tuned:
+    inner: Inner = field(default_factory=lambda: Inner(lr=0.5, epochs=9))
+
+
+def test_a_partial_section_keeps_the_parents_default_for_it() -> None:
+    cfg = load(Tuned, {"inner": {"epochs": 2}}, source="t", environ={"SHOAL_INNER_ENABLED": "0"})
+    assert cfg.inner == Inner(lr=0.5, epochs=2, enabled=False)
+
+
 def test_unknown_key_names_it_and_the_valid_ones() -> None:
     with pytest.raises(ConfigError) as exc:
         load(Outer, {"inner": {"lrr": 1.0}}, source="job.toml", environ={})
