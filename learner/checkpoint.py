@@ -66,7 +66,9 @@ def _manifest_name(step: int) -> str:
 
 def _storable(value: object, where: str) -> object:
     """The value with numpy arrays turned into tensors; refuses what weights_only can't load."""
-    if isinstance(value, torch.Tensor | str | int | float | bool) or value is None:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, str | int | float | bool) or value is None:
         return value
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
@@ -136,8 +138,6 @@ class CheckpointManager:
                 f"cannot create checkpoint directory {self.directory}: {exc.strerror}; "
                 "choose a writable checkpoint.directory"
             ) from exc
-        for stale in self.directory.glob(".ckpt-*.tmp"):
-            stale.unlink(missing_ok=True)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending: list[Future[CheckpointInfo]] = []
         self._pending_steps: set[int] = set()
@@ -223,10 +223,17 @@ class CheckpointManager:
         )
 
     def _prune(self) -> None:
+        """Drop checkpoints beyond `keep` and temp files a crashed writer left (writer thread only).
+
+        Only the writer prunes: a manager opened just to read (`latest`, `load`) from another
+        process must never delete a temp file the owning writer is filling.
+        """
         steps = sorted(self._manifest_steps(), reverse=True)
         for old in steps[self.keep :]:
             (self.directory / _manifest_name(old)).unlink(missing_ok=True)
             (self.directory / _data_name(old)).unlink(missing_ok=True)
+        for stale in self.directory.glob(".ckpt-*.tmp"):
+            stale.unlink(missing_ok=True)
 
     def wait(self) -> None:
         """Block until every write so far is on disk; raise CheckpointError for the first that failed."""

@@ -36,7 +36,7 @@ def manager(tmp_path):
     try:
         yield mgr
     finally:
-        mgr._writer.shutdown(wait=True)
+        mgr.close()
 
 
 def test_round_trip_of_a_policy_and_optimizer(manager):
@@ -253,3 +253,13 @@ def test_unwritable_directory_is_a_checkpoint_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(CheckpointError, match="cannot create checkpoint directory"):
         CheckpointManager(blocker / "sub")
+
+
+def test_a_reader_never_deletes_a_temp_file_and_the_writer_cleans_stale_ones(manager):
+    in_flight = manager.directory / ".ckpt-000000000009.pt.tmp"
+    in_flight.write_bytes(b"half")
+    with CheckpointManager(manager.directory) as reader:
+        assert reader.latest() is None
+    assert in_flight.exists()
+    manager.save(state_for(1), 1, block=True)
+    assert not in_flight.exists()
