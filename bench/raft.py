@@ -226,8 +226,20 @@ async def _failovers(local: LocalCluster, kills: int) -> list[float]:
             await client.add_event("bench", f"after-kill-{i}")
             times.append(time.perf_counter() - killed)
         local.start(victim)
-        local.wait_ready()
+        _wait_converged(local)
     return times
+
+
+def _wait_converged(local: LocalCluster, timeout: float = 30.0) -> None:
+    """Until every replica is up, in one term and caught up: the next kill starts from calm."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        local.wait_ready()
+        views = [local.cluster_view(s.name) for s in local.specs()]
+        if all(views) and len({(v["term"], v["last_applied"]) for v in views if v}) == 1:
+            return
+        time.sleep(0.05)
+    raise TimeoutError("replicas did not converge after a restart")
 
 
 def _cpu_seconds(pid: int) -> float:

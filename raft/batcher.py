@@ -8,6 +8,7 @@ leader change is applied once. For the event loop.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from typing import Any
 
@@ -29,12 +30,16 @@ class CommandBatcher:
         self._slots = asyncio.Semaphore(max_in_flight)
         self._flushing: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Operation ids: one random prefix per batcher and a counter (uuid4 per write is costly).
+        self._prefix = uuid.uuid4().hex
+        self._count = itertools.count()
 
     async def submit(
         self, op: str, args: dict[str, Any], op_id: str | None = None
     ) -> dict[str, Any]:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending.append(({"op": op, "args": args, "op_id": op_id or uuid.uuid4().hex}, future))
+        op_id = op_id or f"{self._prefix}-{next(self._count)}"
+        self._pending.append(({"op": op, "args": args, "op_id": op_id}, future))
         if self._flushing is None:
             self._flushing = asyncio.get_running_loop().create_task(self._flush())
         result = await future

@@ -168,7 +168,7 @@ COMMAND: Schema = _obj(
     op={"enum": sorted([*ARG_SCHEMAS, "batch"])},
     op_id=ID,
     at=STAMP,
-    args=FREE_OBJECT,
+    args={"type": "object", "additionalProperties": True},  # checked per op by validate_args
 )
 
 
