@@ -62,9 +62,8 @@ async def receive(ws: Socket, timeout: float) -> dict[str, Any]:
     try:
         msg = await ws.receive(timeout=timeout)
     except TimeoutError as exc:
-        raise AuthenticationFailed(
-            f"the peer did not complete the handshake within {timeout}s"
-        ) from exc
+        # Not AuthenticationFailed: a slow peer may succeed on the next try.
+        raise LinkClosed(f"the peer did not complete the handshake within {timeout}s") from exc
     if msg.type != aiohttp.WSMsgType.BINARY:
         raise LinkClosed(f"the peer closed the link during the handshake ({msg.type.name})")
     if len(msg.data) > _MAX_HANDSHAKE_BYTES:

@@ -33,7 +33,7 @@ class SendCredit:
 
     def take_nowait(self, nbytes: int) -> None:
         if self._closed is not None:
-            raise self._closed
+            raise LinkClosed(str(self._closed))
         if not self.available:
             raise MailboxFull(
                 "the link's credit window is spent (the remote actors are behind); "

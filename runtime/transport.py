@@ -39,6 +39,7 @@ from shoal.runtime.errors import (
     UnknownMethod,
     WireError,
 )
+from shoal.runtime.mailbox import DeadLetters
 from shoal.runtime.ref import ActorRef
 
 if TYPE_CHECKING:
@@ -134,8 +135,10 @@ class Link:
         lookup: Lookup,
         granted: auth.Window,
         peer: str,
+        dead_letters: DeadLetters | None = None,
     ) -> None:
         self.peer = peer
+        self._dead_letters = dead_letters
         self._ws = ws
         self._config = config
         self._lookup = lookup
@@ -357,9 +360,15 @@ class Link:
         except MailboxFull:
             return False
         except ActorError as exc:
-            logger.info("tell %s.%s from %s not delivered: %s", target, method, self.peer, exc)
+            self._undelivered(target, method, exc)
         self._consumed(nbytes)
         return True
+
+    def _undelivered(self, target: str, method: str, error: ActorError) -> None:
+        """A tell has no reply to carry the error, so it is counted where local ones are."""
+        logger.info("tell %s.%s from %s not delivered: %s", target, method, self.peer, error)
+        if self._dead_letters is not None:
+            self._dead_letters.record(target, method, f"{type(error).__name__} (from {self.peer})")
 
     def _serve(self, fields: list[Any], nbytes: int) -> None:
         task = asyncio.create_task(self._serve_ask(fields, nbytes))
@@ -372,7 +381,7 @@ class Link:
         try:
             await self._lookup(target)._tell(method, args, kwargs)
         except ActorError as exc:
-            logger.info("tell %s.%s from %s not delivered: %s", target, method, self.peer, exc)
+            self._undelivered(target, method, exc)
 
     async def _serve_ask(self, fields: list[Any], nbytes: int) -> None:
         request, target, method, args, kwargs, timeout = fields
@@ -497,9 +506,12 @@ class Transport:
     `lookup` finds the local actor a remote request names (an `ActorSystem.lookup`). Create,
     `await start()` and `await close()` on the loop the actors run on."""
 
-    def __init__(self, config: TransportConfig, lookup: Lookup) -> None:
+    def __init__(
+        self, config: TransportConfig, lookup: Lookup, dead_letters: DeadLetters | None = None
+    ) -> None:
         self.config = config
         self._lookup = lookup
+        self._dead_letters = dead_letters
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._inbound: set[Link] = set()
@@ -520,7 +532,10 @@ class Transport:
         await site.start()
         port = self._runner.addresses[0][1]
         self.address = f"{SCHEME}{self.config.host}:{port}"
-        self._session = aiohttp.ClientSession()
+        # The session's timeout covers the websocket upgrade only; links live indefinitely.
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout)
+        )
         return self.address
 
     async def _accept(self, request: web.Request) -> web.WebSocketResponse:
@@ -540,7 +555,7 @@ class Transport:
             logger.warning("refused link from %s: %s", peer, exc)
             await ws.close()
             return ws
-        link = Link(ws, self.config, self._lookup, granted, peer)
+        link = Link(ws, self.config, self._lookup, granted, peer, self._dead_letters)
         self._inbound.add(link)
         try:
             await link.wait_closed()
@@ -566,7 +581,7 @@ class Transport:
         except BaseException:
             await ws.close()
             raise
-        return Link(ws, self.config, self._lookup, granted, address)
+        return Link(ws, self.config, self._lookup, granted, address, self._dead_letters)
 
     def peer(self, address: str) -> Peer:
         """The reconnecting connection to `address`, created on first use."""
@@ -613,7 +628,7 @@ class Transport:
 async def attach(system: ActorSystem, config: TransportConfig) -> Transport:
     """Serve `system`'s actors to other processes and make its `ref` resolve remote paths.
     Close the returned transport before stopping the system."""
-    transport = Transport(config, system.lookup)
+    transport = Transport(config, system.lookup, system.dead_letters)
     address = await transport.start()
     system.attach_remote(address, transport.ref)
     transport.on_close(system.detach_remote)

@@ -218,3 +218,16 @@ def test_remote_paths_are_parsed_strictly() -> None:
     for bad in ("learner", "shoal://127.0.0.1:5/", "http://x:1/a", "shoal://host/a"):
         with pytest.raises(ActorNotFound, match="shoal://HOST:PORT/NAME"):
             split_url(bad)
+
+
+@pytest.mark.timeout(30)
+def test_undeliverable_tells_become_dead_letters_on_the_receiver() -> None:
+    async def main() -> None:
+        async with pair() as (server, client, address):
+            await client.ref(f"{address}/ghost").tell.echo(1)
+            await client.ref(f"{address}/echo").tell.nope(2)
+            assert await client.ref(f"{address}/echo").ask.count() == 0
+            reasons = [(letter.recipient, letter.method) for letter in server.dead_letters]
+            assert reasons == [("ghost", "echo"), ("echo", "nope")]
+
+    run(main())
