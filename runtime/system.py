@@ -109,6 +109,7 @@ class ActorSystem:
         self._resolver: RemoteResolver | None = None
         self._counter = itertools.count(1)
         self._state = "new"
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"<ActorSystem {self.name} {self._state} actors={len(self._names)}>"
@@ -148,6 +149,7 @@ class ActorSystem:
                 f"actor system {self.name} has been stopped; create a new ActorSystem"
             )
         self._guardian.start()
+        self._loop = asyncio.get_running_loop()
         self._state = "running"
 
     async def stop(self) -> None:
@@ -247,6 +249,11 @@ class ActorSystem:
             raise SystemNotRunning(
                 f"actor system {self.name} is not running; use `async with ActorSystem()` "
                 "or await system.start() before spawning"
+            )
+        if asyncio.get_running_loop() is not self._loop:
+            raise SystemNotRunning(
+                f"actor system {self.name} runs on another event loop; spawn from a task on "
+                "the loop that started it"
             )
         if not self._parent_alive(parent):
             where = parent.path if isinstance(parent, ActorCell) else "the system"

@@ -452,3 +452,24 @@ def test_plain_asyncio_runs_the_same_system_when_uvloop_is_missing(monkeypatch):
 
     assert not loop_module.uses_uvloop()
     assert run(body()).startswith("asyncio")
+
+
+def test_spawn_from_another_event_loop_is_refused():
+    async def start() -> ActorSystem:
+        system = ActorSystem()
+        await system.start()
+        return system
+
+    async def spawn_elsewhere(system: ActorSystem) -> None:
+        with pytest.raises(SystemNotRunning, match="another event loop"):
+            await system.spawn(Echo)
+
+    from shoal.runtime.loop import new_event_loop
+
+    home = new_event_loop()
+    try:
+        system = home.run_until_complete(start())
+        run(spawn_elsewhere(system))
+        home.run_until_complete(system.stop())
+    finally:
+        home.close()
