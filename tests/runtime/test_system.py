@@ -302,7 +302,7 @@ ops = st.tuples(
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     scripts=st.lists(st.lists(ops, max_size=25), min_size=1, max_size=3),
