@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SCHEME = "shoal://"
+# The largest websocket message either end accepts, whatever chunk size the peer writes with,
+# so peers configured differently still understand each other.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 ROUTE = "/shoal"
 Lookup = Callable[[str], ActorRef]
 
@@ -91,6 +94,10 @@ class TransportConfig:
             raise ConfigError(f"port={self.port!r} is invalid: use 0 (any free port) to 65535")
         self._positive_int("max_frame_bytes", wire.PREFIX_SIZE)
         self._positive_int("chunk_bytes", 1024)
+        if self.chunk_bytes > MAX_MESSAGE_BYTES // 2:
+            raise ConfigError(
+                f"chunk_bytes={self.chunk_bytes} is invalid: use at most {MAX_MESSAGE_BYTES // 2}"
+            )
         self._positive_int("credit_frames", 1)
         self._positive_int("credit_bytes", 1)
         for key in ("handshake_timeout", "connect_timeout", "reconnect_initial", "reconnect_max"):
@@ -286,6 +293,8 @@ class Link:
         reader = wire.FrameReader(self._config.max_frame_bytes)
         try:
             async for msg in self._ws:
+                if msg.type == aiohttp.WSMsgType.ERROR:
+                    raise MalformedFrame(f"the websocket from {self.peer} broke: {msg.data}")
                 if msg.type != aiohttp.WSMsgType.BINARY:
                     raise MalformedFrame(
                         f"the peer sent a {msg.type.name} websocket message; shoal links carry binary frames"
@@ -541,7 +550,7 @@ class Transport:
     async def _accept(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(
             compress=False,
-            max_msg_size=2 * self.config.chunk_bytes,
+            max_msg_size=MAX_MESSAGE_BYTES,
             timeout=1.0,
             writer_limit=self.config.chunk_bytes * 16,
         )
@@ -570,7 +579,7 @@ class Transport:
         ws = await self._session.ws_connect(
             _ws_url(address),
             compress=0,
-            max_msg_size=2 * self.config.chunk_bytes,
+            max_msg_size=MAX_MESSAGE_BYTES,
             autoping=True,
             timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
         )

@@ -209,6 +209,8 @@ def test_config_is_validated_with_the_key_named() -> None:
         TransportConfig(token=TOKEN, port=70000)
     with pytest.raises(ConfigError, match="credit_frames=0"):
         TransportConfig(token=TOKEN, credit_frames=0)
+    with pytest.raises(ConfigError, match="chunk_bytes=4194304"):
+        TransportConfig(token=TOKEN, chunk_bytes=4 * 1024 * 1024)
     with pytest.raises(ConfigError, match="connect_timeout=-1"):
         TransportConfig(token=TOKEN, connect_timeout=-1)
 
@@ -229,5 +231,16 @@ def test_undeliverable_tells_become_dead_letters_on_the_receiver() -> None:
             assert await client.ref(f"{address}/echo").ask.count() == 0
             reasons = [(letter.recipient, letter.method) for letter in server.dead_letters]
             assert reasons == [("ghost", "echo"), ("echo", "nope")]
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+def test_peers_with_different_chunk_sizes_understand_each_other() -> None:
+    async def main() -> None:
+        async with pair(chunk_bytes=1024 * 1024) as (_, client, address):
+            weights = torch.randn(2, 1024, 1024)
+            back = await client.ref(f"{address}/echo").ask.echo(weights)
+            assert torch.equal(back, weights)
 
     run(main())
