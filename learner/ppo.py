@@ -226,6 +226,22 @@ def lag_stats(fragments: Sequence[Fragment], current_version: int) -> dict[str, 
     return stats
 
 
+def _check_fits(model: ActorCritic, fragment: Fragment) -> None:
+    """Refuse fragments from another environment before they reach the network."""
+    obs_ok = fragment.obs_shape in (model.obs_shape, (model.obs_dim,))
+    if model.discrete:
+        actions_ok = fragment.actions.dtype == np.int64
+    else:
+        actions_ok = fragment.actions.shape[2:] == (model.action_dim,)
+    if not (obs_ok and actions_ok):
+        raise BadFragment(
+            f"fragment from {fragment.actor_id!r} (obs {list(fragment.obs_shape)}, actions "
+            f"{fragment.actions.dtype} {list(fragment.actions.shape[2:])}) does not fit the policy "
+            f"(obs {list(model.obs_shape)}, {'discrete' if model.discrete else 'continuous'} actions "
+            f"of size {model.action_dim}): is the actor running another environment?"
+        )
+
+
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
     """1 − Var(target − predicted)/Var(target): 1 is a perfect critic, <= 0 no better than a mean."""
     var = target.var(unbiased=False)
@@ -278,10 +294,12 @@ class PPOLearner:
                 f"update() got {batch.size} steps, fewer than ppo.num_minibatches = "
                 f"{cfg.num_minibatches}: collect more steps per update or use fewer minibatches"
             )
+        _check_fits(self.model, fragments[0])
         with torch.no_grad():
             prox_logp, _, _ = self.model.evaluate_actions(batch.obs, batch.actions)
-            weights = torch.exp(prox_logp - batch.behaviour_logp).clamp(max=cfg.is_cap)
-            capped = (torch.exp(prox_logp - batch.behaviour_logp) > cfg.is_cap).float().mean()
+            raw_weights = torch.exp(prox_logp - batch.behaviour_logp)
+            weights = raw_weights.clamp(max=cfg.is_cap)
+            capped = (raw_weights > cfg.is_cap).float().mean()
         sums: dict[str, float] = {}
         steps = 0
         epochs = 0

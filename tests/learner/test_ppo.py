@@ -215,3 +215,23 @@ def test_config_rejects_bad_values_naming_the_key(key, value, message):
     with pytest.raises(ConfigError) as info:
         PPOConfig(**{key: value})
     assert message in str(info.value)
+
+
+def test_fragments_from_another_environment_are_refused():
+    model = ActorCritic((4,), DISCRETE)
+    other = ActorCritic((3,), DISCRETE)
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(4, 2, 3)).astype(np.float32)
+    acts, logps, vals = zip(*(other.act(o) for o in obs))
+    frag = Fragment(
+        actor_id="x", seq=0, policy_version=0, env_hash="h", obs=obs, actions=np.stack(acts),
+        logprobs=np.stack(logps), values=np.stack(vals), rewards=np.ones((4, 2), np.float32),
+        dones=np.zeros((4, 2), bool), truncated=np.zeros((4, 2), bool),
+        bootstrap_value=np.zeros(2, np.float32), final_values=np.zeros((4, 2), np.float32),
+        episode_returns=np.zeros(0, np.float32), episode_lengths=np.zeros(0, np.int32),
+    )  # fmt: skip
+    with pytest.raises(BadFragment, match="does not fit the policy"):
+        PPOLearner(model, PPOConfig()).update([frag], 0)
+    box_model = ActorCritic((3,), spaces.Box(-1, 1, (2,), np.float32))
+    with pytest.raises(BadFragment, match="continuous actions of size 2"):
+        PPOLearner(box_model, PPOConfig()).update([frag], 0)
