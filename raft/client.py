@@ -116,7 +116,7 @@ class CoordinatorClient:
         while True:
             for url in self._order():
                 try:
-                    return await self._once(method, url + path, body, query, headers)
+                    return await self._once(method, url, path, body, query, headers)
                 except RETRYABLE as exc:
                     last = exc
                     self._follow_hint(exc)
@@ -131,8 +131,15 @@ class CoordinatorClient:
             self._preferred = exc.leader.rstrip("/")
 
     async def _once(
-        self, method: str, url: str, body: Any, query: dict[str, str], headers: dict[str, str]
+        self,
+        method: str,
+        base: str,
+        path: str,
+        body: Any,
+        query: dict[str, str],
+        headers: dict[str, str],
     ) -> Any:
+        url = base + path
         try:
             async with self.session.request(
                 method, url, json=body, params=query, headers=headers
@@ -146,7 +153,7 @@ class CoordinatorClient:
                     raise _error_from(resp.status, data)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise Unavailable(f"{url}: {exc!r}") from None
-        self._preferred = url[: url.index("/", len("http://"))]
+        self._preferred = base
         return data
 
     async def find_leader(self) -> str:
@@ -155,7 +162,7 @@ class CoordinatorClient:
         while time.monotonic() < deadline:
             for url in self.urls:
                 try:
-                    cluster = await self._once("GET", url + "/v1/cluster", None, {}, {})
+                    cluster = await self._once("GET", url, "/v1/cluster", None, {}, {})
                 except RETRYABLE:
                     continue
                 if cluster.get("leader_api") in self.urls:

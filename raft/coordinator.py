@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 from pysyncobj import SyncObj, SyncObjConf
 
+from shoal.errors import ConfigError
 from shoal.raft.api import build_app
 from shoal.raft.bridge import RaftBridge
 from shoal.raft.config import CoordinatorConfig, RaftTimings, parse_address
@@ -56,6 +61,14 @@ class Coordinator:
     async def serve(self, stop: asyncio.Event) -> None:
         config = self.config
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        with _claim(config.data_dir):
+            await self._serve(stop)
+
+    async def _serve(self, stop: asyncio.Event) -> None:
+        config = self.config
+        # pysyncobj retries a failed bind forever in silence: find out now, with a clear error.
+        _check_bindable("--raft", config.raft)
+        _check_bindable("--api", config.api)
         state = ClusterState()
         bridge = RaftBridge(state, asyncio.get_running_loop())
         # SyncObj's tick thread watches the thread that built it: build it on this (main) thread.
@@ -90,6 +103,31 @@ class Coordinator:
             sync.destroy()
             await asyncio.get_running_loop().run_in_executor(None, _join_tick_thread, sync)
             log.info("replica %s stopped", config.replica_id)
+
+
+@contextlib.contextmanager
+def _claim(data_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the data directory: two replicas on one journal corrupt it."""
+    with open(data_dir / "lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"--data-dir={data_dir} is in use by another coordinator; give each replica its own"
+            ) from None
+        yield
+
+
+def _check_bindable(key: str, address: str) -> None:
+    host, port = parse_address(key, address)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"{key}={address} cannot be bound ({exc.strerror}); pick a free address"
+            ) from None
 
 
 def _join_tick_thread(sync: SyncObj) -> None:

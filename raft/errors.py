@@ -23,6 +23,7 @@ class ValidationError(RaftError):
 
     http_status = 422
     code = "invalid"
+    field: str
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

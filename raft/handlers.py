@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -21,7 +22,7 @@ from aiohttp import web
 from shoal.raft import commands as cmd
 from shoal.raft.bridge import RaftBridge
 from shoal.raft.config import CoordinatorConfig
-from shoal.raft.errors import Conflict, NotFound, NotLeader, RaftError
+from shoal.raft.errors import Conflict, NotFound, NotLeader, RaftError, ValidationError
 from shoal.raft.liveness import LivenessTable
 from shoal.raft.machine import Result, StateMachine
 from shoal.raft.metrics import Labels, Metrics
@@ -30,6 +31,7 @@ from shoal.raft.routes import Call, Param, Route
 from shoal.raft.schema import Schema
 from shoal.raft.state import ClusterState
 
+T = TypeVar("T")
 MAX_EVENTS_PER_READ = 1000
 POLL_PERIOD = 0.05
 
@@ -64,7 +66,8 @@ class ApiContext:
         """Linearizable read: once a fresh no-op is applied here, every earlier write is too."""
         await self.write("barrier", {}, uuid.uuid4().hex)
 
-    def read(self, fn: Any) -> Any:
+    def read(self, fn: Callable[[StateMachine], T]) -> T:
+        """Run a read-only function over the state under its lock; `fn` must return copies."""
         return self.state.read(fn)
 
 
@@ -133,7 +136,10 @@ async def batch(ctx: ApiContext, call: Call) -> web.Response:
         for c in call.body["commands"]
     ]
     command = {"op": "batch", "op_id": call.op_id, "at": time.time(), "args": {"commands": members}}
-    cmd.validate_command(command)
+    try:
+        cmd.validate_command(command)
+    except ValidationError as exc:  # name the field as the caller sent it
+        raise ValidationError(exc.field.replace("command.args.", "body.", 1), exc.message) from None
     result = await ctx.bridge.propose(command, ctx.config.write_timeout)
     ctx.metrics.inc(
         "shoal_raft_commands_total", "commands committed", len(members), op="batch", ok="true"

@@ -11,13 +11,14 @@ from collections import defaultdict
 Labels = tuple[tuple[str, str], ...]
 
 
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _labels(labels: Labels) -> str:
     if not labels:
         return ""
-    inner = ",".join(
-        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-        for k, v in labels
-    )
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
     return "{" + inner + "}"
 
 

@@ -8,7 +8,7 @@ never drift apart.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -51,7 +51,6 @@ class Route:
     write: bool = False
     """Writes take an `X-Shoal-Op-Id` header: a retry with the same id is applied once."""
     tag: str = "cluster"
-    responses: dict[int, str] = field(default_factory=dict)
 
     @property
     def path_params(self) -> list[str]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from pysyncobj import SyncObjConsumer, replicated
 
 from shoal.raft.machine import Result, StateMachine
 
 ApplyCallback = Callable[[Any, int], None]
+T = TypeVar("T")
 
 
 class ClusterState(SyncObjConsumer):
@@ -44,16 +45,13 @@ class ClusterState(SyncObjConsumer):
 
     # -- reads (copies, taken under the lock) ----------------------------------------------
 
-    def read(self, fn: Callable[[StateMachine], Any]) -> Any:
+    def read(self, fn: Callable[[StateMachine], T]) -> T:
         """Run a read-only function over the machine under the lock; it must return copies."""
         with self._lock:
             return fn(self._machine)
 
     def digest(self) -> str:
         return str(self.read(StateMachine.digest))
-
-    def snapshot(self) -> dict[str, Any]:
-        return dict(self.read(StateMachine.snapshot))
 
     def leader_record(self) -> dict[str, Any] | None:
         return self.read(lambda m: None if m.leader is None else asdict(m.leader))

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from shoal.local import LocalCluster
+from shoal.local import LocalCluster, free_port
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -105,3 +107,29 @@ def test_coordinator_rejects_bad_timings_naming_the_key(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "raft.min_timeout=0.1 must exceed 3 x raft.append_period" in proc.stderr
+
+
+def test_coordinator_reports_an_address_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = shoal(
+            "coordinator", "--id", "c1", "--raft", f"127.0.0.1:{port}", "--api", f"127.0.0.1:{free_port()}",
+            "--data-dir", str(tmp_path / "d"), "--token-file", str(_token(tmp_path)), check=False,
+        )  # fmt: skip
+    assert proc.returncode == 2
+    assert f"--raft=127.0.0.1:{port} cannot be bound" in proc.stderr
+
+
+def test_two_coordinators_cannot_share_a_data_dir(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    data.mkdir()
+    with open(data / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = shoal(
+            "coordinator", "--id", "c1", "--raft", f"127.0.0.1:{free_port()}", "--api", f"127.0.0.1:{free_port()}",
+            "--data-dir", str(data), "--token-file", str(_token(tmp_path)), check=False,
+        )  # fmt: skip
+    assert proc.returncode == 2
+    assert "is in use by another coordinator" in proc.stderr
