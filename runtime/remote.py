@@ -34,6 +34,7 @@ class Peer:
         self._last_error: Exception | None = None
         self._refused: AuthenticationFailed | None = None
         self.connects = 0
+        self._closed = False
         self._task = asyncio.create_task(self._maintain(), name=f"shoal-peer {address}")
 
     def __repr__(self) -> str:
@@ -66,7 +67,7 @@ class Peer:
 
     async def link(self) -> Link:
         """The open link, waiting up to `connect_timeout` for one."""
-        if self._refused is None and (self._link is None or self._link.closed):
+        if not self._closed and self._refused is None and (self._link is None or self._link.closed):
             self._up.clear()  # the closed link may not have been noticed by _maintain yet
             timeout = self._transport.config.connect_timeout
             try:
@@ -79,6 +80,8 @@ class Peer:
         return self.link_nowait()
 
     def link_nowait(self) -> Link:
+        if self._closed:
+            raise LinkClosed(f"the transport was closed; no more sends to {self.address}")
         if self._refused is not None:
             raise AuthenticationFailed(f"{self.address} refused this process: {self._refused}")
         link = self._link
@@ -89,6 +92,9 @@ class Peer:
         return link
 
     async def close(self) -> None:
+        """Stop reconnecting and close the link; waiting and later senders get LinkClosed."""
+        self._closed = True
+        self._up.set()
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         if self._link is not None:

@@ -598,6 +598,10 @@ class Transport:
 
         peer = self._peers.get(address)
         if peer is None:
+            if self._session is None:
+                raise LinkClosed(
+                    f"cannot reach {address}: the transport is not running (start it first)"
+                )
             peer = self._peers[address] = Peer(address, self)
         return peer
 

@@ -244,3 +244,22 @@ def test_peers_with_different_chunk_sizes_understand_each_other() -> None:
             assert torch.equal(back, weights)
 
     run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_closed_transport_refuses_sends_at_once() -> None:
+    async def main() -> None:
+        async with node() as (server, server_transport), ActorSystem() as client:
+            await server.spawn(Echo, name="echo")
+            transport = await attach(client, TransportConfig(token=TOKEN, connect_timeout=20))
+            ref = transport.ref(f"{server_transport.address}/echo")
+            assert await ref.ask.echo(1) == 1
+            await transport.close()
+            with pytest.raises(LinkClosed, match="transport was closed"):
+                await asyncio.wait_for(ref.ask.echo(2), 5)
+            with pytest.raises(LinkClosed, match="not running"):
+                transport.ref(f"{server_transport.address}/other")
+            with pytest.raises(ActorNotFound, match="no transport is attached"):
+                client.ref(f"{server_transport.address}/echo")
+
+    run(main())
