@@ -29,6 +29,11 @@ from shoal.learner.ppo import PPOConfig
 _KNOWN_TARGETS: dict[str, float] = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0}
 
 
+def known_target(env_id: str) -> float | None:
+    """The return Gymnasium counts as solved for a canonical id, where one is known."""
+    return _KNOWN_TARGETS.get(env_id)
+
+
 def _int_at_least(key: str, value: object, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ConfigError(f"{key} = {value!r} is invalid: use an integer >= {low}")
@@ -190,4 +195,4 @@ class TrainConfig:
         """The return that counts as solved: explicit, else the environment's known threshold."""
         if self.target_return is not None:
             return self.target_return
-        return _KNOWN_TARGETS.get(canonical_env_id)
+        return known_target(canonical_env_id)

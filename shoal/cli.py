@@ -14,7 +14,17 @@ from shoal.errors import ShoalError
 from shoal.version import __version__
 
 # Each module in shoal.commands registers one verb; heavy imports happen inside the verb.
-_COMMAND_MODULES: tuple[str, ...] = ("bench", "coordinator", "envs", "up", "status", "down", "logs")
+_COMMAND_MODULES: tuple[str, ...] = (
+    "bench",
+    "coordinator",
+    "envs",
+    "up",
+    "status",
+    "down",
+    "logs",
+    "train",
+    "eval",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -149,6 +149,7 @@ class LocalRun:
         self.statuses: dict[int, dict[str, Any]] = {}
         self.started = 0.0
         self.solve_s: float | None = None
+        self.stop_return: float | None = None
 
     # -- layout ------------------------------------------------------------------------------
 
@@ -389,6 +390,7 @@ class LocalRun:
                 if reason is not None:
                     if reason == "target":
                         self.solve_s = elapsed
+                        self.stop_return = self.recent_return()
                     stopped_by = reason
                     break
         except KeyboardInterrupt:
@@ -412,8 +414,8 @@ class LocalRun:
         return TrainResult(
             run_dir=str(self.run_dir),
             env_id=self.env_id,
-            solved=self.target is not None and ret is not None and ret >= self.target,
-            final_return=ret,
+            solved=stopped_by == "target",
+            final_return=self.stop_return if stopped_by == "target" else ret,
             target_return=self.target,
             env_steps=steps,
             wall_s=wall_s,
@@ -518,6 +520,8 @@ def train(
     from shoal.envs import registry
 
     env_id = registry.spec(cfg.env_id).id  # unknown ids fail here, before any process starts
+    # Small batches on many threads spin more than they compute; the children do the same.
+    torch.set_num_threads(1)
     if cfg.learner.backend == "nccl" and not torch.cuda.is_available():
         raise TrainError("learner.backend = 'nccl' needs CUDA, which this machine lacks")
     run_dir = make_run_dir(runs_root, env_id) if run_dir is None else _fresh_dir(run_dir)

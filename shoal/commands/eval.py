@@ -1,0 +1,68 @@
+"""`shoal eval CHECKPOINT [--env ID] [--episodes N]`: evaluate a trained policy, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = verbs.add_parser(
+        "eval",
+        help="evaluate a checkpoint: JSON + HTML report",
+        description="Load the policy from a checkpoint (a .pt file, its manifest, or a run "
+        "directory for its newest complete one) and evaluate it deterministically.",
+    )
+    parser.add_argument("checkpoint", type=Path, help="checkpoint file or run directory")
+    parser.add_argument("--env", help="environment id (default: the one it was trained on)")
+    parser.add_argument("--episodes", type=int, default=20, help="episodes per condition")
+    parser.add_argument("--seed", type=int, default=12345, help="evaluation seed")
+    parser.add_argument("--out", type=Path, help="report directory (default: beside the run)")
+    parser.add_argument("--json", action="store_true", help="end with a JSON summary line")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from shoal.envs import registry
+    from shoal.learner.config import known_target
+    from shoal.train import TrainError, evaluate_checkpoint, load_policy
+
+    torch.set_num_threads(1)  # small batches: more threads only spin
+
+    if args.episodes < 1:
+        raise TrainError(f"--episodes {args.episodes} is invalid: evaluate at least 1 episode")
+    _, state, info = load_policy(args.checkpoint)
+    env_id = registry.spec(args.env or str(state.get("env_id", ""))).id
+    config = state.get("config") or {}
+    env_kwargs = config.get("env_kwargs") if args.env is None else None
+    out = args.out or info.path.parent.parent / "reports"
+    result, json_path, html_path = evaluate_checkpoint(
+        info.path,
+        env_id,
+        args.episodes,
+        out,
+        seed=args.seed,
+        env_kwargs=env_kwargs,
+        success_threshold=known_target(env_id),
+    )
+    rate = result.success_rate
+    print(
+        f"{env_id}: mean return {result.mean_return:.1f} over {args.episodes} episodes"
+        + ("" if rate is None else f", success rate {rate:.0%}")
+    )
+    print(f"report: {json_path}")
+    print(f"html:   {html_path}")
+    if args.json:
+        summary = {
+            "env_id": env_id,
+            "checkpoint": str(info.path),
+            "mean_return": result.mean_return,
+            "success_rate": rate,
+            "report": str(json_path),
+            "report_html": str(html_path),
+        }
+        print(json.dumps(summary))
+    return 0

@@ -1,0 +1,88 @@
+"""`shoal train ENV_ID | job.toml`: train a policy; with no cluster running, an embedded local run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = verbs.add_parser(
+        "train",
+        help="train a policy (the main job)",
+        description="Train until the target return or the time limit; write the final "
+        "checkpoint and an evaluation report, and print their paths. Any config key can also "
+        "be set as SHOAL_<SECTION>_<KEY> (e.g. SHOAL_PPO_LR=1e-3).",
+    )
+    parser.add_argument("target", help="an environment id or alias (cartpole), or a job.toml")
+    parser.add_argument("--json", action="store_true", help="end with a JSON summary line")
+    parser.add_argument("--seed", type=int, help="seed for environments and the policy")
+    parser.add_argument("--time-limit", type=float, help="seconds before giving up")
+    parser.add_argument("--target-return", type=float, help="mean return that counts as solved")
+    parser.add_argument("--max-env-steps", type=int, help="stop after this many env steps")
+    parser.add_argument("--workers", type=int, help="rollout worker processes")
+    parser.add_argument("--envs", type=int, help="environments per rollout actor")
+    parser.add_argument("--ranks", type=int, help="learner rank processes")
+    parser.add_argument("--checkpoint-interval", type=float, help="seconds between checkpoints")
+    parser.add_argument("--run-dir", type=Path, help="run directory (reusing one resumes it)")
+    parser.add_argument("--no-eval", action="store_true", help="skip the final evaluation")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """TrainConfig from the job file or env id, SHOAL_* overrides, then the flags."""
+    from shoal.config import load, load_toml
+    from shoal.learner.config import TrainConfig
+
+    target = str(args.target)
+    path = Path(target)
+    if target.endswith(".toml") or path.is_file():
+        cfg = load_toml(TrainConfig, path)
+    else:
+        cfg = load(TrainConfig, {"env_id": target}, source="command line")
+    top = {
+        "seed": args.seed,
+        "time_limit_s": args.time_limit,
+        "target_return": args.target_return,
+        "max_env_steps": args.max_env_steps,
+    }
+    sections = {
+        "rollout": {"workers": args.workers, "num_envs": args.envs},
+        "learner": {"ranks": args.ranks},
+        "checkpoint": {"interval_s": args.checkpoint_interval},
+    }
+    changes: dict[str, Any] = {k: v for k, v in top.items() if v is not None}
+    for section, values in sections.items():
+        given = {k: v for k, v in values.items() if v is not None}
+        if given:
+            changes[section] = dataclasses.replace(getattr(cfg, section), **given)
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    from shoal.progress import ProgressLine
+    from shoal.train import train
+
+    cfg = build_config(args)
+    progress = None if args.quiet else ProgressLine()
+    result = train(cfg, run_dir=args.run_dir, progress=progress, evaluate_at_end=not args.no_eval)
+    verdict = "solved" if result.solved else f"not solved ({result.stopped_by})"
+    final = "-" if result.final_return is None else f"{result.final_return:.1f}"
+    print(
+        f"{result.env_id}: {verdict}; return {final} over the last {cfg.target_window} episodes, "
+        f"{result.env_steps:,} env steps in {result.wall_s:.1f}s"
+    )
+    print(f"run dir:    {result.run_dir}")
+    print(f"checkpoint: {result.checkpoint or '-'}")
+    if result.report:
+        print(f"report:     {result.report}")
+        print(f"html:       {result.report_html}")
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result)))
+    sys.stdout.flush()
+    return 0 if result.solved or result.target_return is None else 1
