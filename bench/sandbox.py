@@ -3,11 +3,15 @@
 Baselines, measured in the same run: `subprocess.run([python, "-c", ...])` (a fresh interpreter
 per episode, the naive way), and a bare fork+exit loop in an interpreter as small as a sandbox
 server (the ceiling: an episode can't be cheaper than one fork). Each sandbox episode is a
-trivial program so the figure is the cost of isolation, not of the code.
+trivial program so the figure is the cost of isolation, not of the code. Rounds of shoal and
+the fork loop alternate, so load from other work on a shared machine hits both; CPU time per
+episode (every process involved) is reported too, since it depends far less on that load.
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -18,7 +22,7 @@ from shoal.bench.report import Row
 from shoal.envs.sandbox import Limits, SandboxPool, Status
 
 _FORK_LOOP = """
-import os, sys, time
+import os, resource, sys, time
 n, procs = int(sys.argv[1]), int(sys.argv[2])
 def loop():
     for _ in range(n):
@@ -36,18 +40,80 @@ for _ in range(procs):
     workers.append(pid)
 for pid in workers:
     os.waitpid(pid, 0)
-print(n * procs / (time.perf_counter() - start))
+wall = time.perf_counter() - start
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(n * procs / wall, (usage.ru_utime + usage.ru_stime) / (n * procs))
 """
 
+_TICK = os.sysconf("SC_CLK_TCK")
 
-def _bare_fork_rate(episodes: int, procs: int) -> float:
+
+def _bare_fork(episodes: int, procs: int) -> tuple[float, float]:
+    """(forks/s, CPU seconds per fork+exit) of a bare loop in a minimal interpreter."""
     out = subprocess.run(
         [sys.executable, "-I", "-S", "-c", _FORK_LOOP, str(episodes // procs), str(procs)],
         capture_output=True,
         text=True,
         check=True,
     )
-    return float(out.stdout)
+    rate, cpu = out.stdout.split()
+    return float(rate), float(cpu)
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of `pid` and of the children it reaped (the episode children)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / _TICK
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _sandbox_round(pool: SandboxPool, episodes: int) -> tuple[float, float, list[float]]:
+    """(episodes/s, CPU s per episode, latencies) with the pool's servers kept busy."""
+    workers = len(pool.server_pids())
+    latencies: list[float] = []
+
+    def one(_: int) -> None:
+        start = time.perf_counter()
+        result = pool.run("pass")
+        latencies.append(time.perf_counter() - start)
+        if result.status is not Status.OK:
+            raise RuntimeError(f"sandbox benchmark episode failed: {result.message}")
+
+    cpu_before = _own_cpu() + sum(_process_cpu(p) for p in pool.server_pids())
+    start = time.perf_counter()
+    with ThreadPoolExecutor(2 * workers) as threads:
+        list(threads.map(one, range(episodes)))
+    wall = time.perf_counter() - start
+    cpu = _own_cpu() + sum(_process_cpu(p) for p in pool.server_pids()) - cpu_before
+    return episodes / wall, cpu / episodes, latencies
+
+
+def _compare(workers: int, episodes: int, rounds: int) -> dict[str, float]:
+    shoal_rates, shoal_cpu, fork_rates, fork_cpu = [], [], [], []
+    latencies: list[float] = []
+    with SandboxPool(workers, Limits()) as pool:
+        for _ in range(20):
+            pool.run("pass")
+        for _ in range(rounds):
+            rate, cpu, lat = _sandbox_round(pool, episodes)
+            shoal_rates.append(rate)
+            shoal_cpu.append(cpu)
+            latencies.extend(lat)
+            rate, cpu = _bare_fork(episodes, workers)
+            fork_rates.append(rate)
+            fork_cpu.append(cpu)
+    return {
+        "rate": statistics.median(shoal_rates),
+        "cpu": statistics.median(shoal_cpu),
+        "fork_rate": statistics.median(fork_rates),
+        "fork_cpu": statistics.median(fork_cpu),
+        "p50": statistics.median(latencies),
+    }
 
 
 def _subprocess_latencies(episodes: int) -> list[float]:
@@ -59,49 +125,48 @@ def _subprocess_latencies(episodes: int) -> list[float]:
     return latencies
 
 
-def _sandbox_rate(workers: int, episodes: int) -> tuple[float, list[float]]:
-    """Episodes/s with `workers` servers kept busy by twice as many client threads."""
-    with SandboxPool(workers, Limits()) as pool:
-        for _ in range(20):
-            pool.run("pass")
-        latencies: list[float] = []
-
-        def one(_: int) -> None:
-            start = time.perf_counter()
-            result = pool.run("pass")
-            latencies.append(time.perf_counter() - start)
-            if result.status is not Status.OK:
-                raise RuntimeError(f"sandbox benchmark episode failed: {result.message}")
-
-        start = time.perf_counter()
-        with ThreadPoolExecutor(2 * workers) as threads:
-            list(threads.map(one, range(episodes)))
-        return episodes / (time.perf_counter() - start), latencies
-
-
 def run(quick: bool) -> list[Row]:
-    episodes = 200 if quick else 4000
-    naive = 10 if quick else 100
-    rate2, _ = _sandbox_rate(2, episodes)
-    rate1, latencies = _sandbox_rate(1, episodes // 2)
+    episodes, rounds, naive = (100, 1, 10) if quick else (1000, 5, 100)
+    two = _compare(2, episodes, rounds)
+    one = _compare(1, episodes, rounds)
     naive_lat = _subprocess_latencies(naive)
-    fork2 = _bare_fork_rate(episodes, 2)
-    fork1 = _bare_fork_rate(episodes // 2, 1)
     return [
-        Row("isolated episodes/s, 2 servers", "1/s", rate2, fork2, "bare fork+exit, 2 procs", True),
-        Row("isolated episodes/s, 1 server", "1/s", rate1, fork1, "bare fork+exit, 1 proc", True),
         Row(
             "isolated episodes/s, 2 servers",
             "1/s",
-            rate2,
+            two["rate"],
+            two["fork_rate"],
+            "bare fork+exit, 2 procs",
+            True,
+        ),
+        Row(
+            "isolated episodes/s, 1 server",
+            "1/s",
+            one["rate"],
+            one["fork_rate"],
+            "bare fork+exit, 1 proc",
+            True,
+        ),
+        Row(
+            "isolated episodes/s, 2 servers",
+            "1/s",
+            two["rate"],
             1.0 / statistics.mean(naive_lat),
             "subprocess.run(python -c)",
             True,
         ),
         Row(
+            "CPU per episode, all processes",
+            "ms",
+            one["cpu"] * 1e3,
+            one["fork_cpu"] * 1e3,
+            "bare fork+exit",
+            False,
+        ),
+        Row(
             "episode latency p50, 1 server",
             "ms",
-            statistics.median(latencies) * 1e3,
+            one["p50"] * 1e3,
             statistics.median(naive_lat) * 1e3,
             "subprocess.run(python -c)",
             False,

@@ -11,6 +11,7 @@ Episodes are one step long: a program is submitted, judged, and the next task is
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -136,12 +137,24 @@ def candidate_rewards(tasks: tuple[CodeTask, ...], workers: int = 2) -> np.ndarr
     return table
 
 
+@functools.cache
+def suite_rewards(suite_name: str) -> np.ndarray:
+    """`candidate_rewards` of a suite, computed once per process (read-only).
+
+    Every `CodeChoice` environment of a process shares it: an evaluation builds one vector per
+    noise level, and each would otherwise rerun the same 96 sandbox episodes for the same table.
+    """
+    table = candidate_rewards(suite(suite_name))
+    table.setflags(write=False)
+    return table
+
+
 class CodeChoiceEnv(BaseEnvironment[np.ndarray, int]):
     """Pick one of four candidate programs for the drawn task (one-hot observation)."""
 
     def __init__(self, suite_name: str = "basic", rewards: np.ndarray | None = None) -> None:
         self.tasks = suite(suite_name)
-        self.rewards = candidate_rewards(self.tasks) if rewards is None else rewards
+        self.rewards = suite_rewards(suite_name) if rewards is None else rewards
         self.observation_space = spaces.Box(0.0, 1.0, (len(self.tasks),), np.float32)
         self.action_space = spaces.Discrete(NUM_CANDIDATES)
         self._rng = np.random.default_rng()
@@ -180,7 +193,7 @@ class CodeChoiceVector(VectorEnvironment):
     ) -> None:
         check_num_envs(num_envs)
         self.tasks = suite(suite_name)
-        self.rewards = candidate_rewards(self.tasks)
+        self.rewards = suite_rewards(suite_name)
         self.num_envs = num_envs
         self.single_observation_space = spaces.Box(0.0, 1.0, (len(self.tasks),), np.float32)
         self.single_action_space = spaces.Discrete(NUM_CANDIDATES)

@@ -62,7 +62,7 @@ def test_code_exec_runs_the_submitted_program_in_the_sandbox():
         env.reset()
         _, reward, _, step_info = env.step("while True:\n    pass\n")
         assert reward == 0.0
-        assert step_info["status"] == "cpu_limit"
+        assert step_info["status"] in ("cpu_limit", "timeout")  # whichever a loaded box hits first
         env.reset()
         with pytest.raises(InvalidAction, match="Python source strings"):
             env.step(b"print(1)")
