@@ -42,6 +42,17 @@ def test_act_shapes_dtypes_and_logprobs_match_evaluate(batch, box, deterministic
     assert (entropy.detach() > 0).all()
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny networks run fastest on one thread; two fight each other on a busy 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_initial_policy_is_near_uniform_and_value_near_zero():
     policy = ActorCritic((4,), DISCRETE)
     obs = np.random.default_rng(0).normal(size=(256, 4)).astype(np.float32)

@@ -18,6 +18,17 @@ from shoal.learner.ppo import PPOConfig, PPOLearner, build_batch, lag_stats
 DISCRETE = spaces.Discrete(2)
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny networks run fastest on one thread; two fight each other on a busy 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def rollout(
     policy: ActorCritic, version: int = 0, t: int = 16, n: int = 8, seed: int = 0
 ) -> Fragment:
