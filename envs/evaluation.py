@@ -268,12 +268,31 @@ def _measure(
 def _threshold(env_id: str, explicit: float | None) -> tuple[float | None, str]:
     if explicit is not None:
         return explicit, f"episode return ≥ {explicit:g}"
-    from shoal.envs import registry
-
-    declared = getattr(registry.spec(env_id), "reward_threshold", None)
+    declared, source = _declared_threshold(env_id)
     if declared is None:
         return None, "none (the environment declares no reward threshold; pass success_threshold)"
-    return float(declared), f"episode return ≥ {float(declared):g} (the environment's threshold)"
+    return declared, f"episode return ≥ {declared:g} ({source})"
+
+
+def _declared_threshold(env_id: str) -> tuple[float | None, str]:
+    """The registry spec's `reward_threshold`, else Gymnasium's for the same id: shoal's
+    CartPole-v1 and Acrobot-v1 reproduce Gymnasium's dynamics, so its threshold applies."""
+    import gymnasium
+
+    from shoal.envs import registry
+
+    spec = registry.spec(env_id)
+    declared = getattr(spec, "reward_threshold", None)
+    if declared is not None:
+        return float(declared), "the environment's threshold"
+    gym_id = spec.id.removeprefix(f"{registry.GYM_NAMESPACE}:")
+    try:
+        gym_threshold = gymnasium.spec(gym_id).reward_threshold
+    except gymnasium.error.Error:
+        return None, ""
+    if gym_threshold is None:
+        return None, ""
+    return float(gym_threshold), f"Gymnasium's threshold for {gym_id}"
 
 
 def evaluate(

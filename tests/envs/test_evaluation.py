@@ -126,6 +126,18 @@ def test_report_files_carry_the_hash_and_inline_svg_plots(tmp_path):
         ET.fromstring("<svg" + svg.split("</svg>")[0] + "</svg>")
 
 
+@pytest.mark.timeout(60)
+def test_success_defaults_to_the_declared_threshold_where_there_is_one():
+    cartpole = evaluate(always_left, "CartPole-v1", episodes=2, seed=0, options=NO_SWEEPS)
+    assert (
+        cartpole.success_criterion == "episode return ≥ 475 (Gymnasium's threshold for CartPole-v1)"
+    )
+    assert cartpole.success_rate == 0.0
+    grid = evaluate(always_left, "GridWorld-v1", episodes=2, seed=0, options=NO_SWEEPS)
+    assert grid.success_rate is None
+    assert grid.success_criterion.startswith("none")
+
+
 def test_bad_options_name_the_argument():
     with pytest.raises(EvaluationError, match="episodes=0"):
         EvalOptions(episodes=0)
