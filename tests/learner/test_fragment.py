@@ -124,3 +124,25 @@ def test_from_wire_names_missing_and_unknown_fields():
         Fragment.from_wire(wire)
     with pytest.raises(BadFragment, match="must arrive as a dict"):
         Fragment.from_wire([1, 2])
+
+
+@given(
+    t=st.integers(1, 5),
+    n=st.integers(1, 4),
+    continuous=st.integers(0, 2),
+    k=st.integers(0, 3),
+)
+@settings(max_examples=20, deadline=None)
+def test_a_fragment_crosses_the_runtime_wire_codec_intact(t, n, continuous, k):
+    from shoal.runtime.wire import decode, encode
+
+    frag = make_fragment(t, n, (3,), continuous, k)
+    frame = b"".join(bytes(part) for part in encode(frag.to_wire()).parts)
+    back = Fragment.from_wire(decode(frame))
+    for name, value in frag.to_wire().items():
+        other = getattr(back, name)
+        if isinstance(value, np.ndarray):
+            assert other.dtype == value.dtype
+            np.testing.assert_array_equal(other, value)
+        else:
+            assert other == value

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
 from shoal.learner.errors import BadFragment, LearnerError
@@ -246,3 +248,16 @@ def test_fragments_from_another_environment_are_refused():
     box_model = ActorCritic((3,), spaces.Box(-1, 1, (2,), np.float32))
     with pytest.raises(BadFragment, match="continuous actions of size 2"):
         PPOLearner(box_model, PPOConfig()).update([frag], 0)
+
+
+@given(lags=st.lists(st.integers(0, 40), min_size=1, max_size=12))
+@settings(max_examples=40, deadline=None)
+def test_lag_histogram_counts_every_fragment_once(lags):
+    model = ActorCritic((4,), DISCRETE)
+    current = 50
+    frags = [rollout(model, version=current - lag, t=1, n=1) for lag in lags]
+    stats = lag_stats(frags, current)
+    hist = [v for k, v in stats.items() if k.startswith("policy_lag_hist_")]
+    assert sum(hist) == len(lags)
+    assert min(lags) <= stats["policy_lag_median"] <= max(lags)
+    assert stats["policy_lag_max"] == max(lags)
