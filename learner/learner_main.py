@@ -301,6 +301,7 @@ async def serve(cfg: TrainConfig, env_id: str, run_dir: Path, port: int, spec: G
                 run_dir,
                 {
                     "event": "start",
+                    "process": "learner",
                     "rank": group.rank,
                     "pid": os.getpid(),
                     "step": core.version,

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from shoal.learner.errors import LearnerError
+from shoal.learner.learner_main import append_event
 from shoal.learner.rollout import RolloutActor, RolloutSpec
 
 
@@ -41,7 +42,7 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
         raise LearnerError(f"malformed rollout spec {value!r} in job.json: {exc}") from exc
 
 
-async def serve(specs: list[RolloutSpec], token: str) -> int:
+async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
     """Host the actors until a stop signal (0) or an actor failure (1)."""
     from shoal.runtime.system import ActorSystem
     from shoal.runtime.transport import TransportConfig, attach
@@ -56,6 +57,10 @@ async def serve(specs: list[RolloutSpec], token: str) -> int:
         # Learners may start after us: retry connecting quickly rather than backing off to 2 s.
         config = TransportConfig(token=token, reconnect_max=0.25, connect_timeout=2.0)
         transport = await attach(system, config)
+        append_event(
+            run_dir,
+            {"event": "start", "process": "rollout", "pid": os.getpid(), "actors": len(specs)},
+        )
         try:
             for spec in specs:
                 await system.spawn(RolloutActor, spec, failed, name=spec.name)
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, KeyError, ValueError, LearnerError) as exc:
         print(f"shoal-rollout: error: {exc}", file=sys.stderr)
         return 2
-    return run(serve(specs, token))
+    return run(serve(specs, token, args.run_dir))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,117 @@
+"""`shoal train` end to end: real learner and rollout processes on 127.0.0.1, then the report.
+
+The runs are tiny (a low target return) so they finish in seconds; they still cross every
+process boundary a full run does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from shoal.cli import main
+
+
+def _events(run_dir: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def _assert_all_gone(pids: list[int]) -> None:
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.timeout(180)
+def test_train_cli_reaches_a_small_target_and_cleans_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHOAL_EVAL_EPISODES", "2")
+    run_dir = tmp_path / "run"
+    argv = ["train", "cartpole", "--json", "--quiet", "--target-return", "40"]
+    argv += ["--time-limit", "120", "--run-dir", str(run_dir)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    assert summary["solved"] is True
+    assert summary["stopped_by"] == "target"
+    assert summary["final_return"] >= 40
+    assert summary["env_steps"] > 0
+    assert summary["wall_s"] > 0
+    assert Path(summary["checkpoint"]).is_file()
+    assert Path(summary["report"]).is_file()
+    assert Path(summary["report_html"]).is_file()
+    assert f"checkpoint: {summary['checkpoint']}" in out
+    token = run_dir / "cluster.token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert (run_dir / "logs" / "learner-0.log").is_file()
+    assert (run_dir / "logs" / "rollout-0.log").is_file()
+    intake = summary["intake"]
+    assert intake["received"] == (
+        intake["trained"] + intake["dropped_stale"] + intake["duplicates"] + intake["queued"]
+    )
+    starts = [e for e in _events(run_dir) if e["event"] == "start"]
+    assert {e["process"] for e in starts} == {"learner", "rollout"}
+    _assert_all_gone([int(e["pid"]) for e in starts])  # type: ignore[call-overload]
+    assert list((run_dir / "pids").iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_eval_cli_reads_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err
+
+
+def test_unknown_environment_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["train", "NoSuchEnv-v1", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("shoal: error: no environment 'NoSuchEnv-v1'")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('env_id = "CartPole-v1"\nbogus = 1\n', "unknown key(s) bogus"),
+        ('[rollout]\nnum_envs = "many"\n', "rollout.num_envs = 'many' is invalid"),
+        ("[intake]\ncapacity = 1\nfragments_per_update = 2\n", "[intake] intake.fragments_per"),
+        ("[ppo]\nlr = -1.0\n", "ppo.lr = -1.0 is invalid"),
+        ("time_limit_s = \n", "not valid TOML"),
+    ],
+)
+def test_bad_job_files_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(text)
+    assert main(["train", str(job), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert message in err
+    assert str(job) in err
+
+
+def test_bad_flag_values_are_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "cartpole", "--workers", "0"]) == 2
+    assert "rollout.workers = 0 is invalid" in capsys.readouterr().err
+
+
+def test_environment_overrides_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shoal.cli import build_parser
+    from shoal.commands.train import build_config
+
+    monkeypatch.setenv("SHOAL_PPO_LR", "0.001")
+    monkeypatch.setenv("SHOAL_ROLLOUT_HORIZON", "8")
+    args = build_parser().parse_args(["train", "acrobot", "--envs", "4", "--seed", "3"])
+    cfg = build_config(args)
+    assert cfg.env_id == "acrobot"
+    assert cfg.ppo.lr == 0.001
+    assert cfg.ppo.num_minibatches == 2  # the job's tuned default survives a partial override
+    assert (cfg.rollout.horizon, cfg.rollout.num_envs, cfg.seed) == (8, 4, 3)
