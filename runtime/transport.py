@@ -497,8 +497,11 @@ def _envelope(value: Any) -> list[Any]:
     shape = _SHAPES.get(value[0])
     if shape is None:
         raise UnknownMessageType(f"unknown link frame kind {value[0]!r}")
-    if len(value) != len(shape) + 1 or not all(isinstance(v, t) for v, t in zip(value[1:], shape)):
+    if len(value) != len(shape) + 1:
         raise MalformedFrame(f"a {value[0]!r} frame has the wrong fields")
+    for index, kind in enumerate(shape, 1):
+        if not isinstance(value[index], kind):
+            raise MalformedFrame(f"a {value[0]!r} frame has the wrong fields")
     if value[0] == "c" and (value[1] < 0 or value[2] < 0):
         raise MalformedFrame("a credit grant cannot be negative")
     return value

@@ -196,6 +196,14 @@ def encode(value: Any, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Encode
     except (OverflowError, ValueError, TypeError, RecursionError) as exc:
         raise UnknownMessageType(f"cannot encode the value: {exc}") from exc
     buffers = encoder.buffers
+    if not buffers:  # the common small message: one part, no table, no padding
+        total = PREFIX_SIZE + len(header)
+        if total > max_frame_bytes:
+            raise FrameTooLarge(
+                f"a frame of {total} bytes exceeds the limit of {max_frame_bytes} bytes; "
+                "send the data in smaller pieces or raise max_frame_bytes on both ends"
+            )
+        return EncodedFrame([PREFIX.pack(MAGIC, len(header), 0, total) + header], total)
     head_len = PREFIX_SIZE + 8 * len(buffers) + len(header)
     offset = head_len
     pads: list[int] = []
@@ -407,6 +415,12 @@ class FrameReader:
         done: list[bytearray] = []
         while view:
             frame = self._frame
+            if frame is None and not self._head and len(view) >= PREFIX_SIZE:
+                total = frame_length(view, self._max)
+                if len(view) >= total:  # a whole frame in hand: one copy, nothing to track
+                    done.append(bytearray(view[:total]))
+                    view = view[total:]
+                    continue
             if frame is None:
                 need = PREFIX_SIZE - len(self._head)
                 self._head += view[:need]
