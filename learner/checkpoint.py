@@ -189,6 +189,8 @@ class CheckpointManager:
         return info
 
     def _write(self, info: CheckpointInfo, payload: bytes) -> CheckpointInfo:
+        if self._already_written(info):
+            return info
         manifest = {
             "format": FORMAT,
             "step": info.step,
@@ -209,6 +211,11 @@ class CheckpointManager:
             raise self._write_error(info, exc) from exc
         self._prune()
         return info
+
+    def _already_written(self, info: CheckpointInfo) -> bool:
+        """The same step with the same content is complete on disk (a stop right after a periodic save)."""
+        existing = self._verified(info.step, warn=False)
+        return existing is not None and existing.sha256 == info.sha256
 
     def _write_error(self, info: CheckpointInfo, exc: OSError) -> CheckpointError:
         if exc.errno in _DISK_FULL:
@@ -284,7 +291,9 @@ class CheckpointManager:
                     )
         return found
 
-    def _verified(self, step: int) -> CheckpointInfo | None:
+    def _verified(self, step: int, warn: bool = True) -> CheckpointInfo | None:
+        """The checkpoint of `step` if its manifest and hash check out, else None (logged if `warn`)."""
+        report = log.warning if warn else log.debug
         manifest_path = self.directory / _manifest_name(step)
         try:
             manifest = json.loads(manifest_path.read_text())
@@ -293,10 +302,10 @@ class CheckpointManager:
                 raise ValueError(f"format {manifest['format']!r} step {manifest['step']!r}")
             digest = _sha256_file(path)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("skipping checkpoint step %d: unreadable (%s)", step, exc)
+            report("skipping checkpoint step %d: unreadable (%s)", step, exc)
             return None
         if digest != manifest["sha256"]:
-            log.warning(
+            report(
                 "skipping checkpoint step %d: %s's sha256 does not match its manifest", step, path
             )
             return None

@@ -263,3 +263,13 @@ def test_a_reader_never_deletes_a_temp_file_and_the_writer_cleans_stale_ones(man
     assert in_flight.exists()
     manager.save(state_for(1), 1, block=True)
     assert not in_flight.exists()
+
+
+def test_saving_the_same_step_and_content_again_rewrites_nothing(manager):
+    first = manager.save(state_for(4), 4, block=True)
+    written = first.path.stat().st_mtime_ns, first.manifest.stat().st_mtime_ns
+    again = manager.save(state_for(4), 4, block=True)
+    assert again.sha256 == first.sha256
+    assert (first.path.stat().st_mtime_ns, first.manifest.stat().st_mtime_ns) == written
+    changed = manager.save({**state_for(4), "extra": 1}, 4, block=True)
+    assert manager.latest().sha256 == changed.sha256 != first.sha256
