@@ -3,8 +3,9 @@
 Rollout actors push fragments faster or slower than the learner trains; the intake absorbs the
 difference up to `capacity` fragments and then stops consuming, so the actor's mailbox and the
 transport's credit fill up and the rollout actors wait (back-pressure, never unbounded memory).
-A fragment produced by a policy more than `max_staleness` versions behind the learner is dropped
-and counted, never silently. Every fragment an actor sends is accounted exactly once, by the
+A fragment produced by a policy more than `max_staleness` versions behind the learner (or claiming
+a version the learner has not reached: a leftover from before a restart) is dropped and counted,
+never silently. Every fragment an actor sends is accounted exactly once, by the
 actor's sequence numbers: trained on, dropped as stale, dropped as a duplicate, or still queued;
 a jump in sequence numbers is counted as lost in transit. The chaos checker reads these counters.
 
@@ -81,7 +82,10 @@ class Intake:
         return self._queued_steps
 
     def is_stale(self, fragment: Fragment) -> bool:
-        return self.version - fragment.policy_version > self.max_staleness
+        """Too old, or newer than this learner: made by a previous incarnation's weights
+        (the learner restarted from an older checkpoint), so its version means nothing here."""
+        lag = self.version - fragment.policy_version
+        return lag > self.max_staleness or lag < 0
 
     def offer(self, fragment: Fragment) -> Admission:
         """Admit or drop one fragment now; raises IntakeFull (counting nothing) when full."""

@@ -67,6 +67,13 @@ def test_stale_on_arrival_and_while_queued_are_counted() -> None:
     assert (account.received, account.dropped_stale, account.trained) == (3, 2, 1)
 
 
+def test_a_version_from_the_future_is_stale() -> None:
+    intake = Intake(capacity=8, max_staleness=3)
+    intake.set_version(2)
+    assert intake.offer(fragment(seq=0, version=5)) is Admission.STALE
+    assert intake.accounts["a"].dropped_stale == 1
+
+
 def test_duplicates_and_gaps_are_counted() -> None:
     intake = Intake(capacity=8, max_staleness=5)
     intake.offer(fragment(seq=0))
@@ -134,12 +141,12 @@ def test_every_fragment_is_accounted_exactly_once(ops, capacity: int, staleness:
         if op[0] == "offer":
             _, actor, seq, lag = op
             try:
-                intake.offer(fragment(actor, seq, max(0, intake.version - lag)))
+                intake.offer(fragment(actor, seq, max(0, intake.version - lag + 2)))
             except IntakeFull:
                 assert len(intake) == capacity
         elif op[0] == "take":
             for f in intake.take(op[1]):
-                assert intake.version - f.policy_version <= staleness
+                assert 0 <= intake.version - f.policy_version <= staleness
                 key = (f.actor_id, f.seq)
                 assert key not in trained
                 trained.add(key)
