@@ -66,6 +66,7 @@ class Status(StrEnum):
     CPU_LIMIT = "cpu_limit"
     MEMORY_LIMIT = "memory_limit"
     FILE_SIZE_LIMIT = "file_size_limit"
+    DISK_LIMIT = "disk_limit"
     PROCESS_LIMIT = "process_limit"
     NETWORK_BLOCKED = "network_blocked"
     FORBIDDEN = "forbidden"
@@ -82,6 +83,8 @@ class Limits:
     cpu_s: int = 2
     memory_mb: int = 512
     file_size_mb: int = 4
+    disk_mb: int = 64
+    """Room for all files of an episode together (a private tmpfs where it can be mounted)."""
     open_files: int = 32
     processes: int = 16
     output_bytes: int = 64 * 1024
@@ -93,6 +96,7 @@ class Limits:
             ("cpu_s", 1),
             ("memory_mb", 64),
             ("file_size_mb", 1),
+            ("disk_mb", 1),
             ("open_files", 8),
             ("processes", 1),
             ("output_bytes", 0),
@@ -107,6 +111,7 @@ class Limits:
             "cpu_s": self.cpu_s,
             "memory_bytes": self.memory_mb * 1024 * 1024,
             "file_size_bytes": self.file_size_mb * 1024 * 1024,
+            "disk_bytes": self.disk_mb * 1024 * 1024,
             "open_files": self.open_files,
             "processes": self.processes,
             "output_bytes": self.output_bytes,
@@ -184,6 +189,8 @@ def classify_error(error: dict[str, Any]) -> Status | None:
         return Status.PROCESS_LIMIT
     if code == errno.EFBIG:
         return Status.FILE_SIZE_LIMIT
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return Status.DISK_LIMIT
     if code == errno.EMFILE:
         return Status.FORBIDDEN
     if code in _NETWORK_ERRNOS:

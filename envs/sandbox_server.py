@@ -63,6 +63,8 @@ ALLOWED_MODULES = (
 )
 
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _RESULT_FD = 3
@@ -492,6 +494,21 @@ def write_frame(fd: int, obj: Any) -> None:
         data = data[os.write(fd, data) :]
 
 
+def _private_disk(config: dict[str, Any]) -> bool:
+    """Mount a small tmpfs of our own over the episode root, in a mount namespace of our own.
+
+    Without it, episodes share the machine's /dev/shm or /tmp and one of them could fill it
+    (RLIMIT_FSIZE bounds a file, not how many). The mount vanishes with the server.
+    """
+    if _libc.unshare(_CLONE_NEWNS) != 0:
+        return False
+    if _libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        return False
+    options = f"size={config['limits']['disk_bytes']},nr_inodes=4096,mode=0711".encode()
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    return bool(_libc.mount(b"tmpfs", config["root"].encode(), b"tmpfs", flags, options) == 0)
+
+
 def _isolate_once(config: dict[str, Any]) -> dict[str, Any]:
     """Apply the server-wide isolation; returns what really applied, for every result."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -500,9 +517,11 @@ def _isolate_once(config: dict[str, Any]) -> dict[str, Any]:
     config["netns"] = root and _libc.unshare(_CLONE_NEWNET) == 0
     config["chroot"] = root
     config["uid"] = (config["uid_base"] + os.getpid()) if root else None
+    disk = root and _private_disk(config)
     _install_preloaded(ALLOWED_MODULES)
     gc.collect()
     gc.freeze()
+    mib = config["limits"]["disk_bytes"] // (1024 * 1024)
     return {
         "network": "network namespace (no interfaces up)"
         if config["netns"]
@@ -510,6 +529,9 @@ def _isolate_once(config: dict[str, Any]) -> dict[str, Any]:
         "filesystem": "chroot into the episode directory"
         if config["chroot"]
         else "none (not root): the episode runs as the pool's user",
+        "disk": f"private {mib} MiB tmpfs (noexec) in a mount namespace"
+        if disk
+        else "shared temp directory (no quota: only RLIMIT_FSIZE per file)",
         "user": f"uid {config['uid']}" if root else f"uid {os.geteuid()} (could not drop)",
         "processes": f"RLIMIT_NPROC={config['limits']['processes']} for a uid of its own"
         if root

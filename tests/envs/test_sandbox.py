@@ -21,7 +21,9 @@ from shoal.envs.sandbox import (
     TestCase,
 )
 
-LIMITS = Limits(cpu_s=1, memory_mb=256, file_size_mb=1, open_files=16, processes=8, timeout_s=4.0)
+LIMITS = Limits(
+    cpu_s=1, memory_mb=256, file_size_mb=1, disk_mb=4, open_files=16, processes=8, timeout_s=4.0
+)
 SQUARE = [TestCase("f(2)", 4), TestCase("f(3)", 9)]
 GOOD = "def f(x):\n    return x * x\n"
 
@@ -97,6 +99,16 @@ BAD_CODE = {
     "os._exit": ("import os\nos._exit(3)\n", Status.EXITED, "status 3"),
     "sys.exit": ("import sys\nsys.exit(0)\n", Status.EXITED, "SystemExit"),
     "huge file": ("open('big', 'wb').write(bytes(8 * 1024**2))\n", Status.FILE_SIZE_LIMIT, "27"),
+    "filling the disk": (
+        "for i in range(100):\n    open(f'f{i}', 'wb').write(bytes(1024**2))\n",
+        Status.DISK_LIMIT,
+        "No space left",
+    ),
+    "running a program it wrote": (
+        "import os\nopen('x', 'w').write('#!/bin/sh\\n')\nos.chmod('x', 0o755)\nos.execv('./x', ['x'])\n",
+        Status.FORBIDDEN,
+        "Permission denied",
+    ),
     "reading /etc/shadow": ("print(open('/etc/shadow').read())\n", Status.RUNTIME_ERROR, "shadow"),
     "syntax error": ("def f(:\n", Status.SYNTAX_ERROR, "SyntaxError"),
 }
@@ -233,8 +245,11 @@ def test_limits_and_isolation_are_really_applied_to_the_child(pool):
     assert "/ep-" in root
     assert child_net != os.readlink("/proc/self/ns/net")
     assert outcome["r"].status is Status.OK
-    assert not os.path.exists(root)
+    server = pool.server_pids()[0]
+    assert os.path.isdir(f"/proc/{server}/root{os.path.dirname(root)}")
+    assert not os.path.exists(f"/proc/{server}/root{root}")  # removed, as the server sees it
     assert pool.isolation["network"].startswith("network namespace")
+    assert pool.isolation["disk"].startswith("private 4 MiB tmpfs")
 
 
 @pytest.mark.timeout(60)

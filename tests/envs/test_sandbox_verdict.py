@@ -100,6 +100,7 @@ def test_exceptions_map_to_the_limit_they_reveal():
         ("MemoryError", None): Status.MEMORY_LIMIT,
         ("BlockingIOError", errno.EAGAIN): Status.PROCESS_LIMIT,
         ("OSError", errno.EFBIG): Status.FILE_SIZE_LIMIT,
+        ("OSError", errno.ENOSPC): Status.DISK_LIMIT,
         ("OSError", errno.ENETUNREACH): Status.NETWORK_BLOCKED,
         ("PermissionError", errno.EACCES): Status.FORBIDDEN,
         ("SystemExit", None): Status.EXITED,
