@@ -121,6 +121,18 @@ class Fragment:
         _check_actions(self.actions, tn)
         _check("bootstrap_value", self.bootstrap_value, np.float32, (tn[1],))
         _check_episodes(self.episode_returns, self.episode_lengths)
+        _check_finite(self)
+
+
+def _check_finite(fragment: Fragment) -> None:
+    """A NaN or infinity would poison every weight it touches; refuse it with its field's name."""
+    for name in ("obs", "logprobs", "values", "rewards", "bootstrap_value", "final_values"):
+        if not np.isfinite(getattr(fragment, name)).all():
+            raise BadFragment(
+                f"fragment.{name} holds NaN or infinite values; the actor's policy or environment is broken"
+            )
+    if fragment.actions.dtype == np.float32 and not np.isfinite(fragment.actions).all():
+        raise BadFragment("fragment.actions holds NaN or infinite values")
 
 
 def _array(name: str, value: object) -> np.ndarray:

@@ -103,6 +103,9 @@ def test_bad_fragment_is_a_shoal_error():
         ("seq", "1", "fragment.seq must be int"),
         ("policy_version", True, "fragment.policy_version must be int"),
         ("actor_id", 7, "fragment.actor_id must be str"),
+        ("rewards", np.full((4, 3), np.nan, np.float32), "fragment.rewards holds NaN"),
+        ("obs", np.full((4, 3, 2), np.inf, np.float32), "fragment.obs holds NaN or infinite"),
+        ("actions", np.full((4, 3, 2), np.nan, np.float32), "fragment.actions holds NaN"),
     ],
 )
 def test_from_wire_refuses_malformed_fields(field, value, message):
