@@ -154,6 +154,7 @@ class Link:
         self._outbox: deque[wire.Buffer] = deque()
         self._writing = False
         self._burst = False
+        self._asks_starting = False
         self._inbox: deque[list[Any]] = deque()
         self._wake_delivery = asyncio.Event()
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -318,7 +319,12 @@ class Link:
 
     def _dispatch(self, envelope: list[Any], nbytes: int) -> None:
         kind = envelope[0]
-        if kind == "t" and not self._inbox and self._deliver_now(envelope, nbytes):
+        if (
+            kind == "t"
+            and not self._inbox
+            and not self._asks_starting
+            and self._deliver_now(envelope, nbytes)
+        ):
             return
         if kind == "a" and not self._inbox:
             self._serve(envelope[1:], nbytes)
@@ -358,6 +364,7 @@ class Link:
                 self._consumed(nbytes)
             else:
                 self._serve(envelope[1:-1], envelope[-1])
+                await asyncio.sleep(0)  # let the ask reach its mailbox before what follows it
             inbox.popleft()
 
     def _deliver_now(self, envelope: list[Any], nbytes: int) -> bool:
@@ -380,9 +387,17 @@ class Link:
             self._dead_letters.record(target, method, f"{type(error).__name__} (from {self.peer})")
 
     def _serve(self, fields: list[Any], nbytes: int) -> None:
+        """Start an ask in its own task. Its first step (which puts it into the mailbox) runs
+        on the next loop turn, so until then tells take the inbox, behind it."""
         task = asyncio.create_task(self._serve_ask(fields, nbytes))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
+        if not self._asks_starting:
+            self._asks_starting = True
+            asyncio.get_running_loop().call_soon(self._asks_started)
+
+    def _asks_started(self) -> None:
+        self._asks_starting = False
 
     async def _deliver_tell(
         self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -263,3 +263,35 @@ def test_a_closed_transport_refuses_sends_at_once() -> None:
                 client.ref(f"{server_transport.address}/echo")
 
     run(main())
+
+
+class Ledger(Actor):
+    def __init__(self) -> None:
+        self.order: list[int] = []
+
+    async def note(self, n: int) -> int:
+        await asyncio.sleep(0)
+        self.order.append(n)
+        return n
+
+    def seen(self) -> list[int]:
+        return self.order
+
+
+@pytest.mark.timeout(30)
+def test_tells_and_asks_of_one_link_reach_the_actor_in_send_order() -> None:
+    async def main() -> None:
+        async with node() as (server, transport), node() as (client, _):
+            await server.spawn(Ledger, name="ledger", mailbox_size=3)
+            ledger = client.ref(f"{transport.address}/ledger")
+            asks = []
+            for n in range(300):
+                if n % 4 == 0:
+                    asks.append(asyncio.create_task(ledger.ask.note(n)))
+                    await asyncio.sleep(0)  # the ask's frame is queued now, in order
+                else:
+                    await ledger.tell.note(n)
+            assert await asyncio.gather(*asks) == list(range(0, 300, 4))
+            assert await ledger.ask.seen() == list(range(300))
+
+    run(main())
