@@ -173,10 +173,9 @@ class CoordinatorClient:
 
     # -- cluster ------------------------------------------------------------------------------
 
-    async def cluster(self, consistent: bool = False) -> dict[str, Any]:
-        return dict(
-            await self.request("GET", "/v1/cluster", params={"consistent": consistent or None})
-        )
+    async def cluster(self, consistent: bool = False, digest: bool = False) -> dict[str, Any]:
+        params = {"consistent": consistent or None, "digest": digest or None}
+        return dict(await self.request("GET", "/v1/cluster", params=params))
 
     async def batch(
         self, commands: list[dict[str, Any]], op_id: str | None = None

@@ -108,7 +108,9 @@ async def get_cluster(ctx: ApiContext, call: Call) -> web.Response:
     await _maybe_consistent(ctx, call)
     status = ctx.bridge.status()
     leader = ctx.state.leader_record()
-    digest, applied = ctx.read(lambda m: (m.digest(), m.applied_count))
+    # The digest hashes the whole state: computed only when asked for.
+    want_digest = call.query.get("digest", False)
+    digest, applied = ctx.read(lambda m: (m.digest() if want_digest else None, m.applied_count))
     return reply(
         {
             "replica": ctx.config.replica_id,
@@ -409,7 +411,12 @@ ROUTES: tuple[Route, ...] = (
         "/v1/cluster",
         get_cluster,
         "leader, term, commit index, replicas and their lag",
-        query=(CONSISTENT,),
+        query=(
+            CONSISTENT,
+            Param(
+                "digest", {"type": "boolean"}, "include the sha256 state digest (hashes all state)"
+            ),
+        ),
     ),
     Route(
         "POST",

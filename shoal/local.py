@@ -229,12 +229,14 @@ class LocalCluster:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             return json.loads(resp.read())
 
-    def cluster_view(self, name: str) -> dict[str, Any] | None:
+    def cluster_view(self, name: str, digest: bool = False) -> dict[str, Any] | None:
+        """The replica's `/v1/cluster`, or None if it does not answer."""
         spec = self.spec(name)
         if spec.api_url is None:
             return None
+        query = "?digest=true" if digest else ""
         try:
-            return dict(self.get(f"{spec.api_url}/v1/cluster"))
+            return dict(self.get(f"{spec.api_url}/v1/cluster{query}"))
         except (OSError, urllib.error.URLError, ValueError):
             return None
 

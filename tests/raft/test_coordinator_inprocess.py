@@ -14,6 +14,9 @@ def test_the_only_replica_leads_and_announces_itself(replica: InProcessReplica) 
     assert status == 200
     assert cluster["state"] == "leader"
     assert cluster["leader_api"] == replica.url
+    assert cluster["digest"] is None
+    _, with_digest = replica.request("GET", "/v1/cluster?digest=true")
+    assert len(with_digest["digest"]) == 64
     status, events = replica.request("GET", "/v1/events?since=0")
     assert any(e["kind"] == "leader" for e in events["events"])
 

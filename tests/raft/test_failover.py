@@ -78,7 +78,7 @@ def converged_digests(cluster: LocalCluster, timeout: float = 20.0) -> set[str]:
     """Wait until every replica has applied the same index, then return their digests."""
     deadline = time.monotonic() + timeout
     while True:
-        views = [cluster.cluster_view(s.name) for s in cluster.specs()]
+        views = [cluster.cluster_view(s.name, digest=True) for s in cluster.specs()]
         if all(views):
             applied = {v["last_applied"] for v in views if v}
             digests = {v["digest"] for v in views if v}
