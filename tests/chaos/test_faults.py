@@ -1,0 +1,179 @@
+"""Process, GPU, clock and disk faults on real processes and real files."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.chaos.errors import FaultError
+from shoal.chaos.faults import (
+    ClockSkew,
+    DiskFull,
+    GpuXid,
+    KillProcess,
+    OffsetClock,
+    PauseProcess,
+    WriterFileLimit,
+)
+from shoal.local import LocalCluster, ProcessSpec
+from shoal.scheduler.health.clock import measure, serve_clock
+from shoal.scheduler.health.simgpu import SimGpuBackend, gpu_collector
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.fixture
+def sleeper(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A local cluster whose one process is a sleeping Python child naming the run dir."""
+    cluster = LocalCluster(tmp_path / "run")
+    argv = [sys.executable, "-c", "import time; time.sleep(600)", str(tmp_path / "run")]
+    cluster.create([ProcessSpec("s1", argv, "sleeper")])
+    try:
+        cluster.start("s1")
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+def test_kill_and_restart(sleeper: LocalCluster) -> None:
+    fault = KillProcess(sleeper, "s1")
+    first = sleeper.pid("s1")
+    assert f"pid {first}" in fault.inject()
+    assert sleeper.pid("s1") is None
+    assert "restarted" in fault.heal()
+    assert sleeper.pid("s1") not in (None, first)
+    assert "already running" in fault.heal()
+
+
+def test_pause_and_resume(sleeper: LocalCluster) -> None:
+    fault = PauseProcess(sleeper, "s1")
+    fault.inject()
+    pid = sleeper.pid("s1")
+    assert pid is not None
+    deadline = time.monotonic() + 10
+    while _state(pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _state(pid) == "T"
+    fault.heal()
+    while _state(pid) == "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _state(pid) != "T"
+
+
+def test_faulting_a_process_that_is_not_running(sleeper: LocalCluster) -> None:
+    sleeper.kill("s1")
+    with pytest.raises(FaultError, match="s1 is not running"):
+        KillProcess(sleeper, "s1").inject()
+    with pytest.raises(FaultError, match="no process 'zz'"):
+        PauseProcess(sleeper, "zz").inject()
+
+
+def test_gpu_xid_reaches_the_nvml_collector(tmp_path: Path) -> None:
+    state = tmp_path / "gpus.json"
+    collector = gpu_collector(sim_gpus=4, state_file=state)
+    try:
+        # The watcher thread ignores XIDs raised before it subscribed: raise until one lands.
+        deadline = time.monotonic() + 20
+        seen: tuple[int, ...] = ()
+        while not seen and time.monotonic() < deadline:
+            GpuXid(state, gpu=2, xid=79).inject()
+            for _ in range(20):
+                time.sleep(0.05)
+                seen += collector.collect().gpus[2].xid_events
+        assert set(seen) == {79}
+    finally:
+        collector.close()
+    with pytest.raises(FaultError, match="no simulated GPU state"):
+        GpuXid(tmp_path / "none.json", gpu=0).inject()
+    with pytest.raises(FaultError, match="GPU fault"):
+        GpuXid(state, gpu=9).inject()
+    assert SimGpuBackend.attach(state).nvmlDeviceGetCount() == 4
+
+
+def test_clock_skew_shows_in_the_four_timestamp_exchange(tmp_path: Path) -> None:
+    offset_file = tmp_path / "offset"
+    skewed = OffsetClock(offset_file, refresh=0.0)
+    fault = ClockSkew(offset_file, 2.5)
+
+    async def main() -> tuple[float, float]:
+        server = await serve_clock(clock=skewed)
+        try:
+            fault.inject()
+            during = await asyncio.to_thread(measure, "127.0.0.1", server.port)
+            fault.heal()
+            after = await asyncio.to_thread(measure, "127.0.0.1", server.port)
+            return during.offset_s, after.offset_s
+        finally:
+            server.close()
+
+    during, after = asyncio.run(main())
+    assert abs(during - 2.5) < 0.5
+    assert abs(after) < 0.5
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_disk_full_on_a_real_tmpfs(tmp_path: Path) -> None:
+    fault = DiskFull(tmp_path / "ckpt", size=1 << 20)
+    try:
+        fault.inject()
+        with pytest.raises(OSError) as info:
+            (tmp_path / "ckpt" / "step-1.pt").write_bytes(b"x" * 4096)
+        assert info.value.errno == errno.ENOSPC
+        fault.heal()
+        (tmp_path / "ckpt" / "step-1.pt").write_bytes(b"x" * 4096)
+    finally:
+        fault.close()
+    assert not (tmp_path / "ckpt" / "step-1.pt").exists()
+
+
+def test_writer_file_limit_fails_the_writer(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.readline()\n"
+        f"f = open({str(tmp_path / 'big')!r}, 'wb', buffering=0)\n"
+        "try:\n"
+        "    for _ in range(100):\n"
+        "        f.write(b'x' * 4096)\n"
+        "    print('wrote')\n"
+        "except OSError as exc:\n"
+        "    print('errno', exc.errno)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout.readline() == "ready\n"
+        fault = WriterFileLimit(proc.pid, 1000)
+        fault.inject()
+        assert resource.prlimit(proc.pid, resource.RLIMIT_FSIZE)[0] == 1000
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out = proc.stdout.read()
+        fault.heal()
+        assert out.strip() == f"errno {errno.EFBIG}"
+        assert (tmp_path / "big").stat().st_size <= 1000
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_writer_file_limit_on_a_gone_process() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with pytest.raises(FaultError, match="cannot limit"):
+        WriterFileLimit(proc.pid, 10).inject()
