@@ -105,8 +105,10 @@ class CoordinatorClient:
         params: dict[str, Any] | None = None,
         op_id: str | None = None,
         timeout: float | None = None,
+        hold: float = 0.0,
     ) -> Any:
-        """One call with retries across replicas; writes pass an `op_id` (made here if None)."""
+        """One call with retries across replicas; writes pass an `op_id` (made here if None).
+        `hold` is how long the server may legitimately hold the request (a long-poll)."""
         if method != "GET" and op_id is None:
             op_id = uuid.uuid4().hex
         headers = {OP_HEADER: op_id} if op_id else {}
@@ -116,7 +118,7 @@ class CoordinatorClient:
         while True:
             for url in self._order():
                 try:
-                    return await self._once(method, url, path, body, query, headers)
+                    return await self._once(method, url, path, body, query, headers, hold)
                 except RETRYABLE as exc:
                     last = exc
                     self._follow_hint(exc)
@@ -138,11 +140,13 @@ class CoordinatorClient:
         body: Any,
         query: dict[str, str],
         headers: dict[str, str],
+        hold: float = 0.0,
     ) -> Any:
         url = base + path
+        timeout = aiohttp.ClientTimeout(total=(self._request_timeout.total or 0.0) + hold)
         try:
             async with self.session.request(
-                method, url, json=body, params=query, headers=headers
+                method, url, json=body, params=query, headers=headers, timeout=timeout
             ) as resp:
                 data = (
                     await resp.json(content_type=None)
@@ -298,7 +302,9 @@ class CoordinatorClient:
     ) -> dict[str, Any]:
         params = {"since": since, "wait": wait or None, "limit": limit}
         return dict(
-            await self.request("GET", "/v1/events", params=params, timeout=self.timeout + wait)
+            await self.request(
+                "GET", "/v1/events", params=params, timeout=self.timeout + wait, hold=wait
+            )
         )
 
     async def add_event(

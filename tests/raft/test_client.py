@@ -70,6 +70,19 @@ def test_events_long_poll_wakes_on_a_new_event(replica: InProcessReplica) -> Non
     assert [e["message"] for e in got["events"]] == ["wake up"]
 
 
+def test_a_long_poll_longer_than_the_request_timeout_returns_empty(
+    replica: InProcessReplica,
+) -> None:
+    async def scenario() -> dict[str, Any]:
+        async with CoordinatorClient(
+            [replica.url], TOKEN, timeout=2.0, request_timeout=0.3
+        ) as client:
+            last = (await client.events())["last_seq"]
+            return await client.events(since=last, wait=0.8)
+
+    assert asyncio.run(scenario())["events"] == []
+
+
 def test_concurrent_writes_are_coalesced_into_batches(replica: InProcessReplica) -> None:
     async def scenario(client: CoordinatorClient) -> list[dict[str, Any]]:
         batcher = CommandBatcher(client)
