@@ -283,10 +283,13 @@ class Link:
                     batch += outbox.popleft()
                 await send(batch)
         except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
-            self._writing = False
             await self.close(LinkClosed(f"writing to {self.peer} failed: {exc}"), tell_peer=False)
         finally:
             self._writing = False
+            if outbox and self.error is None:
+                # The writing caller was cancelled mid-way; what is queued (perhaps the rest of
+                # a half-written frame) must still go out, or the stream would be cut.
+                self._flush_soon()
 
     # -- receiving -----------------------------------------------------------------------
 
