@@ -8,9 +8,8 @@ import signal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.envs.sandbox import Limits, Status, TestCase, classify_error, judge
+from shoal.envs.sandbox_verdict import Status, TestCase, classify_error, judge
 
-LIMITS = Limits()
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3),
@@ -60,7 +59,7 @@ tests = st.lists(st.builds(TestCase, st.text(max_size=5), json_values), max_size
 
 @given(facts, tests)
 def test_reward_is_a_fraction_and_zero_unless_ok(f, cases):
-    result = judge(f, cases, LIMITS)
+    result = judge(f, cases)
     assert 0.0 <= result.reward <= 1.0
     assert 0 <= result.passed <= result.total == len(cases)
     assert len(result.tests) == len(cases)
@@ -74,13 +73,13 @@ def test_reward_is_a_fraction_and_zero_unless_ok(f, cases):
 def test_matching_values_and_done_earn_full_reward(values):
     cases = [TestCase(f"t{i}", v) for i, v in enumerate(values)]
     reported = [{"event": "test", "index": i, "value": v} for i, v in enumerate(values)]
-    result = judge({"events": [*reported, {"event": "done"}], "exit_code": 0}, cases, LIMITS)
+    result = judge({"events": [*reported, {"event": "done"}], "exit_code": 0}, cases)
     assert result.status is Status.OK
     assert result.reward == 1.0
 
 
 def test_a_missing_done_means_the_code_left_early():
-    result = judge({"events": [], "exit_code": 0}, [TestCase("f()", 1)], LIMITS)
+    result = judge({"events": [], "exit_code": 0}, [TestCase("f()", 1)])
     assert result.status is Status.EXITED
     assert result.tests[0].error == "not run"
 
@@ -92,7 +91,7 @@ def test_a_tuple_result_matches_a_list_and_int_matches_float():
         {"event": "test", "index": 1, "value": 2},
         {"event": "done"},
     ]
-    assert judge({"events": events}, cases, LIMITS).reward == 1.0
+    assert judge({"events": events}, cases).reward == 1.0
 
 
 def test_exceptions_map_to_the_limit_they_reveal():
