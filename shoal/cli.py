@@ -22,6 +22,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "status",
     "down",
     "logs",
+    "node",
     "train",
     "eval",
 )

@@ -1,0 +1,351 @@
+"""The node agent: registers the node, heartbeats with its health, runs what the coordinator
+assigns, reports task states, and drains on request.
+
+The heartbeat reply lists every task placed on this node with its generation, so the agent's
+watch IS the heartbeat: each reply is reconciled against what runs here (`plan`, pure), so an
+assignment starts within one heartbeat interval. Reports carry the generation the task was
+started under; the coordinator refuses a stale one (the task moved), which is then dropped.
+Coordinators that do not answer are retried with growing pauses and one log line per try;
+the tasks keep running meanwhile. Event-loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence, Set
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shoal.errors import ConfigError
+from shoal.raft.client import RETRYABLE, CoordinatorClient
+from shoal.raft.errors import Conflict, NotFound, RaftError
+from shoal.runtime.system import ActorSystem
+from shoal.tasks import PROCESS_KIND, ActorTask, ProcessTask, TaskError, TaskSpec
+
+log = logging.getLogger("shoal.node")
+
+RunningTask = ActorTask | ProcessTask
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to change locally: tasks to start (in the coordinator's order) and ids to stop."""
+
+    start: tuple[TaskSpec, ...] = ()
+    stop: tuple[str, ...] = ()
+
+
+def plan(
+    assigned: Sequence[TaskSpec],
+    local: Mapping[str, int],
+    done: Set[tuple[str, int]],
+    accepting: bool = True,
+) -> Plan:
+    """Reconcile the coordinator's view with this node's.
+
+    `local` maps each task running here to the generation it was started under; `done` holds
+    the (task, generation) pairs that already ended here, which are never started again (their
+    end may not be reported yet, and the coordinator may still say "running"). A local task
+    stops when the coordinator no longer places it here, moved it (newer generation) or no
+    longer wants it active. A task starts when it is wanted, not done and not already running at
+    its generation; a draining node (`accepting=False`) starts nothing.
+    """
+    wanted = {t.id: t for t in assigned if t.active}
+    stop = tuple(
+        task_id
+        for task_id, generation in local.items()
+        if task_id not in wanted or wanted[task_id].generation != generation
+    )
+    start = tuple(
+        t
+        for t in wanted.values()
+        if accepting and t.key not in done and local.get(t.id) != t.generation
+    )
+    return Plan(start, stop)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What this node tells the coordinator about itself (see `register_node`)."""
+
+    node_id: str
+    address: str
+    cpus: float
+    memory: int
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    heartbeat_s: float = 1.0
+    """Heartbeat period; also how long an assignment may wait before it starts."""
+    backoff_max_s: float = 5.0
+    """Longest pause between tries while no coordinator answers."""
+    stop_timeout_s: float = 20.0
+    """How long a task may take to stop (a learner rank checkpoints) before SIGKILL."""
+
+    def __post_init__(self) -> None:
+        for key in ("heartbeat_s", "backoff_max_s", "stop_timeout_s"):
+            value = getattr(self, key)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value < math.inf
+            ):
+                raise ConfigError(f"{key}={value!r} is invalid: use a number of seconds > 0")
+
+
+class Backoff:
+    """Doubling pauses from `first` up to `most`; `reset` after a success."""
+
+    def __init__(self, first: float, most: float) -> None:
+        self.first, self.most = first, most
+        self.next = first
+
+    def take(self) -> float:
+        pause, self.next = self.next, min(self.most, self.next * 2)
+        return pause
+
+    def reset(self) -> None:
+        self.next = self.first
+
+
+class NodeAgent:
+    """One node's agent. `await run(stop)` registers, then heartbeats and runs tasks until
+    `stop` is set, then drains (see `drain`) and returns."""
+
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        registration: Registration,
+        system: ActorSystem,
+        log_dir: Path,
+        config: AgentConfig,
+        health: Callable[[], dict[str, Any]] = dict,
+    ) -> None:
+        self.client = client
+        self.registration = registration
+        self.node_id = registration.node_id
+        self.system = system
+        self.log_dir = log_dir
+        self.config = config
+        self._health = health
+        self.running: dict[str, RunningTask] = {}
+        self.done: set[tuple[str, int]] = set()
+        self.accepting = True
+        self._pending: dict[str, tuple[int, str, str]] = {}
+        self._report_wake = asyncio.Event()
+        self._reports_idle = asyncio.Event()
+        self._reports_idle.set()
+        self._lock = asyncio.Lock()
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        state = "accepting" if self.accepting else "draining"
+        return f"<NodeAgent {self.node_id} {state} tasks={len(self.running)}>"
+
+    # -- the loops ---------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        registered = asyncio.ensure_future(self.register())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([registered, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not registered.done():
+            registered.cancel()
+            await asyncio.gather(registered, return_exceptions=True)
+            return
+        loops = [
+            asyncio.create_task(self._heartbeat_loop(stop), name="shoal-heartbeat"),
+            asyncio.create_task(self._report_loop(), name="shoal-reports"),
+        ]
+        try:
+            await stop.wait()
+            await self.drain()
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._stop_all("node agent closed")
+
+    async def register(self) -> None:
+        """Register (retrying until a coordinator answers); end a drain left by our last exit."""
+        reg = self.registration
+        backoff = Backoff(0.1, self.config.backoff_max_s)
+        while True:
+            try:
+                node = await self.client.register_node(
+                    reg.node_id, reg.address, reg.cpus, reg.memory, reg.gpus, reg.labels
+                )
+                if node.get("draining"):
+                    await self.client.uncordon(reg.node_id)
+                log.info("registered node %s at %s", reg.node_id, reg.address)
+                return
+            except RaftError as exc:
+                pause = backoff.take()
+                log.warning(
+                    "cannot register node %s: coordinators %s did not accept (%s); retrying in %.1f s",
+                    reg.node_id,
+                    self.client.urls,
+                    exc,
+                    pause,
+                )
+                await asyncio.sleep(pause)
+
+    async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
+        backoff = Backoff(self.config.heartbeat_s, self.config.backoff_max_s)
+        while True:
+            try:
+                reply = await self.client.heartbeat(self.node_id, self._health())
+            except NotFound:
+                log.warning("the coordinator forgot node %s; registering again", self.node_id)
+                await self.register()
+                continue
+            except RaftError as exc:
+                pause = backoff.take()
+                log.warning(
+                    "heartbeat of %s failed: coordinators %s unreachable (%s); retrying in %.1f s",
+                    self.node_id,
+                    self.client.urls,
+                    exc,
+                    pause,
+                )
+                await asyncio.sleep(pause)
+                continue
+            backoff.reset()
+            if not stop.is_set():
+                await self.reconcile([TaskSpec.from_record(t) for t in reply.get("tasks", [])])
+            await asyncio.sleep(self.config.heartbeat_s)
+
+    async def reconcile(self, assigned: Sequence[TaskSpec]) -> None:
+        """Bring what runs here in line with `assigned` (the tasks placed on this node)."""
+        async with self._lock:
+            self._reap_actors()
+            local = {task_id: task.spec.generation for task_id, task in self.running.items()}
+            todo = plan(assigned, local, self.done, self.accepting)
+            for task_id in todo.stop:
+                task = self.running.pop(task_id)
+                log.info("stopping task %s (no longer assigned here)", task_id)
+                await task.stop(self.config.stop_timeout_s)
+            for spec in todo.start:
+                await self._start(spec)
+
+    def _reap_actors(self) -> None:
+        for task_id, task in list(self.running.items()):
+            reason = task.exited() if isinstance(task, ActorTask) else None
+            if reason is not None:
+                del self.running[task_id]
+                self._finished(task.spec, "failed", reason)
+
+    async def _start(self, spec: TaskSpec) -> None:
+        task: RunningTask = (
+            ProcessTask(spec, self.log_dir, {"SHOAL_NODE_ID": self.node_id})
+            if spec.kind == PROCESS_KIND
+            else ActorTask(spec, self.system)
+        )
+        try:
+            await task.start()
+        except TaskError as exc:
+            log.error("task %s generation %d failed to start: %s", spec.id, spec.generation, exc)
+            self._finished(spec, "failed", str(exc))
+            return
+        self.running[spec.id] = task
+        log.info("task %s generation %d running (%s)", spec.id, spec.generation, spec.actor)
+        self._report(spec, "running", "")
+        if isinstance(task, ProcessTask):
+            watcher = asyncio.create_task(self._watch(task), name=f"shoal-task-{spec.id}")
+            self._watchers.add(watcher)
+            watcher.add_done_callback(self._watchers.discard)
+
+    async def _watch(self, task: ProcessTask) -> None:
+        reason = await task.wait()
+        if self.running.get(task.spec.id) is not task:
+            return  # stopped by us; whoever stopped it reports (or needs no report)
+        del self.running[task.spec.id]
+        if reason is None:
+            log.info("task %s exited cleanly", task.spec.id)
+            self._finished(task.spec, "stopped", "exited with status 0")
+        else:
+            log.warning("task %s %s", task.spec.id, reason)
+            self._finished(task.spec, "failed", reason)
+
+    def _finished(self, spec: TaskSpec, state: str, message: str) -> None:
+        self.done.add(spec.key)
+        self._report(spec, state, message)
+
+    # -- reports -----------------------------------------------------------------------------
+
+    def _report(self, spec: TaskSpec, state: str, message: str) -> None:
+        self._pending[spec.id] = (spec.generation, state, message[:4000])
+        self._reports_idle.clear()
+        self._report_wake.set()
+
+    @property
+    def unreported(self) -> int:
+        return len(self._pending)
+
+    async def _report_loop(self) -> None:
+        backoff = Backoff(0.1, self.config.backoff_max_s)
+        while True:
+            await self._report_wake.wait()
+            self._report_wake.clear()
+            while self._pending:
+                task_id, report = next(iter(self._pending.items()))
+                if await self._send(task_id, *report):
+                    backoff.reset()
+                    if self._pending.get(task_id) == report:
+                        del self._pending[task_id]
+                else:
+                    await asyncio.sleep(backoff.take())
+            self._reports_idle.set()
+
+    async def _send(self, task_id: str, generation: int, state: str, message: str) -> bool:
+        """Report one state; False when it should be retried later."""
+        try:
+            await self.client.set_task_state(task_id, state, generation, message)
+        except (NotFound, Conflict) as exc:
+            log.info("dropped the %s report of task %s: %s", state, task_id, exc)
+        except RETRYABLE as exc:
+            log.warning("cannot report task %s %s yet (%s); will retry", task_id, state, exc)
+            return False
+        except RaftError as exc:
+            log.error("the coordinator refused the %s report of task %s: %s", state, task_id, exc)
+        return True
+
+    # -- draining ----------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Stop taking tasks, mark the node draining, stop every task (learner ranks get SIGTERM
+        and time to checkpoint), then try to deliver the final reports."""
+        self.accepting = False
+        log.info("draining node %s: %d task(s) to stop", self.node_id, len(self.running))
+        try:
+            await self.client.drain(self.node_id)
+        except RaftError as exc:
+            log.warning("could not mark node %s draining: %s", self.node_id, exc)
+        await self._stop_all(f"node {self.node_id} drained")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._reports_idle.wait(), self.client.timeout)
+        if self._pending:
+            log.warning("%d task report(s) were not delivered before exit", len(self._pending))
+
+    async def _stop_all(self, message: str) -> None:
+        async with self._lock:
+            tasks, self.running = list(self.running.values()), {}
+            await asyncio.gather(*(self._stop_one(t, message) for t in tasks))
+            for watcher in list(self._watchers):
+                watcher.cancel()
+            await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    async def _stop_one(self, task: RunningTask, message: str) -> None:
+        await task.stop(self.config.stop_timeout_s)
+        reason = await task.wait() if isinstance(task, ProcessTask) else None
+        killed = reason is not None and "SIGKILL" in reason
+        state = "failed" if killed else "stopped"
+        if killed:
+            message = f"{message}; killed after {self.config.stop_timeout_s:g} s without exiting"
+        self._finished(task.spec, state, message)

@@ -1,0 +1,94 @@
+"""`shoal node`: run this host's node daemon (actor runtime, health, task agent)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from shoal.errors import ConfigError
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = verbs.add_parser("node", help="run the node daemon of this host")
+    parser.add_argument(
+        "--coordinators",
+        required=True,
+        metavar="URL[,URL...]",
+        help="API URLs of the coordinator replicas, e.g. http://10.0.0.1:8001,http://10.0.0.2:8001",
+    )
+    parser.add_argument(
+        "--data-dir", required=True, type=Path, help="node id, logs and task output go here"
+    )
+    parser.add_argument(
+        "--token-file", type=Path, help="API bearer token (default: $SHOAL_API_TOKEN)"
+    )
+    parser.add_argument("--node-id", help="this node's id (default: kept in the data dir)")
+    parser.add_argument(
+        "--listen", default="127.0.0.1:0", metavar="HOST:PORT", help="actor transport address"
+    )
+    parser.add_argument("--sim-gpus", type=int, default=0, help="simulate N GPUs instead of NVML")
+    parser.add_argument("--island-size", type=int, default=16, help="GPUs per NVLink island")
+    parser.add_argument("--domain", default="default", help="RDMA domain label of this node")
+    parser.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="node label (repeat)"
+    )
+    parser.add_argument(
+        "--clock", metavar="HOST:PORT", help="clock responder to measure this host's offset"
+    )
+    parser.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat period, seconds")
+    parser.add_argument(
+        "--health-period", type=float, default=2.0, help="health collection period, seconds"
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=20.0,
+        help="seconds a task may take to stop on drain before SIGKILL",
+    )
+    parser.add_argument("--log-level", default="INFO")
+    parser.set_defaults(func=run)
+
+
+def parse_labels(items: list[str]) -> dict[str, str]:
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--label {item!r} is invalid: write KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from shoal.agent import AgentConfig
+    from shoal.commands.coordinator import read_secret_file
+    from shoal.node import NodeConfig, serve_until_signalled
+    from shoal.runtime.loop import run as run_loop
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    token = (
+        read_secret_file(args.token_file, "API token")
+        if args.token_file
+        else os.environ.get("SHOAL_API_TOKEN", "")
+    )
+    config = NodeConfig(
+        coordinators=tuple(u.strip() for u in args.coordinators.split(",") if u.strip()),
+        data_dir=args.data_dir.resolve(),
+        token=token,
+        node_id=args.node_id,
+        listen=args.listen,
+        sim_gpus=args.sim_gpus,
+        island_size=args.island_size,
+        domain=args.domain,
+        labels=parse_labels(args.label),
+        clock=args.clock,
+        health_s=args.health_period,
+        agent=AgentConfig(heartbeat_s=args.heartbeat, stop_timeout_s=args.stop_timeout),
+    )
+    run_loop(serve_until_signalled(config))
+    return 0

@@ -1,0 +1,319 @@
+"""The node daemon: one per host. An ActorSystem on uvloop with its transport, health collectors
+(host, GPUs by NVML or simulated, optionally clock), and the agent that registers the node,
+heartbeats and runs the tasks the coordinator assigns (see shoal/agent.py).
+
+The data directory holds the node's stable id (`node-id`), a lock so two daemons never share
+it, `node.json` (pid, id, transport address: what tools and tests read), the simulated GPUs'
+state (`simgpu.json`, so chaos can raise an XID on a running node) and `tasks/` (one log per
+child process task). SIGTERM or SIGINT drains the node and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shoal.agent import AgentConfig, NodeAgent, Registration
+from shoal.errors import ConfigError
+from shoal.scheduler.health.collector import Collector, Report, summarise
+
+log = logging.getLogger("shoal.node")
+
+NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
+LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+
+
+def _positive(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"{key}={value!r} is invalid: use a number > 0")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything `shoal node` needs; invalid values raise ConfigError naming the option."""
+
+    coordinators: tuple[str, ...]
+    """The API URLs of the coordinator replicas (any subset works; all is best)."""
+    data_dir: Path
+    token: str
+    """The API bearer token; also the cluster token of the actor transport."""
+    node_id: str | None = None
+    """None: the id stored in the data dir, or a new `<hostname>-<hex>` stored there."""
+    listen: str = "127.0.0.1:0"
+    """The actor transport's address; port 0 picks a free one."""
+    sim_gpus: int = 0
+    island_size: int = 16
+    """GPUs per NVLink island: GPU i is in island i // island_size of this node."""
+    domain: str = "default"
+    """This node's RDMA domain label."""
+    labels: dict[str, str] = field(default_factory=dict)
+    clock: str | None = None
+    """HOST:PORT of a clock responder (shoal.scheduler.health.clock) to measure the offset."""
+    health_s: float = 2.0
+    request_timeout_s: float = 2.0
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def __post_init__(self) -> None:
+        if not self.coordinators:
+            raise ConfigError(
+                "--coordinators is empty: give the replicas' API URLs, comma-separated"
+            )
+        for url in self.coordinators:
+            if not re.fullmatch(r"https?://[^/\s]+", url.rstrip("/")):
+                raise ConfigError(
+                    f"--coordinators entry {url!r} is invalid: use http://HOST:PORT of a replica's API"
+                )
+        if not self.token:
+            raise ConfigError("the API token is empty: pass --token-file or set $SHOAL_API_TOKEN")
+        if self.node_id is not None and not NODE_ID_RE.fullmatch(self.node_id):
+            raise ConfigError(
+                f"--node-id={self.node_id!r} is invalid: use 1-128 letters, digits or ._:@/- "
+                "starting with a letter or digit"
+            )
+        parse_listen(self.listen)
+        if type(self.sim_gpus) is not int or not 0 <= self.sim_gpus <= 1024:
+            raise ConfigError(f"--sim-gpus={self.sim_gpus!r} is invalid: use 0 to 1024")
+        if type(self.island_size) is not int or self.island_size < 1:
+            raise ConfigError(f"--island-size={self.island_size!r} is invalid: use an int >= 1")
+        if not LABEL_RE.fullmatch(self.domain):
+            raise ConfigError(
+                f"--domain={self.domain!r} is invalid: use 1-128 letters, digits or ._/-"
+            )
+        for key, value in self.labels.items():
+            if not LABEL_RE.fullmatch(key) or not isinstance(value, str) or len(value) > 256:
+                raise ConfigError(
+                    f"--label {key}={value!r} is invalid: KEY is letters, digits or ._/-, "
+                    "VALUE at most 256 characters"
+                )
+        if self.clock is not None:
+            parse_listen(self.clock, "--clock")
+        _positive("--health-period", self.health_s)
+        _positive("request_timeout_s", self.request_timeout_s)
+
+
+def parse_listen(value: str, key: str = "--listen") -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"{key}={value!r} is invalid: use HOST:PORT with a port in 0..65535")
+    return host.strip("[]"), int(port)
+
+
+# -- identity and topology (pure but for the id file) ----------------------------------------
+
+
+def node_identity(data_dir: Path, wanted: str | None) -> str:
+    """The node's stable id: kept in `data_dir/node-id` so a restarted node is the same node."""
+    path = data_dir / "node-id"
+    stored = path.read_text().strip() if path.exists() else ""
+    if wanted and stored and wanted != stored:
+        raise ConfigError(
+            f"--node-id={wanted!r} but {data_dir} belongs to node {stored!r}: "
+            "use that id, another --data-dir, or delete the node-id file"
+        )
+    if stored:
+        return stored
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname()).strip(".-")[:100] or "node"
+    node_id = wanted or f"{host}-{secrets.token_hex(3)}"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(node_id + "\n")
+    os.replace(tmp, path)
+    return node_id
+
+
+def gpu_topology(
+    reports: Sequence[Report], node_id: str, island_size: int, domain: str, simulated: bool
+) -> list[dict[str, Any]]:
+    """The GPUs to register, with NVLink island and RDMA domain labels.
+
+    Islands are per node (`<node>/nvl<k>`), GPU i in island i // island_size. Simulated GPUs
+    get the node id in their UUID, since every simulated node numbers its GPUs from 0.
+    """
+    gpus = []
+    for report in reports:
+        if not report.available:
+            continue
+        for g in report.gpus:
+            uuid = g.uuid or f"GPU-{node_id}-{g.index}"
+            gpus.append(
+                {
+                    "index": g.index,
+                    "uuid": f"{uuid}@{node_id}" if simulated else uuid,
+                    "island": f"{node_id}/nvl{g.index // island_size}",
+                    "domain": domain,
+                }
+            )
+    return sorted(gpus, key=lambda gpu: gpu["index"])
+
+
+def health_summary(node_id: str, reports: Sequence[Report]) -> dict[str, Any]:
+    """The heartbeat's health object: the balancer's NodeHealth, plus why a source is missing."""
+    return {
+        "summary": summarise(node_id, reports).to_dict(),
+        "unavailable": {r.source: r.reason for r in reports if not r.available},
+    }
+
+
+def host_resources() -> tuple[float, int]:
+    """(usable CPUs, physical memory in bytes) of this host."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return float(cpus or 1), int(memory)
+
+
+# -- health ------------------------------------------------------------------------------------
+
+
+class HealthMonitor:
+    """Runs the collectors in a worker thread every period; `latest()` is the newest summary."""
+
+    def __init__(self, node_id: str, collectors: list[Collector]) -> None:
+        self.node_id = node_id
+        self.collectors = collectors
+        self._latest: dict[str, Any] = {}
+
+    def latest(self) -> dict[str, Any]:
+        return self._latest
+
+    def _collect_all(self) -> list[Report]:
+        return [c.collect() for c in self.collectors]
+
+    async def collect(self) -> list[Report]:
+        reports = await asyncio.to_thread(self._collect_all)
+        self._latest = health_summary(self.node_id, reports)
+        return reports
+
+    async def run(self, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.collect()
+            except Exception:  # a collector bug must not stop the heartbeats
+                log.exception("health collection failed; keeping the last summary")
+
+    def close(self) -> None:
+        for collector in self.collectors:
+            collector.close()
+
+
+def build_collectors(config: NodeConfig) -> list[Collector]:
+    from shoal.scheduler.health.clock import ClockCollector
+    from shoal.scheduler.health.host import HostCollector
+    from shoal.scheduler.health.simgpu import gpu_collector
+
+    collectors: list[Collector] = [
+        HostCollector(config.data_dir),
+        gpu_collector(config.sim_gpus, config.island_size, _sim_state(config)),
+    ]
+    if config.clock is not None:
+        host, port = parse_listen(config.clock, "--clock")
+        collectors.append(ClockCollector(host, port))
+    return collectors
+
+
+def _sim_state(config: NodeConfig) -> Path | None:
+    return config.data_dir / "simgpu.json" if config.sim_gpus else None
+
+
+# -- the daemon --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def claim(data_dir: Path) -> Iterator[None]:
+    """An exclusive lock on the data dir: two daemons with one node id would fight over tasks."""
+    with open(data_dir / "lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"--data-dir={data_dir} is used by another running node daemon; give each its own"
+            ) from None
+        yield
+
+
+async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
+    """Run the node until `stop` is set, then drain it and return."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    with claim(config.data_dir):
+        node_id = node_identity(config.data_dir, config.node_id)
+        monitor = HealthMonitor(node_id, await asyncio.to_thread(build_collectors, config))
+        try:
+            reports = await monitor.collect()
+            await _serve(config, node_id, monitor, reports, stop)
+        finally:
+            await asyncio.to_thread(monitor.close)
+
+
+async def _serve(
+    config: NodeConfig,
+    node_id: str,
+    monitor: HealthMonitor,
+    reports: list[Report],
+    stop: asyncio.Event,
+) -> None:
+    from shoal.raft.client import CoordinatorClient
+    from shoal.runtime.system import ActorSystem
+    from shoal.runtime.transport import TransportConfig, attach
+
+    host, port = parse_listen(config.listen)
+    cpus, memory = host_resources()
+    gpus = gpu_topology(reports, node_id, config.island_size, config.domain, config.sim_gpus > 0)
+    async with ActorSystem(f"node-{node_id}") as system:
+        transport = await attach(system, TransportConfig(token=config.token, host=host, port=port))
+        try:
+            registration = Registration(
+                node_id, transport.address, cpus, memory, gpus, dict(config.labels)
+            )
+            _write_node_file(config.data_dir, registration)
+            client = CoordinatorClient(
+                config.coordinators,
+                config.token,
+                timeout=max(3.0, 2 * config.agent.heartbeat_s),
+                request_timeout=config.request_timeout_s,
+            )
+            async with client:
+                agent = NodeAgent(
+                    client,
+                    registration,
+                    system,
+                    config.data_dir / "tasks",
+                    config.agent,
+                    monitor.latest,
+                )
+                health = asyncio.create_task(monitor.run(config.health_s), name="shoal-health")
+                try:
+                    await agent.run(stop)
+                finally:
+                    health.cancel()
+                    await asyncio.gather(health, return_exceptions=True)
+        finally:
+            await transport.close()
+    log.info("node %s stopped", node_id)
+
+
+def _write_node_file(data_dir: Path, reg: Registration) -> None:
+    info = {"pid": os.getpid(), "node_id": reg.node_id, "address": reg.address, "gpus": reg.gpus}
+    tmp = data_dir / "node.json.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, data_dir / "node.json")
+
+
+async def serve_until_signalled(config: NodeConfig) -> None:
+    """Run the node until SIGTERM or SIGINT, then drain."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await serve(config, stop)
