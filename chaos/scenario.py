@@ -1,0 +1,191 @@
+"""Scenario files: a timed list of faults and the invariants to check, parsed and validated
+here without I/O beyond reading the text. Every mistake names the field, the value and what
+would be valid.
+
+    name = "leader-kill"
+    replicas = 3            # coordinator replicas the runner starts
+    duration_s = 30         # how long the client workload runs
+    clients = 4             # concurrent clients writing and reading registers
+    keys = 4                # registers they share
+    recover_within_s = 20   # default bound on each fault's recovery
+    invariants = ["linearizable", "digests_equal", "checkpoints_forward", "no_leaks", "recovered"]
+
+    [[faults]]
+    kind = "kill"           # see FAULT_KINDS
+    target = "leader"       # leader | follower | c1..cN | all (api-* kinds only)
+    at = 5.0                # seconds after the workload started
+    duration = 3.0          # then healed (a killed process is restarted)
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.chaos.errors import ProxyError, ScenarioError
+from shoal.chaos.netfaults import NetFaults
+
+PROCESS_KINDS = ("kill", "pause")
+NET_KINDS = ("api-partition", "api-delay", "api-loss", "api-bandwidth", "api-reset")
+FAULT_KINDS = PROCESS_KINDS + NET_KINDS
+# Kinds with an implementation in chaos.faults that a coordinator-only local cluster cannot
+# host yet: they need node daemons (GPU state file, node clock, checkpoint writer).
+NEEDS_NODES = ("gpu-xid", "clock-skew", "disk-full")
+INVARIANTS = ("linearizable", "digests_equal", "checkpoints_forward", "no_leaks", "recovered")
+# Extra keys each network kind takes, passed on to NetFaults.
+NET_PARAMS: dict[str, tuple[str, ...]] = {
+    "api-partition": ("partition",),
+    "api-delay": ("delay_s", "jitter_s"),
+    "api-loss": ("loss", "loss_mode", "stall_s"),
+    "api-bandwidth": ("bandwidth_bps",),
+    "api-reset": (),
+}
+_FAULT_KEYS = ("kind", "target", "at", "duration", "recover_within_s")
+_TOP_KEYS = (
+    "name",
+    "description",
+    "replicas",
+    "duration_s",
+    "clients",
+    "keys",
+    "recover_within_s",
+    "invariants",
+    "faults",
+)
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    target: str
+    at: float
+    duration: float
+    recover_within_s: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def net_faults(self) -> NetFaults:
+        """The proxy setting of an api-* fault (api-reset has none: it is one RST)."""
+        if self.kind == "api-partition":
+            return NetFaults(partition=self.params.get("partition", "refuse"))
+        return NetFaults.from_dict(self.params)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    replicas: int
+    duration_s: float
+    clients: int
+    keys: int
+    recover_within_s: float
+    invariants: tuple[str, ...]
+    faults: tuple[FaultSpec, ...]
+    description: str = ""
+
+
+def parse(text: str, source: str = "scenario") -> Scenario:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{source} is not valid TOML: {exc}") from exc
+    return from_dict(data, source)
+
+
+def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
+    _no_unknown(data, _TOP_KEYS, source)
+    replicas = _int(data, "replicas", 3, 1, 7, source)
+    if replicas % 2 == 0:
+        raise ScenarioError(f"{source}: replicas={replicas} must be odd (1, 3, 5 or 7)")
+    duration = _number(data, "duration_s", 30.0, 1.0, 86400.0 * 7, source)
+    bound = _number(data, "recover_within_s", 20.0, 0.1, 3600.0, source)
+    invariants = data.get("invariants", list(INVARIANTS))
+    if not isinstance(invariants, list) or not all(i in INVARIANTS for i in invariants):
+        raise ScenarioError(
+            f"{source}: invariants={invariants!r} must be a list drawn from {list(INVARIANTS)}"
+        )
+    raw_faults = data.get("faults", [])
+    if not isinstance(raw_faults, list):
+        raise ScenarioError(f"{source}: faults must be an array of tables ([[faults]])")
+    faults = tuple(
+        _fault(item, f"{source}: faults[{i}]", replicas, duration, bound)
+        for i, item in enumerate(raw_faults)
+    )
+    name = data.get("name", "scenario")
+    description = data.get("description", "")
+    if not isinstance(name, str) or not isinstance(description, str):
+        raise ScenarioError(f"{source}: name and description must be strings")
+    return Scenario(
+        name=name,
+        replicas=replicas,
+        duration_s=duration,
+        clients=_int(data, "clients", 4, 1, 64, source),
+        keys=_int(data, "keys", 4, 1, 1024, source),
+        recover_within_s=bound,
+        invariants=tuple(dict.fromkeys(invariants)),
+        faults=tuple(sorted(faults, key=lambda f: f.at)),
+        description=description,
+    )
+
+
+def _fault(item: Any, where: str, replicas: int, duration: float, bound: float) -> FaultSpec:
+    if not isinstance(item, dict):
+        raise ScenarioError(f"{where} must be a table with kind, target, at, duration")
+    kind = item.get("kind")
+    if kind in NEEDS_NODES:
+        raise ScenarioError(
+            f"{where}.kind={kind!r} needs node daemons, which the local cluster does not start "
+            f"yet; the kinds a run can inject now are {list(FAULT_KINDS)}"
+        )
+    if kind not in FAULT_KINDS:
+        raise ScenarioError(f"{where}.kind={kind!r} is not one of {list(FAULT_KINDS)}")
+    params = NET_PARAMS.get(kind, ())
+    _no_unknown(item, _FAULT_KEYS + params, where)
+    target = item.get("target")
+    targets = ["leader", "follower", *(f"c{i + 1}" for i in range(replicas))]
+    if kind in NET_KINDS:
+        targets.append("all")
+    if target not in targets:
+        raise ScenarioError(f"{where}.target={target!r} is not one of {targets}")
+    at = _number(item, "at", None, 0.0, duration, where)
+    spec = FaultSpec(
+        kind=kind,
+        target=target,
+        at=at,
+        duration=_number(item, "duration", 0.0, 0.0, 3600.0, where),
+        recover_within_s=_number(item, "recover_within_s", bound, 0.1, 3600.0, where),
+        params={k: item[k] for k in params if k in item},
+    )
+    if kind in NET_KINDS:
+        try:
+            spec.net_faults()
+        except ProxyError as exc:
+            raise ScenarioError(f"{where}: {exc}") from exc
+    return spec
+
+
+def _no_unknown(data: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ScenarioError(f"{where}: unknown keys {unknown}; valid keys: {sorted(known)}")
+
+
+def _number(
+    data: dict[str, Any], key: str, default: float | None, low: float, high: float, where: str
+) -> float:
+    value = data.get(key, default)
+    if value is None:
+        raise ScenarioError(f"{where}.{key} is required (seconds, {low:g}..{high:g})")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ScenarioError(f"{where}.{key}={value!r} must be a number in {low:g}..{high:g}")
+    if not low <= value <= high:
+        raise ScenarioError(f"{where}.{key}={value!r} is outside {low:g}..{high:g}")
+    return float(value)
+
+
+def _int(data: dict[str, Any], key: str, default: int, low: int, high: int, where: str) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ScenarioError(f"{where}.{key}={value!r} must be an integer in {low}..{high}")
+    return value

@@ -1,0 +1,83 @@
+"""Scenario files: the shipped ones parse; every mistake names its field; junk never escapes
+as anything but ScenarioError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import shoal.chaos
+from shoal.chaos.errors import ScenarioError
+from shoal.chaos.scenario import FAULT_KINDS, from_dict, parse
+
+SCENARIOS = Path(shoal.chaos.__file__).parent / "scenarios"
+
+
+@pytest.mark.parametrize("name", ["smoke", "stress"])
+def test_shipped_scenarios_parse(name: str) -> None:
+    scenario = parse((SCENARIOS / f"{name}.toml").read_text(), name)
+    assert scenario.name == name
+    assert scenario.faults
+    assert [f.at for f in scenario.faults] == sorted(f.at for f in scenario.faults)
+    assert {f.kind for f in scenario.faults} <= set(FAULT_KINDS)
+
+
+def test_defaults_and_params() -> None:
+    scenario = parse(
+        'duration_s = 10\n[[faults]]\nkind = "api-delay"\ntarget = "all"\nat = 1\ndelay_s = 0.1\n'
+    )
+    assert scenario.replicas == 3
+    (fault,) = scenario.faults
+    assert fault.net_faults().delay_s == 0.1
+    assert fault.recover_within_s == scenario.recover_within_s
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("replicas = 2", "replicas=2 must be odd"),
+        ("replicas = 'x'", "replicas='x' must be an integer"),
+        ("duration_s = -1", "duration_s=-1 is outside"),
+        ("bogus = 1", "unknown keys \\['bogus'\\]"),
+        ("invariants = ['fast']", "invariants=\\['fast'\\]"),
+        ("faults = 3", "faults must be an array"),
+        ("[[faults]]\nkind = 'melt'\ntarget = 'c1'\nat = 1", "faults\\[0\\].kind='melt'"),
+        ("[[faults]]\nkind = 'kill'\ntarget = 'c9'\nat = 1", "faults\\[0\\].target='c9'"),
+        ("[[faults]]\nkind = 'kill'\ntarget = 'all'\nat = 1", "target='all'"),
+        ("[[faults]]\nkind = 'kill'\ntarget = 'c1'", "faults\\[0\\].at is required"),
+        ("duration_s = 5\n[[faults]]\nkind = 'kill'\ntarget = 'c1'\nat = 9", "at=9 is outside"),
+        ("[[faults]]\nkind = 'kill'\ntarget = 'c1'\nat = 1\ndelay_s = 1", "unknown keys"),
+        (
+            "[[faults]]\nkind = 'api-loss'\ntarget = 'all'\nat = 1\nloss = 2",
+            "faults\\[0\\]: loss=2",
+        ),
+        ("[[faults]]\nkind = 'gpu-xid'\ntarget = 'c1'\nat = 1", "needs node daemons"),
+        ("name = ", "not valid TOML"),
+    ],
+)
+def test_mistakes_name_the_field(text: str, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        parse(text, "t.toml")
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+_keys = st.sampled_from(["replicas", "duration_s", "clients", "keys", "faults", "invariants"])
+_fault = st.fixed_dictionaries(
+    {"kind": st.sampled_from([*FAULT_KINDS, "x"]), "target": st.sampled_from(["leader", "all"])},
+    optional={"at": _json | st.floats(0, 40), "duration": _json, "loss": _json},
+)
+
+
+@given(st.dictionaries(_keys, _json | st.lists(_fault, max_size=3), max_size=5))
+def test_junk_is_refused_cleanly(data: dict[str, object]) -> None:
+    try:
+        from_dict(data)
+    except ScenarioError:
+        pass
