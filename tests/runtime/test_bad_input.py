@@ -231,3 +231,30 @@ def test_dead_actor_timeout_and_raising_handler_over_the_link() -> None:
             await good_client_works(transport.address)
 
     run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_replayed_handshake_is_refused() -> None:
+    """A proof recorded from one good handshake is worthless on the next connection, because
+    it covers the nonce the server chose for that connection only."""
+
+    async def main() -> None:
+        async with server() as (_, transport):
+            nonce = b"c" * auth.NONCE_BYTES
+            async with raw_socket(transport.address) as ws:
+                await auth.send(ws, {"shoal": auth.PROTOCOL, "nonce": nonce})
+                first = await auth.receive(ws, 5)
+                recorded = auth.proof(TOKEN.encode(), b"client", first["nonce"], nonce)
+                await auth.send(ws, {"proof": recorded, "window": [8, LIMIT]})
+                assert await auth.receive(ws, 5) == {"ok": True}
+            async with raw_socket(transport.address) as ws:
+                await auth.send(ws, {"shoal": auth.PROTOCOL, "nonce": nonce})
+                second = await auth.receive(ws, 5)
+                assert second["nonce"] != first["nonce"]
+                await auth.send(ws, {"proof": recorded, "window": [8, LIMIT]})
+                type_name, message = await refusal(ws)
+            assert type_name == "AuthenticationFailed"
+            assert "different cluster token" in message
+            await good_client_works(transport.address)
+
+    run(main())
