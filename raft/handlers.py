@@ -154,8 +154,7 @@ async def batch(ctx: ApiContext, call: Call) -> web.Response:
 
 def _node_view(m: StateMachine, node_id: str) -> dict[str, Any]:
     node = _find(m.nodes, node_id, "node", "/v1/nodes")
-    tasks = [t.id for t in m.tasks.values() if t.node == node_id]
-    return {**asdict(node), "tasks": tasks}
+    return {**asdict(node), "tasks": m.tasks_on(node_id)}
 
 
 async def list_nodes(ctx: ApiContext, call: Call) -> web.Response:

@@ -54,6 +54,9 @@ class StateMachine:
         self.leader: LeaderRecord | None = None
         self.applied: OrderedDict[str, Result] = OrderedDict()
         self.applied_count = 0
+        # Derived index node -> task ids (an ordered set), kept so a heartbeat need not scan
+        # every task; it is rebuilt from nothing but placements and left out of the digest.
+        self._by_node: dict[str, dict[str, None]] = {}
 
     # -- the one writer -------------------------------------------------------------------
 
@@ -229,7 +232,11 @@ class StateMachine:
             task = self.tasks[placement["task_id"]]
             if task.state in ("failed", "stopped") or (task.node and task.state == "running"):
                 task.restarts += 1
+            if task.node is not None:
+                self._by_node[task.node].pop(task.id, None)
             task.node, task.state = placement["node_id"], "pending"
+            if task.node is not None:
+                self._by_node.setdefault(task.node, {})[task.id] = None
             task.generation += 1
             self._event(
                 at,
@@ -300,12 +307,11 @@ class StateMachine:
     # -- reads ----------------------------------------------------------------------------------
 
     def assignments(self) -> dict[str, list[str]]:
-        """node id -> ids of the tasks placed there, derived from the tasks."""
-        out: dict[str, list[str]] = {node_id: [] for node_id in self.nodes}
-        for task in self.tasks.values():
-            if task.node is not None:
-                out.setdefault(task.node, []).append(task.id)
-        return out
+        """node id -> ids of the tasks placed there (derived from the placements)."""
+        return {node_id: self.tasks_on(node_id) for node_id in self.nodes}
+
+    def tasks_on(self, node_id: str) -> list[str]:
+        return list(self._by_node.get(node_id, ()))
 
     def snapshot(self) -> dict[str, Any]:
         """Everything replicated, as canonical plain data (the digest hashes this)."""

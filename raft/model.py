@@ -1,8 +1,8 @@
 """The records ClusterState holds: plain typed data, JSON-able with `dataclasses.asdict`.
 
 Times are seconds since the epoch, stamped by the replica that proposed the command (never read
-from a clock while applying). Assignments are not stored: `Task.node` is the only placement, and
-`assignments()` derives node -> task ids from it so the two can never disagree.
+from a clock while applying). Assignments are not stored as records: `Task.node` is the only
+placement, and the machine's node -> task ids index is derived from placements alone.
 """
 
 from __future__ import annotations

@@ -53,7 +53,11 @@ def test_derived_assignments_match_task_placements(log: list[dict[str, Any]]) ->
     machine = StateMachine()
     for entry in log:
         machine.apply(entry)
-    placed = sorted(t for ids in machine.assignments().values() for t in ids)
+    assignments = machine.assignments()
+    for node_id in machine.nodes:
+        expected = {t.id for t in machine.tasks.values() if t.node == node_id}
+        assert sorted(assignments[node_id]) == sorted(expected)
+    placed = sorted(t for ids in assignments.values() for t in ids)
     assert placed == sorted(t.id for t in machine.tasks.values() if t.node is not None)
     assert all(t.node in machine.nodes for t in machine.tasks.values() if t.node is not None)
     assert all(t.job_id in machine.jobs for t in machine.tasks.values())
