@@ -24,6 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from shoal.bench.report import Row
+from shoal.errors import ShoalError
 from shoal.runtime.actor import Actor
 from shoal.runtime.loop import run as run_loop
 from shoal.runtime.ref import ActorRef
@@ -197,7 +198,13 @@ def _second_process() -> Any:
     )
     try:
         assert proc.stdout is not None
-        yield json.loads(proc.stdout.readline())
+        line = proc.stdout.readline()
+        if not line:
+            raise ShoalError(
+                "the benchmark's second process exited before listening; run "
+                "`python -c 'from shoal.bench.runtime import serve; serve()'` to see why"
+            )
+        yield json.loads(line)
     finally:
         proc.kill()
         proc.wait(timeout=10)
