@@ -86,6 +86,9 @@ class TransportConfig:
     """How long a send waits for a (re)connection before raising LinkClosed."""
     reconnect_initial: float = 0.05
     reconnect_max: float = 2.0
+    heartbeat: float = 5.0
+    """Seconds between websocket pings; a peer silent for half that after a ping (stopped,
+    partitioned) has its link closed, failing pending asks and waiting senders."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, bytes | str) or not self.token:
@@ -100,7 +103,13 @@ class TransportConfig:
             )
         self._positive_int("credit_frames", 1)
         self._positive_int("credit_bytes", 1)
-        for key in ("handshake_timeout", "connect_timeout", "reconnect_initial", "reconnect_max"):
+        for key in (
+            "handshake_timeout",
+            "connect_timeout",
+            "reconnect_initial",
+            "reconnect_max",
+            "heartbeat",
+        ):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{key}={value!r} is invalid: use a number of seconds > 0")
@@ -297,8 +306,8 @@ class Link:
         reader = wire.FrameReader(self._config.max_frame_bytes)
         try:
             async for msg in self._ws:
-                if msg.type == aiohttp.WSMsgType.ERROR:
-                    raise MalformedFrame(f"the websocket from {self.peer} broke: {msg.data}")
+                if msg.type == aiohttp.WSMsgType.ERROR:  # no pong in time, or a protocol error
+                    raise _Broken(LinkClosed(f"the websocket to {self.peer} broke: {msg.data}"))
                 if msg.type != aiohttp.WSMsgType.BINARY:
                     raise MalformedFrame(
                         f"the peer sent a {msg.type.name} websocket message; shoal links carry binary frames"
@@ -307,7 +316,7 @@ class Link:
                     self._dispatch(
                         _envelope(wire.decode(frame, self._config.max_frame_bytes)), len(frame)
                     )
-        except _PeerReported as exc:
+        except _Broken as exc:
             await self.close(exc.error, tell_peer=False)
             return
         except WireError as exc:
@@ -348,7 +357,7 @@ class Link:
             self._send_credit.grant(envelope[1], envelope[2])
         else:
             cls = _WIRE_ERRORS.get(envelope[1], LinkClosed)
-            raise _PeerReported(cls(f"{self.peer} refused what this process sent: {envelope[2]}"))
+            raise _Broken(cls(f"{self.peer} refused what this process sent: {envelope[2]}"))
 
     async def _deliver_loop(self) -> None:
         """Hand requests to local actors in arrival order; a full mailbox holds back only this
@@ -490,8 +499,9 @@ async def _first(wait: Awaitable[None], reply: asyncio.Future[Any]) -> None:
     waiting.result()
 
 
-class _PeerReported(Exception):
-    """The peer sent an error frame about us; carried out of the read loop to close the link."""
+class _Broken(Exception):
+    """The peer reported an error about us, or the socket broke: the link closes without
+    answering. Carried out of the read loop."""
 
     def __init__(self, error: WireError) -> None:
         super().__init__(str(error))
@@ -574,6 +584,7 @@ class Transport:
             max_msg_size=MAX_MESSAGE_BYTES,
             timeout=1.0,
             writer_limit=self.config.chunk_bytes * 16,
+            heartbeat=self.config.heartbeat,
         )
         await ws.prepare(request)
         peer = f"inbound {request.remote}"
@@ -602,6 +613,7 @@ class Transport:
             compress=0,
             max_msg_size=MAX_MESSAGE_BYTES,
             autoping=True,
+            heartbeat=self.config.heartbeat,
             timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
         )
         try:

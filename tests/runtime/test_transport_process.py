@@ -117,3 +117,30 @@ def test_killing_the_peer_fails_pending_asks_with_link_closed(
                 await transport.close()
 
     run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_peer_is_noticed_by_the_heartbeat(
+    child: tuple[subprocess.Popen[str], str],
+) -> None:
+    """SIGSTOP keeps the socket open but silent, like a partition: the missing pong closes
+    the link long before the ask's own timeout."""
+    proc, address = child
+
+    async def main() -> None:
+        async with ActorSystem() as system:
+            config = TransportConfig(token=TOKEN, heartbeat=0.5, connect_timeout=0.5)
+            transport = await attach(system, config)
+            try:
+                worker = system.ref(f"{address}/worker")
+                assert await worker.ask.pid() == proc.pid
+                os.kill(proc.pid, signal.SIGSTOP)
+                try:
+                    with pytest.raises(LinkClosed, match="PONG"):
+                        await worker.ask(timeout=30).pid()
+                finally:
+                    os.kill(proc.pid, signal.SIGCONT)
+            finally:
+                await transport.close()
+
+    run(main())
