@@ -86,7 +86,7 @@ class TransportConfig:
     """How long a send waits for a (re)connection before raising LinkClosed."""
     reconnect_initial: float = 0.05
     reconnect_max: float = 2.0
-    heartbeat: float = 5.0
+    heartbeat: float = 10.0
     """Seconds between websocket pings; a peer silent for half that after a ping (stopped,
     partitioned) has its link closed, failing pending asks and waiting senders."""
 
