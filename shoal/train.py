@@ -55,6 +55,9 @@ class TrainResult:
     wall_s: float
     solve_s: float | None
     sps: float
+    """Environment steps per second over the whole run, process start-up included."""
+    learner_sps: float
+    """Environment steps per second the learners received, from their start (steady state)."""
     policy_lag_median: float | None
     restarts: int
     stopped_by: str
@@ -421,6 +424,7 @@ class LocalRun:
             wall_s=wall_s,
             solve_s=self.solve_s,
             sps=steps / wall_s if wall_s > 0 else 0.0,
+            learner_sps=float(sum(s.get("sps", 0.0) for s in self.statuses.values())),
             policy_lag_median=self.policy_lag(),
             restarts=self.restarts,
             stopped_by=stopped_by,

@@ -12,6 +12,7 @@ SUITES: dict[str, str] = {
     "runtime": "runtime",
     "sandbox": "sandbox",
     "scheduler": "scheduler",
+    "train": "train",
 }
 
 

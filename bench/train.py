@@ -1,0 +1,94 @@
+"""`shoal bench train`: shoal's asynchronous training beside a CleanRL-style synchronous PPO.
+
+In one run: time and environment steps to solve CartPole-v1 (mean of the last 20 returns
+≥ 475) for `shoal train cartpole`'s defaults and for bench/cleanrl_ppo.py; then end-to-end
+environment frames per second of a throughput-shaped job (large batched environments per
+actor, unpaced) with 1, 2 and 4 rollout worker processes, beside the baseline's frames/s.
+shoal's solve time includes starting its processes; the baseline runs inside this process.
+Frames/s are what the learners received, from the learners' start (steady state). `quick`
+uses limits too short to solve: for smoke tests of the table's shape only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from shoal.bench.report import Row
+
+CLEANRL = "CleanRL-style PPO"
+
+
+def _throughput_config(workers: int, seconds: float) -> Any:
+    """Big batches per actor and per update, unpaced, two learner threads (the actors mostly
+    wait on back-pressure, so the learner gets the second core)."""
+    from shoal.learner.config import IntakeConfig, LearnerConfig, RolloutConfig, TrainConfig
+    from shoal.learner.ppo import PPOConfig
+
+    return TrainConfig(
+        time_limit_s=seconds,
+        target_return=1e9,  # never stop early: this measures frames/s
+        rollout=RolloutConfig(workers=workers, num_envs=512, horizon=64, pace=False),
+        intake=IntakeConfig(capacity=4, max_staleness=8, fragments_per_update=1),
+        learner=LearnerConfig(threads=2),
+        ppo=PPOConfig(lr=2.5e-3, update_epochs=1, num_minibatches=1),
+    )
+
+
+def run(quick: bool) -> list[Row]:
+    from shoal.bench import cleanrl_ppo
+    from shoal.learner.config import TrainConfig
+    from shoal.train import train
+
+    root = Path(tempfile.mkdtemp(prefix="shoal-bench-train-"))
+    try:
+        limit = 5.0 if quick else 120.0
+        base = cleanrl_ppo.run(seed=1, time_limit_s=limit)
+        cfg = dataclasses.replace(TrainConfig(), seed=1, time_limit_s=limit)
+        solve = train(cfg, runs_root=root, evaluate_at_end=False)
+        rows = [
+            Row(
+                "CartPole-v1 time to 475",
+                "s",
+                solve.solve_s if solve.solve_s is not None else float("nan"),
+                base["solved_at_s"],
+                CLEANRL,
+                higher_is_better=False,
+            ),
+            Row(
+                "CartPole-v1 env steps to 475",
+                "steps",
+                float(solve.env_steps) if solve.solved else float("nan"),
+                float(base["env_steps"]) if base["solved"] else None,
+                CLEANRL,
+                higher_is_better=False,
+            ),
+            Row(
+                "median policy lag while solving",
+                "versions",
+                solve.policy_lag_median if solve.policy_lag_median is not None else float("nan"),
+                0.0,
+                "synchronous PPO",
+                higher_is_better=False,
+            ),
+        ]
+        seconds = 5.0 if quick else 20.0
+        for workers in (1, 2, 4):
+            cfg_t = _throughput_config(workers, seconds)
+            result = train(cfg_t, runs_root=root, evaluate_at_end=False)
+            rows.append(
+                Row(
+                    f"env frames/s trained, {workers} rollout worker(s)",
+                    "frames/s",
+                    result.learner_sps,
+                    float(base["sps"]),
+                    CLEANRL,
+                    higher_is_better=True,
+                )
+            )
+        return rows
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
