@@ -1,0 +1,353 @@
+"""Run a scenario: start a local coordinator cluster with a fault proxy in front of each
+replica's API, drive the client workload through the proxies, inject and heal the faults on
+schedule, then check the invariants and stop everything.
+
+Recovery of a fault is measured by a probe that writes an event through the same proxies from
+the moment of injection: `recovery_s` is the time until the first acknowledged write, and the
+fault counts as recovered if that came within `duration + recover_within_s`. For the event loop;
+process signals and the blocking local-cluster calls run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shoal.chaos import invariants
+from shoal.chaos.errors import ChaosError, FaultError
+from shoal.chaos.faults import Fault, KillProcess, PauseProcess
+from shoal.chaos.history import HistoryRecorder
+from shoal.chaos.proxy import FaultProxy
+from shoal.chaos.scenario import NET_KINDS, FaultSpec, Scenario
+from shoal.chaos.workload import (
+    JOB,
+    CheckpointLog,
+    WorkloadStats,
+    make_client,
+    newest_checkpoint,
+    run_client,
+    watch_checkpoints,
+    write_checkpoints,
+)
+from shoal.local import LocalCluster, LocalClusterError, coordinator_specs
+from shoal.raft.client import CoordinatorClient
+from shoal.raft.errors import RaftError
+
+PROBE_PERIOD = 0.05
+CONVERGE_TIMEOUT = 30.0
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    target: str
+    replicas: list[str]
+    injected_at: float | None = None
+    healed_at: float | None = None
+    recovered: bool = False
+    recovery_s: float | None = None
+    detail: str = ""
+
+
+@dataclass
+class RunReport:
+    scenario: str
+    run_dir: str
+    faults: list[FaultRecord]
+    invariants: dict[str, invariants.Verdict]
+    operations: int
+    workload: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(v.held for v in self.invariants.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "ok": self.ok,
+            "run_dir": self.run_dir,
+            "operations": self.operations,
+            "workload": self.workload,
+            "faults": [asdict(f) for f in self.faults],
+            "invariants": {name: v.to_dict() for name, v in self.invariants.items()},
+        }
+
+
+class ChaosRun:
+    """One run of one scenario in its own run directory (a temporary one when None, removed
+    afterwards unless the run failed or `keep` is set)."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        run_dir: Path | None = None,
+        log: Callable[[str], None] | None = None,
+        keep: bool = False,
+    ) -> None:
+        self.scenario = scenario
+        self._own_dir = run_dir is None
+        self.run_dir = (run_dir or Path(tempfile.mkdtemp(prefix="shoal-chaos-"))).resolve()
+        self.keep = keep
+        self._log = log or (lambda line: None)
+        self.cluster = LocalCluster(self.run_dir)
+        self.proxies: dict[str, FaultProxy] = {}
+        self.history = HistoryRecorder()
+        self.stats = WorkloadStats()
+        self.checkpoints = CheckpointLog()
+        self.records: list[FaultRecord] = []
+        self._faulted: Counter[str] = Counter()
+        self._t0 = 0.0
+
+    async def run(self) -> RunReport:
+        results: dict[str, invariants.Verdict] = {}
+        ports: list[int] = []
+        try:
+            ports = await self._start()
+            await self._drive()
+            results.update(await self._check_cluster())
+        finally:
+            await self._stop()
+        if "no_leaks" in self.scenario.invariants:
+            processes = invariants.leaked_processes(self.run_dir)
+            results["no_leaks"] = invariants.no_leaks(processes, invariants.busy_ports(ports))
+        report = self._report(results)
+        if report.ok and self._own_dir and not self.keep:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        return report
+
+    # -- set-up and tear-down ----------------------------------------------------------------
+
+    async def _start(self) -> list[int]:
+        specs = coordinator_specs(self.run_dir, self.scenario.replicas)
+        self.cluster.create(specs)
+        self._log(f"starting {len(specs)} replicas in {self.run_dir}")
+        await asyncio.to_thread(self.cluster.start_all)
+        await asyncio.to_thread(self.cluster.wait_ready, None, 60.0)
+        ports = []
+        for spec in specs:
+            if spec.api_url is None or spec.raft is None:
+                raise ChaosError(f"{spec.name} has no API or Raft address to put a proxy before")
+            host, port = spec.api_url.removeprefix("http://").rsplit(":", 1)
+            proxy = await FaultProxy((host, int(port))).start()
+            self.proxies[spec.name] = proxy
+            ports += [int(port), int(spec.raft.rsplit(":", 1)[1]), proxy.port]
+        return ports
+
+    async def _stop(self) -> None:
+        for proxy in self.proxies.values():
+            await proxy.close()
+        await asyncio.to_thread(self.cluster.stop_all)
+
+    def _urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p.port}" for p in self.proxies.values()]
+
+    def _client(self) -> CoordinatorClient:
+        return make_client(self._urls(), self.cluster.token)
+
+    # -- the run -------------------------------------------------------------------------------
+
+    async def _drive(self) -> None:
+        async with self._client() as setup:
+            await setup.submit_job(spec={"chaos": self.scenario.name}, job_id=JOB)
+        clients = [self._client() for _ in range(self.scenario.clients + 2)]
+        self._t0 = time.monotonic()
+        until = self._t0 + self.scenario.duration_s
+        work = [
+            run_client(c, f"c{i}", self.scenario.keys, until, self.history, self.stats, i)
+            for i, c in enumerate(clients[: self.scenario.clients])
+        ]
+        work += [
+            write_checkpoints(clients[-2], until, self.checkpoints),
+            watch_checkpoints(clients[-1], until, self.checkpoints),
+        ]
+        self._log(f"workload of {self.scenario.clients} clients for {self.scenario.duration_s:g} s")
+        try:
+            await asyncio.gather(*work, *(self._fault(spec) for spec in self.scenario.faults))
+        finally:
+            for client in clients:
+                await client.close()
+
+    async def _fault(self, spec: FaultSpec) -> None:
+        await asyncio.sleep(max(0.0, self._t0 + spec.at - time.monotonic()))
+        record = FaultRecord(spec.kind, spec.target, [])
+        self.records.append(record)
+        try:
+            record.replicas = await self._resolve(spec)
+            faults = self._faults(spec, record.replicas)
+        except (FaultError, LocalClusterError) as exc:
+            record.detail = f"not injected: {exc}"
+            return
+        injected = time.monotonic()
+        record.injected_at = round(injected - self._t0, 3)
+        self._faulted.update(record.replicas)
+        deadline = injected + spec.duration + spec.recover_within_s
+        probe = asyncio.create_task(self._probe(injected, deadline))
+        try:
+            try:
+                record.detail = "; ".join([await f() for f in faults["inject"]])
+            except FaultError as exc:
+                record.detail = f"injection failed: {exc}"
+            self._log(
+                f"t={record.injected_at:.1f} s {spec.kind} {record.replicas}: {record.detail}"
+            )
+            await asyncio.sleep(spec.duration)
+        finally:
+            healed = [await f() for f in faults["heal"]]
+            self._faulted.subtract(record.replicas)
+            record.healed_at = round(time.monotonic() - self._t0, 3)
+            record.detail += "; healed: " + "; ".join(healed)
+            record.recovery_s = await probe
+            record.recovered = record.recovery_s is not None
+
+    def _faults(self, spec: FaultSpec, names: list[str]) -> dict[str, list[Callable[[], Any]]]:
+        """Coroutine functions that inject and heal `spec` on the replicas `names`."""
+        if spec.kind in NET_KINDS:
+            proxies = [self.proxies[n] for n in names]
+            return {"inject": [lambda: self._net(spec, proxies)], "heal": [lambda: _heal(proxies)]}
+        made: list[Fault] = [
+            KillProcess(self.cluster, n) if spec.kind == "kill" else PauseProcess(self.cluster, n)
+            for n in names
+        ]
+        return {
+            "inject": [functools.partial(asyncio.to_thread, f.inject) for f in made],
+            "heal": [functools.partial(asyncio.to_thread, f.heal) for f in made],
+        }
+
+    async def _net(self, spec: FaultSpec, proxies: list[FaultProxy]) -> str:
+        if spec.kind == "api-reset":
+            cut = sum(p.reset_connections() for p in proxies)
+            return f"reset {cut} client connections"
+        faults = spec.net_faults()
+        for proxy in proxies:
+            proxy.set_faults(faults)
+        return f"proxies {[p.port for p in proxies]}: {faults.to_dict()}"
+
+    async def _resolve(self, spec: FaultSpec) -> list[str]:
+        names = [s.name for s in self.cluster.specs()]
+        if spec.target == "all":
+            return names
+        if spec.target not in ("leader", "follower"):
+            return [spec.target]
+        leader = await self._leader()
+        if spec.target == "leader":
+            return [leader]
+        healthy = [n for n in names if n != leader and not self._faulted[n]]
+        if not healthy:
+            raise FaultError("no healthy follower to fault")
+        return [healthy[0]]
+
+    async def _leader(self) -> str:
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            views = await asyncio.to_thread(self._views)
+            leaders = Counter(v["leader_id"] for v in views.values() if v and v.get("leader_id"))
+            if leaders:
+                return str(leaders.most_common(1)[0][0])
+            await asyncio.sleep(0.1)
+        raise FaultError("no replica knows a leader to fault")
+
+    def _views(self, digest: bool = False) -> dict[str, dict[str, Any] | None]:
+        """Each running replica's own GET /v1/cluster (None when down or silent)."""
+        views: dict[str, dict[str, Any] | None] = {}
+        for spec in self.cluster.specs():
+            views[spec.name] = None
+            if spec.api_url and self.cluster.pid(spec.name):
+                query = "?digest=true" if digest else ""
+                with contextlib.suppress(OSError, ValueError):
+                    views[spec.name] = self.cluster.get(f"{spec.api_url}/v1/cluster{query}")
+        return views
+
+    async def _probe(self, start: float, deadline: float) -> float | None:
+        """Seconds from `start` until a write through the proxies is acknowledged, or None."""
+        async with make_client(self._urls(), self.cluster.token) as client:
+            client.timeout = 1.0
+            while time.monotonic() < deadline:
+                try:
+                    await client.add_event("chaos_probe", "probe write")
+                    return round(time.monotonic() - start, 3)
+                except (RaftError, OSError, TimeoutError):
+                    await asyncio.sleep(PROBE_PERIOD)
+        return None
+
+    # -- checks after the run ------------------------------------------------------------------
+
+    async def _check_cluster(self) -> dict[str, invariants.Verdict]:
+        for spec in self.cluster.specs():
+            if self.cluster.pid(spec.name) is None:
+                await asyncio.to_thread(self.cluster.start, spec.name)
+        await asyncio.to_thread(self.cluster.wait_ready, None, 60.0)
+        wanted = self.scenario.invariants
+        results: dict[str, invariants.Verdict] = {}
+        if "linearizable" in wanted:
+            results["linearizable"] = await asyncio.to_thread(
+                invariants.linearizable, self.history.operations()
+            )
+        if "digests_equal" in wanted:
+            results["digests_equal"] = await self._converged()
+        if "checkpoints_forward" in wanted:
+            async with self._client() as client:
+                final = await newest_checkpoint(client)
+            results["checkpoints_forward"] = invariants.checkpoints_forward(
+                self.checkpoints.acknowledged, self.checkpoints.observed, final
+            )
+        if "recovered" in wanted:
+            results["recovered"] = invariants.recovered([asdict(r) for r in self.records])
+        return results
+
+    async def _converged(self) -> invariants.Verdict:
+        """Replicas keep applying the leader's own writes (liveness, health), so poll until
+        one round of views agrees."""
+        deadline = time.monotonic() + CONVERGE_TIMEOUT
+        verdict = invariants.Verdict(False, "no views")
+        while time.monotonic() < deadline:
+            verdict = invariants.digests_equal(await asyncio.to_thread(self._views, True))
+            if verdict.held:
+                return verdict
+            await asyncio.sleep(0.2)
+        return verdict
+
+    def _report(self, results: dict[str, invariants.Verdict]) -> RunReport:
+        ops = self.history.operations()
+        return RunReport(
+            scenario=self.scenario.name,
+            run_dir=str(self.run_dir),
+            faults=self.records,
+            invariants={k: results[k] for k in self.scenario.invariants if k in results},
+            operations=len(ops),
+            workload={
+                "acknowledged": self.stats.acknowledged,
+                "unknown_outcome": self.stats.unknown,
+                "refused": self.stats.refused,
+                "checkpoints_acknowledged": len(self.checkpoints.acknowledged),
+                "sample_errors": self.stats.errors[:5],
+            },
+        )
+
+
+async def _heal(proxies: list[FaultProxy]) -> str:
+    for proxy in proxies:
+        proxy.heal()
+    return f"proxies {[p.port for p in proxies]} healed"
+
+
+def run_scenario(
+    scenario: Scenario,
+    run_dir: Path | None = None,
+    log: Callable[[str], None] | None = None,
+    keep: bool = False,
+) -> RunReport:
+    """Blocking entry point (CLI, tests): one run in a fresh event loop."""
+    try:
+        return asyncio.run(ChaosRun(scenario, run_dir, log, keep).run())
+    except LocalClusterError as exc:
+        raise ChaosError(f"the local cluster failed: {exc}") from exc
