@@ -310,7 +310,9 @@ class _Round:
         return BalancePlan(tuple(self.moves), tuple(self.decisions), state)
 
     def _overload_decisions(self) -> None:
-        for node in sorted(self.measured_over - self.prev.overloaded):
+        # A node that took part in a migration within the cooldown may still report the load
+        # it had before: it was announced then, so it is not announced again.
+        for node in sorted(self.measured_over - self.prev.overloaded - self.node_cool.keys()):
             h = self.health[node]
             value, what = h.load()
             count = sum(1 for m in self.moves if m.source == node)

@@ -333,3 +333,21 @@ def test_learner_rank_drains_to_its_own_island_first():
     out = balance(topo, (rank,), health, BalancerState(), 0.0, checkpoint_groups=frozenset({"ppo"}))
     [m] = out.migrations
     assert (m.target, m.gpus) == ("node-1", tuple(range(8)))  # island-0, though node-2 is cooler
+
+
+def test_overload_is_announced_once_while_the_migration_settles():
+    topo, placements = _spread(4, 16)
+    health = [NodeHealth("node-0", cpu=1.0)] + [
+        NodeHealth(f"node-{i}", cpu=0.2) for i in range(1, 4)
+    ]
+    cfg = BalancerConfig(enter_after=1, cooldown_s=60.0)
+    state, announced = BalancerState(), []
+    for beat in range(6):  # the reports lag: node-0 still shows 1.0 for 30 s
+        out = balance(topo, placements, health, state, beat * 5.0, cfg)
+        placements = apply(placements, out)
+        announced += [d.node for d in out.decisions if d.action == "overloaded"]
+        state = out.state
+    assert announced == ["node-0"]
+    cooled = [NodeHealth("node-0", cpu=0.5), *health[1:]]
+    out = balance(topo, placements, cooled, state, 40.0, cfg)
+    assert [(d.node, d.action) for d in out.decisions] == [("node-0", "recovered")]
