@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from asyncio import AbstractEventLoop
-from collections.abc import Callable
 from pathlib import Path
 
 from shoal.errors import ConfigError
@@ -41,7 +39,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--suspect-after", type=float, default=3.0, help="seconds without heartbeat"
     )
     parser.add_argument("--dead-after", type=float, default=10.0, help="seconds without heartbeat")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
     parser.set_defaults(func=run)
 
 
@@ -60,14 +60,14 @@ def read_secret_file(path: Path, what: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
     import logging
 
     from shoal.raft.config import CoordinatorConfig, LivenessConfig, RaftTimings
     from shoal.raft.coordinator import serve_until_signalled
+    from shoal.runtime import loop
 
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     token = (
         read_secret_file(args.token_file, "API token")
@@ -90,17 +90,5 @@ def run(args: argparse.Namespace) -> int:
         ),
         liveness=LivenessConfig(suspect_after=args.suspect_after, dead_after=args.dead_after),
     )
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(serve_until_signalled(config))
+    loop.run(serve_until_signalled(config))
     return 0
-
-
-def _loop_factory() -> Callable[[], AbstractEventLoop]:
-    """uvloop where it is installed (every supported platform), plain asyncio otherwise."""
-    try:
-        import uvloop
-    except ImportError:
-        import asyncio
-
-        return asyncio.new_event_loop
-    return uvloop.new_event_loop
