@@ -70,7 +70,8 @@ class LearnerCore:
         action_space = probe.single_action_space
         probe.close()
         torch.manual_seed(cfg.seed)
-        self.model = ActorCritic(obs_shape or (), action_space, cfg.hidden)
+        self.device = _device(group)
+        self.model = ActorCritic(obs_shape or (), action_space, cfg.hidden).to(self.device)
         self.ppo = PPOLearner(self.model, cfg.ppo)
         self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness)
         self.checkpoints = CheckpointManager(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
@@ -190,6 +191,15 @@ class LearnerCore:
             "checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint.path),
             "checkpoint_step": None if self.last_checkpoint is None else self.last_checkpoint.step,
         }
+
+
+def _device(group: LearnerGroup) -> torch.device:
+    """NCCL groups train on this rank's GPU (ranks share a host's GPUs round-robin); gloo on CPU."""
+    if group.backend != "nccl":
+        return torch.device("cpu")
+    device = torch.device("cuda", group.rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 class LearnerActor(Actor):
