@@ -229,7 +229,9 @@ class NodeAgent:
             todo = plan(assigned, local, self.done, self.accepting)
             for task_id in todo.stop:
                 task = self.running.pop(task_id)
-                log.info("stopping task %s (no longer assigned here)", task_id)
+                log.info(
+                    "stopping task %s: no longer wanted here (stopped, moved or unplaced)", task_id
+                )
                 await task.stop(self.config.stop_timeout_s)
             for spec in todo.start:
                 await self._start(spec)

@@ -47,6 +47,11 @@ class FailsToStart(Actor):
         raise RuntimeError("no GPU here")
 
 
+class Crasher(Actor):
+    def crash(self) -> None:
+        raise RuntimeError("boom")
+
+
 class NotAnActor:
     pass
 
@@ -143,6 +148,21 @@ def test_actor_task_runs_with_args_and_stops() -> None:
             assert "t-1" not in system.names
 
     asyncio.run(go())
+
+
+@pytest.mark.timeout(30)
+def test_an_actor_the_system_gave_up_on_has_exited_with_its_error() -> None:
+    async def go() -> str | None:
+        async with ActorSystem("t") as system:
+            task = ActorTask(spec("test_node_tasks:Crasher"), system)
+            await task.start()
+            assert task.ref is not None
+            while task.exited() is None:  # each crash is a restart, until the budget is spent
+                await task.ref.tell.crash()
+                await asyncio.sleep(0.01)
+            return task.exited()
+
+    assert asyncio.run(go()) == "actor failed: RuntimeError: boom"
 
 
 @pytest.mark.timeout(30)

@@ -1,0 +1,112 @@
+"""`shoal node` as a real process without a cluster: it waits for unreachable coordinators with
+growing pauses and clear log lines, still stops on SIGTERM, refuses a data dir in use and bad
+options with one line."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.local import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def node_argv(data_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "shoal", "node",
+        "--coordinators", f"http://127.0.0.1:{free_port()}",
+        "--data-dir", str(data_dir), "--heartbeat", "0.2", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    log = tmp_path / "node.log"
+    env = {**os.environ, "SHOAL_API_TOKEN": "test-token"}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            node_argv(tmp_path / "data"), stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+    try:
+        yield process, log
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def wait_for_lines(log: Path, pattern: str, count: int, timeout: float = 60.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [line for line in log.read_text().splitlines() if re.search(pattern, line)]
+        if len(found) >= count:
+            return found
+        assert time.monotonic() < deadline, (
+            f"{count} lines like {pattern!r} not in:\n{log.read_text()}"
+        )
+        time.sleep(0.05)
+
+
+def test_unreachable_coordinators_are_retried_with_backoff_and_sigterm_still_stops(
+    daemon: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    process, log = daemon
+    lines = wait_for_lines(log, r"cannot register node .* retrying in", 3)
+    pauses = [float(re.search(r"retrying in ([0-9.]+) s", line)[1]) for line in lines[:3]]  # type: ignore[index]
+    assert pauses == sorted(pauses)
+    assert pauses[2] > pauses[0]
+    assert "did not accept" in lines[0]
+    assert process.poll() is None
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+
+
+def test_a_data_dir_in_use_is_refused(
+    daemon: tuple[subprocess.Popen[bytes], Path], tmp_path: Path
+) -> None:
+    _, log = daemon
+    wait_for_lines(log, r"cannot register node", 1)
+    env = {**os.environ, "SHOAL_API_TOKEN": "test-token"}
+    second = subprocess.run(
+        node_argv(tmp_path / "data"), capture_output=True, text=True, env=env, timeout=60
+    )
+    assert second.returncode == 2
+    assert "used by another running node daemon" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--sim-gpus", "-2"], "--sim-gpus=-2 is invalid"),
+        (["--label", "rack"], "--label 'rack' is invalid"),
+        (["--heartbeat", "0"], "heartbeat_s=0.0 is invalid"),
+        (["--node-id", "bad id!"], "--node-id='bad id!' is invalid"),
+    ],
+)
+def test_bad_options_end_in_one_line(tmp_path: Path, extra: list[str], fragment: str) -> None:
+    env = {**os.environ, "SHOAL_API_TOKEN": "test-token"}
+    done = subprocess.run(
+        node_argv(tmp_path / "data", *extra), capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 2
+    assert fragment in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_token_is_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SHOAL_API_TOKEN"}
+    done = subprocess.run(
+        node_argv(tmp_path / "data"), capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 2
+    assert "--token-file" in done.stderr
