@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from shoal.chaos.cluster import Cluster
 from shoal.chaos.errors import FaultError
-from shoal.local import LocalCluster, LocalClusterError
+from shoal.errors import ShoalError
 from shoal.scheduler.errors import HealthError
 from shoal.scheduler.health.simgpu import SimGpuBackend
 
@@ -47,14 +48,14 @@ class Fault(Protocol):
 class KillProcess:
     kind = "kill"
 
-    def __init__(self, cluster: LocalCluster, target: str, restart: bool = True) -> None:
+    def __init__(self, cluster: Cluster, target: str, restart: bool = True) -> None:
         self.cluster, self.target, self.restart = cluster, target, restart
 
     def inject(self) -> str:
         pid = _pid(self.cluster, self.target)
         try:
             self.cluster.kill(self.target)
-        except LocalClusterError as exc:
+        except ShoalError as exc:
             raise FaultError(f"kill {self.target}: {exc}") from exc
         return f"SIGKILL {self.target} (pid {pid})"
 
@@ -69,7 +70,7 @@ class KillProcess:
 class PauseProcess:
     kind = "pause"
 
-    def __init__(self, cluster: LocalCluster, target: str) -> None:
+    def __init__(self, cluster: Cluster, target: str) -> None:
         self.cluster, self.target = cluster, target
         self._pid: int | None = None
 
@@ -86,11 +87,11 @@ class PauseProcess:
         return f"SIGCONT {self.target} (pid {self._pid})"
 
 
-def _pid(cluster: LocalCluster, name: str) -> int:
+def _pid(cluster: Cluster, name: str) -> int:
     try:
         cluster.spec(name)
         pid = cluster.pid(name)
-    except LocalClusterError as exc:
+    except ShoalError as exc:
         raise FaultError(str(exc)) from exc
     if pid is None:
         raise FaultError(f"{name} is not running in {cluster.run_dir}; nothing to fault")

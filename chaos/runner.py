@@ -13,21 +13,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from shoal.chaos import invariants
+from shoal.chaos.cluster import Cluster
 from shoal.chaos.errors import ChaosError, FaultError
 from shoal.chaos.faults import Fault, KillProcess, PauseProcess
 from shoal.chaos.history import HistoryRecorder
 from shoal.chaos.proxy import FaultProxy
-from shoal.chaos.scenario import NET_KINDS, FaultSpec, Scenario
+from shoal.chaos.report import FaultRecord, RunReport
+from shoal.chaos.scenario import NET_KINDS, FaultSpec, Scenario, parse
 from shoal.chaos.workload import (
     JOB,
     CheckpointLog,
@@ -38,7 +38,7 @@ from shoal.chaos.workload import (
     watch_checkpoints,
     write_checkpoints,
 )
-from shoal.local import LocalCluster, LocalClusterError, coordinator_specs
+from shoal.errors import ShoalError
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.errors import RaftError
 
@@ -46,60 +46,21 @@ PROBE_PERIOD = 0.05
 CONVERGE_TIMEOUT = 30.0
 
 
-@dataclass
-class FaultRecord:
-    kind: str
-    target: str
-    replicas: list[str]
-    injected_at: float | None = None
-    healed_at: float | None = None
-    recovered: bool = False
-    recovery_s: float | None = None
-    detail: str = ""
-
-
-@dataclass
-class RunReport:
-    scenario: str
-    run_dir: str
-    faults: list[FaultRecord]
-    invariants: dict[str, invariants.Verdict]
-    operations: int
-    workload: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return all(v.held for v in self.invariants.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "scenario": self.scenario,
-            "ok": self.ok,
-            "run_dir": self.run_dir,
-            "operations": self.operations,
-            "workload": self.workload,
-            "faults": [asdict(f) for f in self.faults],
-            "invariants": {name: v.to_dict() for name, v in self.invariants.items()},
-        }
-
-
 class ChaosRun:
-    """One run of one scenario in its own run directory (a temporary one when None, removed
-    afterwards unless the run failed or `keep` is set)."""
+    """One run of one scenario on `cluster`, whose process specs are written but not started
+    (the caller makes them: `shoal.local.coordinator_specs(run_dir, scenario.replicas)`).
+    Everything it started is stopped when `run` returns or raises."""
 
     def __init__(
         self,
         scenario: Scenario,
-        run_dir: Path | None = None,
+        cluster: Cluster,
         log: Callable[[str], None] | None = None,
-        keep: bool = False,
     ) -> None:
         self.scenario = scenario
-        self._own_dir = run_dir is None
-        self.run_dir = (run_dir or Path(tempfile.mkdtemp(prefix="shoal-chaos-"))).resolve()
-        self.keep = keep
+        self.run_dir = cluster.run_dir
         self._log = log or (lambda line: None)
-        self.cluster = LocalCluster(self.run_dir)
+        self.cluster = cluster
         self.proxies: dict[str, FaultProxy] = {}
         self.history = HistoryRecorder()
         self.stats = WorkloadStats()
@@ -120,16 +81,17 @@ class ChaosRun:
         if "no_leaks" in self.scenario.invariants:
             processes = invariants.leaked_processes(self.run_dir)
             results["no_leaks"] = invariants.no_leaks(processes, invariants.busy_ports(ports))
-        report = self._report(results)
-        if report.ok and self._own_dir and not self.keep:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-        return report
+        return self._report(results)
 
     # -- set-up and tear-down ----------------------------------------------------------------
 
     async def _start(self) -> list[int]:
-        specs = coordinator_specs(self.run_dir, self.scenario.replicas)
-        self.cluster.create(specs)
+        specs = self.cluster.specs()
+        if len(specs) != self.scenario.replicas:
+            raise ChaosError(
+                f"scenario {self.scenario.name} wants {self.scenario.replicas} replicas, "
+                f"the cluster in {self.run_dir} has {len(specs)}"
+            )
         self._log(f"starting {len(specs)} replicas in {self.run_dir}")
         await asyncio.to_thread(self.cluster.start_all)
         await asyncio.to_thread(self.cluster.wait_ready, None, 60.0)
@@ -184,7 +146,7 @@ class ChaosRun:
         try:
             record.replicas = await self._resolve(spec)
             faults = self._faults(spec, record.replicas)
-        except (FaultError, LocalClusterError) as exc:
+        except ShoalError as exc:
             record.detail = f"not injected: {exc}"
             return
         injected = time.monotonic()
@@ -340,14 +302,22 @@ async def _heal(proxies: list[FaultProxy]) -> str:
     return f"proxies {[p.port for p in proxies]} healed"
 
 
+BUILTIN = Path(__file__).parent / "scenarios"
+
+
+def find_scenario(name_or_path: str) -> Scenario:
+    """A scenario file by path, or a shipped one by name (`smoke`, `stress`)."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = BUILTIN / f"{name_or_path}.toml"
+    if not path.is_file():
+        shipped = sorted(p.stem for p in BUILTIN.glob("*.toml"))
+        raise ChaosError(f"no scenario file {name_or_path!r}; give a path or one of {shipped}")
+    return parse(path.read_text(), str(path))
+
+
 def run_scenario(
-    scenario: Scenario,
-    run_dir: Path | None = None,
-    log: Callable[[str], None] | None = None,
-    keep: bool = False,
+    scenario: Scenario, cluster: Cluster, log: Callable[[str], None] | None = None
 ) -> RunReport:
     """Blocking entry point (CLI, tests): one run in a fresh event loop."""
-    try:
-        return asyncio.run(ChaosRun(scenario, run_dir, log, keep).run())
-    except LocalClusterError as exc:
-        raise ChaosError(f"the local cluster failed: {exc}") from exc
+    return asyncio.run(ChaosRun(scenario, cluster, log).run())

@@ -25,6 +25,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "node",
     "train",
     "eval",
+    "chaos",
 )
 
 

@@ -1,0 +1,132 @@
+"""`shoal chaos run|soak|inject`: scenarios against a fresh local cluster, repeated soaks, and
+single faults on a running `shoal up` cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from shoal.commands.up import add_run_dir
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = verbs.add_parser("chaos", help="fault injection and scenarios")
+    sub = parser.add_subparsers(dest="chaos_verb", metavar="ACTION")
+    sub.required = True
+
+    run = sub.add_parser("run", help="run a scenario against a local cluster it starts")
+    run.add_argument("scenario", help="a scenario file, or a shipped one: smoke, stress")
+    run.add_argument("--json", action="store_true", help="print the JSON report")
+    run.add_argument("--run-dir", type=Path, default=None, help="default: a fresh temporary dir")
+    run.add_argument("--keep", action="store_true", help="keep the run directory afterwards")
+    run.set_defaults(func=_run)
+
+    soak = sub.add_parser("soak", help="repeat a scenario until time is up or one fails")
+    soak.add_argument("--hours", type=float, default=1.0, help="how long to keep going")
+    soak.add_argument("--scenario", default="stress", help="file or shipped name (stress)")
+    soak.add_argument("--json", action="store_true", help="print one JSON report per run")
+    soak.set_defaults(func=_soak)
+
+    inject = sub.add_parser("inject", help="one fault on a running local cluster (shoal up)")
+    inject.add_argument("kind", choices=["kill", "pause"], help="SIGKILL or SIGSTOP")
+    inject.add_argument("target", help="leader, follower or a process name (c1, c2, ...)")
+    inject.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="heal after this many seconds (restart / SIGCONT); kill without it stays down",
+    )
+    add_run_dir(inject)
+    inject.set_defaults(func=_inject)
+
+
+def _once(scenario_arg: str, run_dir: Path | None, keep: bool, quiet: bool) -> dict[str, Any]:
+    import shutil
+    import sys
+    import tempfile
+
+    from shoal.chaos.report import render_text
+    from shoal.chaos.runner import find_scenario, run_scenario
+    from shoal.local import LocalCluster, coordinator_specs
+
+    scenario = find_scenario(scenario_arg)
+    own = run_dir is None
+    cluster = LocalCluster(run_dir or Path(tempfile.mkdtemp(prefix="shoal-chaos-")))
+    cluster.create(coordinator_specs(cluster.run_dir, scenario.replicas))
+    log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
+    report = run_scenario(scenario, cluster, log)
+    if own and report.ok and not keep:
+        shutil.rmtree(cluster.run_dir, ignore_errors=True)
+    if not quiet:
+        print(render_text(report))
+    return report.to_dict()
+
+
+def _run(args: argparse.Namespace) -> int:
+    result = _once(args.scenario, args.run_dir, args.keep, quiet=args.json)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    return 0 if result["ok"] else 1
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from shoal.errors import ConfigError
+
+    if not 0 < args.hours <= 24 * 30:
+        raise ConfigError(f"--hours={args.hours} must be in (0, 720]")
+    deadline = time.monotonic() + args.hours * 3600
+    runs = 0
+    while time.monotonic() < deadline:
+        result = _once(args.scenario, None, False, quiet=args.json)
+        runs += 1
+        if args.json:
+            print(json.dumps(result))
+        if not result["ok"]:
+            print(f"shoal chaos soak: run {runs} broke an invariant; stopping")
+            return 1
+    print(f"shoal chaos soak: {runs} runs, every invariant held")
+    return 0
+
+
+def _inject(args: argparse.Namespace) -> int:
+    from shoal.chaos.faults import Fault, KillProcess, PauseProcess
+    from shoal.errors import ConfigError
+    from shoal.local import LocalCluster, default_run_dir
+
+    if args.duration is not None and not 0 <= args.duration <= 3600:
+        raise ConfigError(f"--duration={args.duration} must be in 0..3600 seconds")
+    if args.kind == "pause" and args.duration is None:
+        raise ConfigError("pause needs --duration (a paused process would stay stopped)")
+    cluster = LocalCluster(args.run_dir or default_run_dir())
+    name = _target(cluster, args.target)
+    fault: Fault = (
+        KillProcess(cluster, name) if args.kind == "kill" else PauseProcess(cluster, name)
+    )
+    started = time.monotonic()
+    print(f"shoal chaos: {fault.inject()}")
+    if args.duration is None:
+        return 0
+    time.sleep(args.duration)
+    print(f"shoal chaos: {fault.heal()}")
+    leader = cluster.wait_ready(timeout=60.0)
+    print(f"shoal chaos: leader {leader} after {time.monotonic() - started:.2f} s")
+    return 0
+
+
+def _target(cluster: Any, target: str) -> str:
+    from shoal.chaos.errors import FaultError
+
+    if target not in ("leader", "follower"):
+        return str(cluster.spec(target).name)
+    leader_api = cluster.wait_ready(timeout=10.0)
+    names = [s.name for s in cluster.specs() if cluster.pid(s.name)]
+    leader = next(s.name for s in cluster.specs() if s.api_url == leader_api)
+    if target == "leader":
+        return leader
+    followers = [n for n in names if n != leader]
+    if not followers:
+        raise FaultError("no running follower to fault")
+    return followers[0]
