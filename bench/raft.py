@@ -1,7 +1,7 @@
 """`shoal bench raft`: the control plane under load, beside raw pysyncobj measured in the same run.
 
 - sequential write latency (p50/p99) through the client and through plain HTTP, beside a raw
-  pysyncobj replicated call on a 3-process cluster with the same timings;
+  pysyncobj replicated call on a 3-process cluster with the same timings and encryption;
 - concurrent writes/s through the client's batching path and through plain HTTP, beside raw
   pysyncobj with its own append batching;
 - leader failover (kill -9 -> first write committed through the API) with shoal's timings,
@@ -61,8 +61,13 @@ class _Counter(SyncObj):
         return self.value
 
 
+# The baseline encrypts like shoal does (a local cluster always has a secret): same work.
+RAW_PASSWORD = "bench-secret"
+
+
 def _raw_conf(batch: bool, min_timeout: float) -> SyncObjConf:
     return SyncObjConf(
+        password=RAW_PASSWORD,
         appendEntriesUseBatch=batch, appendEntriesPeriod=0.05, raftMinTimeout=min_timeout,
         raftMaxTimeout=min_timeout + 0.15, connectionTimeout=max(1.0, min_timeout + 0.2), connectionRetryTime=0.2,
     )  # fmt: skip
