@@ -361,3 +361,17 @@ def test_sigterm_drains_the_node_and_exits_zero(cluster: Cluster) -> None:
     assert record["draining"] is True
     assert record["cordoned"] is True
     assert all(t["message"] == "node n3 drained" for t in stopped)
+
+    # Back after a drain: same id from the data dir, takes tasks again.
+    cluster.nodes["n3"] = start_node(cluster.local, "n3", cluster.tmp)
+
+    async def back(client: CoordinatorClient) -> dict[str, Any]:
+        async def uncordoned() -> dict[str, Any] | None:
+            record = await client.node("n3")
+            return None if record["cordoned"] else record
+
+        return await eventually(uncordoned)
+
+    record = run(cluster, back)
+    assert record["draining"] is False
+    assert record["address"] == cluster.nodes["n3"].info()["address"]
