@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from shoal.runtime.errors import LinkClosed, MailboxFull
+from shoal.runtime.errors import LinkClosed, MailboxFull, MalformedFrame
 
 
 class SendCredit:
@@ -61,16 +61,33 @@ class SendCredit:
 
 
 class ReceiveCredit:
-    """The receiver's side: counts what was consumed and says when to hand it back.
+    """The receiver's side: counts what was consumed and says when to hand it back, and
+    refuses a peer that sends beyond the window it was granted.
 
     Credit goes back in batches of a quarter window, which keeps grant frames rare; since a
     stalled sender means a whole window is outstanding, a batch is always due once it drains."""
 
     def __init__(self, frames: int, nbytes: int) -> None:
+        self._window = (frames, nbytes)
         self._frame_batch = max(1, frames // 4)
         self._byte_batch = max(1, nbytes // 4)
         self._frames = 0
         self._nbytes = 0
+        self._held_frames = 0
+        self._held_bytes = 0
+
+    def received(self, nbytes: int) -> None:
+        """Count one arriving request; raise `MalformedFrame` if the peer had no credit for it.
+        The peer learns of grants later than they are made here, so a conforming peer never
+        trips this."""
+        frames, window_bytes = self._window
+        if self._held_frames >= frames or self._held_bytes >= window_bytes:
+            raise MalformedFrame(
+                f"the peer sent beyond the credit window it was granted ({frames} frames, "
+                f"{window_bytes} bytes); it is not a conforming shoal peer"
+            )
+        self._held_frames += 1
+        self._held_bytes += nbytes
 
     def consumed(self, nbytes: int) -> tuple[int, int] | None:
         """Record one consumed frame; return (frames, bytes) to grant now, or None."""
@@ -79,5 +96,7 @@ class ReceiveCredit:
         if self._frames < self._frame_batch and self._nbytes < self._byte_batch:
             return None
         grant = (self._frames, self._nbytes)
+        self._held_frames -= self._frames
+        self._held_bytes -= self._nbytes
         self._frames = self._nbytes = 0
         return grant

@@ -1,12 +1,13 @@
 """Links between processes: one aiohttp server per process, one websocket per pair of peers.
 
 A `Link` is one authenticated websocket session. Both ends run the same code: a reader that
-reassembles wire frames and answers control frames at once, a delivery task that hands
-requests to local actors in arrival order, and a writer that coalesces everything queued in
-one loop iteration into websocket messages of at most `chunk_bytes` (64 KiB by default: aiohttp
-moves 1 MiB messages at well under half the speed of 64 KiB ones, see docs/runtime.md). The
-link is a byte stream cut into messages anywhere, so one message may carry many small frames
-or a slice of a large tensor. Any bytes the peer gets wrong close that link, never the process.
+reassembles wire frames and answers control frames at once, a delivery path that hands
+requests to local actors in arrival order, and writes made by the sending task itself, with
+frames of the same loop turn coalesced into websocket messages of at most `chunk_bytes`
+(64 KiB by default: aiohttp moves 1 MiB messages at well under half the speed of 64 KiB ones,
+see docs/runtime.md). The link is a byte stream cut into messages anywhere, so one message may
+carry many small frames or a slice of a large tensor. Any bytes the peer gets wrong close
+that link, never the process.
 """
 
 from __future__ import annotations
@@ -331,6 +332,8 @@ class Link:
 
     def _dispatch(self, envelope: list[Any], nbytes: int) -> None:
         kind = envelope[0]
+        if kind in ("t", "a"):
+            self._receive_credit.received(nbytes)
         if (
             kind == "t"
             and not self._inbox

@@ -33,12 +33,20 @@ class Echo(Actor):
     async def slow(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
+    async def stuck(self) -> None:
+        await asyncio.Event().wait()
+
 
 @contextlib.asynccontextmanager
-async def server() -> AsyncIterator[tuple[ActorSystem, Transport]]:
+async def server(credit_frames: int = 1024) -> AsyncIterator[tuple[ActorSystem, Transport]]:
     async with ActorSystem() as system:
         await system.spawn(Echo, name="echo")
-        config = TransportConfig(token=TOKEN, max_frame_bytes=LIMIT, handshake_timeout=0.5)
+        config = TransportConfig(
+            token=TOKEN,
+            max_frame_bytes=LIMIT,
+            handshake_timeout=0.5,
+            credit_frames=credit_frames,
+        )
         transport = await attach(system, config)
         try:
             yield system, transport
@@ -255,6 +263,24 @@ def test_a_replayed_handshake_is_refused() -> None:
                 type_name, message = await refusal(ws)
             assert type_name == "AuthenticationFailed"
             assert "different cluster token" in message
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_that_ignores_its_credit_window_is_cut_off() -> None:
+    async def main() -> None:
+        async with server(credit_frames=4) as (system, transport):
+            await system.spawn(Echo, name="jam", mailbox_size=1)
+            async with raw_socket(transport.address) as ws:
+                window = await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
+                assert window.frames == 4
+                flood = [frame(["t", "jam", "stuck", [], {}]) for _ in range(2000)]
+                await ws.send_bytes(b"".join(flood))
+                type_name, message = await refusal(ws)
+            assert type_name == "MalformedFrame"
+            assert "beyond the credit window" in message
             await good_client_works(transport.address)
 
     run(main())

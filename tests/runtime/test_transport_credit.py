@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from shoal.runtime import auth
 from shoal.runtime.credit import ReceiveCredit, SendCredit
-from shoal.runtime.errors import AuthenticationFailed, LinkClosed, MailboxFull
+from shoal.runtime.errors import AuthenticationFailed, LinkClosed, MailboxFull, MalformedFrame
 
 
 @settings(max_examples=300, deadline=None)
@@ -39,6 +39,7 @@ def test_credit_is_neither_lost_nor_invented(frames: int, nbytes: int, sizes: li
             assert granted
             assert send.available
         send.take_nowait(size)
+        receive.received(size)  # a conforming sender never trips the receiver's check
         in_flight.append(size)
         assert len(in_flight) <= frames
         assert sum(in_flight) - size < nbytes
@@ -83,3 +84,13 @@ def test_a_proof_only_verifies_with_the_same_token_and_nonces(
         auth.verify(token, b"server", first, second, proof)
     with pytest.raises(AuthenticationFailed, match="no token proof"):
         auth.verify(token, b"client", first, second, None)
+
+
+def test_receiver_refuses_requests_beyond_the_window() -> None:
+    receive = ReceiveCredit(2, 1000)
+    receive.received(10)
+    receive.received(10)
+    with pytest.raises(MalformedFrame, match="beyond the credit window"):
+        receive.received(10)
+    assert receive.consumed(10) == (1, 10)
+    receive.received(10)
