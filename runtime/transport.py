@@ -32,6 +32,7 @@ from shoal.runtime.errors import (
     AskTimeout,
     AuthenticationFailed,
     FrameTooLarge,
+    InvalidTimeout,
     LinkClosed,
     MailboxFull,
     MalformedFrame,
@@ -250,6 +251,11 @@ class Link:
         kwargs: dict[str, Any],
         timeout: float,
     ) -> Any:
+        if not 0 < timeout <= _MAX_ASK_TIMEOUT:  # also refuses NaN
+            raise InvalidTimeout(
+                f"ask timeout={timeout!r} is invalid: a remote ask takes seconds in "
+                f"(0, {_MAX_ASK_TIMEOUT:.0f}]"
+            )
         request = next(self._ids)
         frame = self._encode(["a", request, target, method, list(args), kwargs, float(timeout)])
         loop = asyncio.get_running_loop()
@@ -511,6 +517,8 @@ class _Broken(Exception):
         self.error = error
 
 
+_MAX_ASK_TIMEOUT = 7 * 24 * 3600.0
+
 _SHAPES: dict[str, tuple[type | tuple[type, ...], ...]] = {
     "t": (str, str, list, dict),
     "a": (int, str, str, list, dict, float),
@@ -535,6 +543,8 @@ def _envelope(value: Any) -> list[Any]:
             raise MalformedFrame(f"a {value[0]!r} frame has the wrong fields")
     if value[0] == "c" and (value[1] < 0 or value[2] < 0):
         raise MalformedFrame("a credit grant cannot be negative")
+    if value[0] == "a" and not 0 < value[6] <= _MAX_ASK_TIMEOUT:
+        raise MalformedFrame(f"an ask timeout must be in (0, {_MAX_ASK_TIMEOUT}] seconds")
     return value
 
 

@@ -103,6 +103,11 @@ BAD_FRAMES: dict[str, tuple[bytes, str, str]] = {
     "not an envelope": (frame({"hello": 1}), "MalformedFrame", "list starting with its kind"),
     "wrong fields": (frame(["t", 1, 2]), "MalformedFrame", "wrong fields"),
     "unknown kind": (frame(["zz", 1]), "UnknownMessageType", "'zz'"),
+    "nan timeout": (
+        frame(["a", 1, "echo", "echo", [1], {}, float("nan")]),
+        "MalformedFrame",
+        "ask timeout",
+    ),
     "unknown message": (
         header_only_frame(msgpack.packb(msgpack.ExtType(3, msgpack.packb(["evil.type", {}])))),
         "UnknownMessageType",

@@ -16,6 +16,7 @@ from shoal.runtime.actor import Actor
 from shoal.runtime.errors import (
     ActorNotFound,
     AskTimeout,
+    InvalidTimeout,
     LinkClosed,
     MailboxFull,
     RemoteError,
@@ -125,6 +126,8 @@ def test_remote_failures_have_their_own_exceptions() -> None:
                 await client.ref(f"{address}/ghost").ask.echo(1)
             with pytest.raises(AskTimeout):
                 await ref.ask(timeout=0.2).slow(1.0)
+            with pytest.raises(InvalidTimeout, match="remote ask takes seconds"):
+                await ref.ask(timeout=1e9).echo(1)
             with pytest.raises(UnknownMessageType, match=r"builtins\.object"):
                 await ref.ask.echo(object())
             assert await ref.ask.echo("still serving") == "still serving"
