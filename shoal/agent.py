@@ -218,7 +218,10 @@ class NodeAgent:
                 continue
             backoff.reset()
             if not stop.is_set():
-                await self.reconcile([TaskSpec.from_record(t) for t in reply.get("tasks", [])])
+                try:
+                    await self.reconcile([TaskSpec.from_record(t) for t in reply["tasks"]])
+                except Exception:  # a bug here must not end the heartbeats (the node would die)
+                    log.exception("reconciling the tasks of %s failed; retrying", self.node_id)
             await asyncio.sleep(self.config.heartbeat_s)
 
     async def reconcile(self, assigned: Sequence[TaskSpec]) -> None:
@@ -346,8 +349,10 @@ class NodeAgent:
     async def _stop_one(self, task: RunningTask, message: str) -> None:
         await task.stop(self.config.stop_timeout_s)
         reason = await task.wait() if isinstance(task, ProcessTask) else None
-        killed = reason is not None and "SIGKILL" in reason
-        state = "failed" if killed else "stopped"
-        if killed:
-            message = f"{message}; killed after {self.config.stop_timeout_s:g} s without exiting"
-        self._finished(task.spec, state, message)
+        if reason is None or reason.startswith("killed by SIGTERM"):
+            self._finished(task.spec, "stopped", message)
+        elif reason.startswith("killed by SIGKILL"):
+            limit = self.config.stop_timeout_s
+            self._finished(task.spec, "failed", f"{message}; killed after {limit:g} s")
+        else:
+            self._finished(task.spec, "failed", reason)

@@ -270,7 +270,14 @@ async def _serve(
     cpus, memory = host_resources()
     gpus = gpu_topology(reports, node_id, config.island_size, config.domain, config.sim_gpus > 0)
     async with ActorSystem(f"node-{node_id}") as system:
-        transport = await attach(system, TransportConfig(token=config.token, host=host, port=port))
+        try:
+            transport = await attach(
+                system, TransportConfig(token=config.token, host=host, port=port)
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"--listen={config.listen} cannot be bound ({exc.strerror}); pick a free address"
+            ) from None
         try:
             registration = Registration(
                 node_id, transport.address, cpus, memory, gpus, dict(config.labels)

@@ -146,14 +146,14 @@ class ActorTask:
             return None
         name = actor_name(self.spec.id)
         for record in reversed(self._system.failures):
-            if record.path.endswith(name):
+            if record.path.rsplit("/", 1)[-1] == name:
                 return f"actor failed: {type(record.error).__name__}: {record.error}"
         return "actor stopped on its own"
 
     async def stop(self, timeout: float) -> None:
         if self.ref is None:
             return
-        with contextlib.suppress(ShoalError):
+        with contextlib.suppress(ShoalError, TimeoutError):
             await asyncio.wait_for(self._system.stop_actor(self.ref), timeout)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -101,6 +102,23 @@ def test_bad_options_end_in_one_line(tmp_path: Path, extra: list[str], fragment:
     assert done.returncode == 2
     assert fragment in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_listen_address_in_use_is_refused(tmp_path: Path) -> None:
+    env = {**os.environ, "SHOAL_API_TOKEN": "test-token"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            node_argv(tmp_path / "data", "--listen", f"127.0.0.1:{port}"),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    assert done.returncode == 2
+    assert f"--listen=127.0.0.1:{port} cannot be bound" in done.stderr
 
 
 def test_a_missing_token_is_refused(tmp_path: Path) -> None:

@@ -70,6 +70,14 @@ def sleeper(argv: list[str]) -> int:
         time.sleep(0.1)
 
 
+def stubborn(argv: list[str]) -> int:
+    """Ignores SIGTERM (a rank stuck in a collective), so only SIGKILL ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(argv[0]).write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.1)
+
+
 def fail_fast(argv: list[str]) -> int:
     print(f"bad rank config: {' '.join(argv)}", file=sys.stderr)
     return 3
@@ -222,6 +230,26 @@ def test_process_task_stop_sends_sigterm_first(tmp_path: Path) -> None:
 
     assert asyncio.run(go()) is None
     assert marker.read_text().startswith("terminated")
+
+
+@pytest.mark.timeout(60)
+def test_a_process_that_ignores_sigterm_is_killed_after_the_timeout(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+
+    async def go() -> str | None:
+        task = ProcessTask(
+            spec("test_node_tasks:stubborn", "learner-rank", argv=[str(ready)]),
+            tmp_path,
+            child_env(),
+        )
+        await task.start()
+        try:
+            await asyncio.to_thread(wait_for_file, ready)
+        finally:
+            await task.stop(0.5)
+        return await task.wait()
+
+    assert asyncio.run(go()) == "killed by SIGKILL"
 
 
 @pytest.mark.timeout(30)
