@@ -381,7 +381,7 @@ BATCH_BODY: Schema = {
                 "properties": {
                     "op": {"enum": sorted(cmd.ARG_SCHEMAS)},
                     "op_id": cmd.ID,
-                    "args": cmd.FREE_OBJECT,
+                    "args": {"type": "object", "additionalProperties": True},  # per op, below
                 },
             },
         }

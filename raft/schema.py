@@ -16,6 +16,15 @@ from shoal.raft.errors import ValidationError
 
 Schema = dict[str, Any]
 MAX_JSON_DEPTH = 16
+_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def _pattern(source: str) -> re.Pattern[str]:
+    compiled = _PATTERNS.get(source)
+    if compiled is None:
+        compiled = _PATTERNS[source] = re.compile(source)
+    return compiled
+
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -88,7 +97,7 @@ def _check_string(schema: Schema, value: str, field: Field) -> None:
         raise _invalid(field, f"must have at least {schema['minLength']} characters")
     if "maxLength" in schema and len(value) > schema["maxLength"]:
         raise _invalid(field, f"must have at most {schema['maxLength']} characters")
-    if "pattern" in schema and not re.fullmatch(schema["pattern"], value):
+    if "pattern" in schema and not _pattern(schema["pattern"]).fullmatch(value):
         raise _invalid(field, f"must match {schema['pattern']}, got {value!r}")
 
 
