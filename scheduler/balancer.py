@@ -25,6 +25,7 @@ How a round works:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -113,15 +114,17 @@ class _Round:
             n: at for n, at in self.prev.node_moved_at if self.now - at < self.cfg.cooldown_s
         }
         self.moved: set[str] = set()
-        # Nodes that may receive tasks this round, apart from `over`, which changes as we go.
-        self.receivers = [
+        # Nodes that may receive tasks this round if not overloaded, and those that currently
+        # may, sorted by (load, name); `_rerank` keeps the list current as loads and `over` change.
+        self.receiving = {
             n
             for n in self.load
             if self.ledger.usage[n].node.schedulable
             and n not in self.draining
             and n not in self.degraded
             and n not in self.node_cool
-        ]
+        }
+        self.ranked = sorted((self.load[n], n) for n in self.receiving if n not in self.over)
 
     def _task_shares(self) -> dict[str, float]:
         """Split each node's measured load among its tasks by reservation (CPUs + GPUs)."""
@@ -145,10 +148,14 @@ class _Round:
         ratio = src / dst if src and dst else 1.0
         return self.share.get(task, 0.0) * ratio
 
-    def _targets(self, source: str) -> list[str]:
-        """Nodes that may receive a task, least loaded first (ties by name)."""
-        ok = [n for n in self.receivers if n != source and n not in self.over]
-        return sorted(ok, key=lambda n: (self.load[n], n))
+    def _rerank(self, node: str, old: float) -> None:
+        """Keep `ranked` sorted after `node`'s load changed from `old`, and in step with `over`."""
+        entry = (old, node)
+        at = bisect.bisect_left(self.ranked, entry)
+        if at < len(self.ranked) and self.ranked[at] == entry:
+            del self.ranked[at]
+        if node in self.receiving and node not in self.over:
+            bisect.insort(self.ranked, (self.load[node], node))
 
     def _fits(self, p: Placement, target: str) -> bool:
         usage = self.ledger.usage[target]
@@ -159,8 +166,14 @@ class _Round:
         self.ledger.remove(p.task)
         self.ledger.add(p.moved_to(target, gpus))
         if p.node in self.load:
-            self.load[p.node] = max(0.0, self.load[p.node] - self.share.get(p.task, 0.0))
+            old = self.load[p.node]
+            self.load[p.node] = max(0.0, old - self.share.get(p.task, 0.0))
+            if self.load[p.node] < self.cfg.low:
+                self.over.discard(p.node)
+            self._rerank(p.node, old)
+        old = self.load[target]
         self.load[target] += gain
+        self._rerank(target, old)
         self.moved.add(p.task)
         self.moves.append(Migration(p.task, p.node, target, gpus, reason))
 
@@ -218,7 +231,9 @@ class _Round:
         node with free GPUs on the rank's own island, then its RDMA domain, then any."""
         source = self.ledger.usage[p.node].node
         best: tuple[int, float, str] | None = None
-        for target in self._targets(p.node):
+        for _, target in self.ranked:  # never holds p.node: it is draining
+            if p.kind == "rollout" and self.load[target] >= self.cfg.high:
+                break  # sorted by load: no later target stays below `high` either
             if not self._fits(p, target):
                 continue
             if p.kind == "rollout":
@@ -261,15 +276,15 @@ class _Round:
                 f"{target} (load {self.load[target]:.2f} → "
                 f"{self.load[target] + self._gain(p.task, source, target):.2f})",
             )
-            if self.load[source] < self.cfg.low:
-                self.over.discard(source)
 
     def _next_relief(self) -> tuple[Placement, str, float] | None:
         sources = [n for n in self.over if self.load[n] >= self.cfg.low and n not in self.node_cool]
         for source in sorted(sources, key=lambda n: (-self.load[n], n)):
-            targets = self._targets(source)
+            ceiling = min(self.cfg.high, self.load[source])
             for p in self._candidates(source):
-                for target in targets:
+                for _, target in self.ranked:  # never holds `source`: it is overloaded
+                    if self.load[target] >= ceiling:
+                        break  # sorted by load, and a move only adds: no later target can do
                     after = self.load[target] + self._gain(p.task, source, target)
                     if (
                         after < self.cfg.high

@@ -71,6 +71,17 @@ class Ledger:
     def __init__(self, topology: Topology, placements: Iterable[Placement] = ()) -> None:
         self.usage = {node.name: NodeUsage(node) for node in topology.nodes}
         self.where: dict[str, Placement] = {}
+        # Free GPUs on ready nodes per island and per domain, kept current by add/remove, so
+        # a planner can skip islands too small for a group without summing over their nodes.
+        self.free_in_island: dict[str, int] = {}
+        self.free_in_domain: dict[str, int] = {}
+        for node in topology.nodes:
+            self.free_in_domain.setdefault(node.domain, 0)
+            for gpu in node.gpus:
+                self.free_in_island.setdefault(gpu.island, 0)
+                if node.schedulable:
+                    self.free_in_island[gpu.island] += 1
+                    self.free_in_domain[node.domain] += 1
         for placement in placements:
             self.add(placement)
 
@@ -97,6 +108,7 @@ class Ledger:
         usage.gpus.update(p.gpus)
         usage.tasks.add(p.task)
         self.where[p.task] = p
+        self._count_free(usage, p.gpus, -1)
 
     def remove(self, task: str) -> Placement:
         p = self.where.pop(task)
@@ -105,4 +117,12 @@ class Ledger:
         usage.memory_mb -= p.memory_mb
         usage.gpus.difference_update(p.gpus)
         usage.tasks.discard(task)
+        self._count_free(usage, p.gpus, +1)
         return p
+
+    def _count_free(self, usage: NodeUsage, gpus: tuple[int, ...], delta: int) -> None:
+        if not usage.node.schedulable:
+            return
+        for index in gpus:
+            self.free_in_island[usage.node.island_of(index)] += delta
+            self.free_in_domain[usage.node.domain] += delta

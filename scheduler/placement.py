@@ -119,23 +119,18 @@ def _place_group(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> list[Pla
 def _fitting(
     ledger: Ledger, group: LearnerGroup, candidates: dict[str, tuple[list[str], str | None]]
 ) -> tuple[list[str], str | None] | None:
-    """Best fit: of the candidates with room for every rank, the one with the fewest free GPUs."""
-    best: tuple[int, str] | None = None
-    for key, (nodes, island) in candidates.items():
-        free = sum(
-            ledger.usage[n].free_gpu_count
-            if island is None
-            else len(ledger.usage[n].free_gpus(island))
-            for n in nodes
-            if ledger.usage[n].node.schedulable
-        )
-        if free < group.total_gpus:
-            continue
-        if sum(_rank_slots(ledger.usage[n], group, island) for n in nodes) < group.ranks:
-            continue
-        if best is None or (free, key) < best:
-            best = (free, key)
-    return None if best is None else candidates[best[1]]
+    """Best fit: of the candidates with room for every rank, the one with the fewest free GPUs
+    (ties by label). Candidates with too few free GPUs in total are skipped unexamined."""
+    order = []
+    for key, (_, island) in candidates.items():
+        free = ledger.free_in_domain[key] if island is None else ledger.free_in_island[key]
+        if free >= group.total_gpus:
+            order.append((free, key))
+    for _, key in sorted(order):
+        nodes, island = candidates[key]
+        if sum(_rank_slots(ledger.usage[n], group, island) for n in nodes) >= group.ranks:
+            return candidates[key]
+    return None
 
 
 def _assign(
@@ -175,14 +170,7 @@ def _refusal(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> str:
     )
     parts = [need + (" on one NVLink island" if group.gpus_per_rank else " in one RDMA domain")]
     if group.gpus_per_rank:
-        free_by_island = {
-            label: sum(
-                len(ledger.usage[n].free_gpus(label))
-                for n in nodes
-                if ledger.usage[n].node.schedulable
-            )
-            for label, (nodes, _) in shape.islands.items()
-        }
+        free_by_island = ledger.free_in_island
         if free_by_island:
             label = max(sorted(free_by_island), key=lambda k: free_by_island[k])
             parts.append(f"largest free island has {free_by_island[label]} ({label})")

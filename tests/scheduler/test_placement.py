@@ -130,7 +130,15 @@ def test_plan_never_overcommits_and_loses_nothing(scene, gs, acts):
     topo, existing = scene
     plan = place(topo, existing, gs, acts)
     # Ledger.add refuses any over-commit, unknown GPU or duplicate task.
-    Ledger(topo, existing + plan.placements)
+    ledger = Ledger(topo, existing + plan.placements)
+    for label in topo.islands():
+        assert ledger.free_in_island[label] == sum(
+            1
+            for n in topo.nodes
+            if n.state == "ready"
+            for g in n.gpus
+            if g.island == label and g.index not in ledger.usage[n.name].gpus
+        )
     placed = [p.task for p in plan.placements]
     refused = [r.task for r in plan.refused]
     for g in gs:
