@@ -143,6 +143,8 @@ class NodeAgent:
         self._reports_idle = asyncio.Event()
         self._reports_idle.set()
         self._lock = asyncio.Lock()
+        self._assigned: list[TaskSpec] = []
+        self._assigned_fresh = asyncio.Event()
         self._watchers: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
@@ -160,7 +162,8 @@ class NodeAgent:
             await asyncio.gather(registered, return_exceptions=True)
             return
         loops = [
-            asyncio.create_task(self._heartbeat_loop(stop), name="shoal-heartbeat"),
+            asyncio.create_task(self._heartbeat_loop(), name="shoal-heartbeat"),
+            asyncio.create_task(self._reconcile_loop(stop), name="shoal-reconcile"),
             asyncio.create_task(self._report_loop(), name="shoal-reports"),
         ]
         try:
@@ -196,7 +199,9 @@ class NodeAgent:
                 )
                 await asyncio.sleep(pause)
 
-    async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
+    async def _heartbeat_loop(self) -> None:
+        """Heartbeat on time whatever the tasks do: starting and stopping them happens in
+        `_reconcile_loop`, so a slow `on_start` never makes the node look suspect."""
         backoff = Backoff(self.config.heartbeat_s, self.config.backoff_max_s)
         while True:
             try:
@@ -217,12 +222,21 @@ class NodeAgent:
                 await asyncio.sleep(pause)
                 continue
             backoff.reset()
-            if not stop.is_set():
-                try:
-                    await self.reconcile([TaskSpec.from_record(t) for t in reply["tasks"]])
-                except Exception:  # a bug here must not end the heartbeats (the node would die)
-                    log.exception("reconciling the tasks of %s failed; retrying", self.node_id)
+            try:
+                self._assigned = [TaskSpec.from_record(t) for t in reply["tasks"]]
+                self._assigned_fresh.set()
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("a heartbeat reply without a valid task list (%r): %s", exc, reply)
             await asyncio.sleep(self.config.heartbeat_s)
+
+    async def _reconcile_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self._assigned_fresh.wait()
+            self._assigned_fresh.clear()
+            try:
+                await self.reconcile(self._assigned)
+            except Exception:  # a bug here must not stop the node from following assignments
+                log.exception("reconciling the tasks of %s failed; retrying", self.node_id)
 
     async def reconcile(self, assigned: Sequence[TaskSpec]) -> None:
         """Bring what runs here in line with `assigned` (the tasks placed on this node)."""
@@ -230,12 +244,10 @@ class NodeAgent:
             self._reap_actors()
             local = {task_id: task.spec.generation for task_id, task in self.running.items()}
             todo = plan(assigned, local, self.done, self.accepting)
-            for task_id in todo.stop:
-                task = self.running.pop(task_id)
-                log.info(
-                    "stopping task %s: no longer wanted here (stopped, moved or unplaced)", task_id
-                )
-                await task.stop(self.config.stop_timeout_s)
+            stopping = [self.running.pop(task_id) for task_id in todo.stop]
+            for task in stopping:
+                log.info("stopping task %s: not wanted here any more", task.spec.id)
+            await asyncio.gather(*(t.stop(self.config.stop_timeout_s) for t in stopping))
             for spec in todo.start:
                 await self._start(spec)
 

@@ -213,6 +213,24 @@ def test_an_assigned_actor_runs_in_the_node_and_answers(cluster: Cluster) -> Non
     assert run(cluster, body) == "hi from the test"
 
 
+def test_a_slow_starting_actor_does_not_hold_up_the_heartbeats(cluster: Cluster) -> None:
+    task = {
+        "task_id": "slow-1",
+        "kind": "rollout",
+        "actor": "test_node_tasks:SlowStart",
+        "args": {"seconds": 2.5},  # longer than --suspect-after (1 s)
+    }
+
+    async def body(client: CoordinatorClient) -> list[str]:
+        since = int((await client.events(since=0, limit=1))["last_seq"])
+        await submit_and_place(client, "job-slow", "n1", [task])
+        await task_in(client, "slow-1", "running")
+        events = (await client.events(since=since))["events"]
+        return [e["message"] for e in events if e["kind"] == "node_liveness"]
+
+    assert not [m for m in run(cluster, body) if m.startswith("node n1 ")]
+
+
 def test_bad_tasks_fail_with_a_reason_and_the_node_stays_up(cluster: Cluster) -> None:
     tasks = [
         {"task_id": "bad-module", "kind": "rollout", "actor": "no_such_module_xyz:Thing"},

@@ -47,6 +47,19 @@ class FailsToStart(Actor):
         raise RuntimeError("no GPU here")
 
 
+class SlowStart(Actor):
+    """Takes its time in on_start, as a rollout actor building many environments does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def on_start(self) -> None:
+        await asyncio.sleep(self.seconds)
+
+    def ready(self) -> bool:
+        return True
+
+
 class Crasher(Actor):
     def crash(self) -> None:
         raise RuntimeError("boom")
