@@ -16,9 +16,11 @@ from typing import Any
 from aiohttp import web
 
 from shoal.raft.commands import ID
+from shoal.raft.context import ApiContext
 from shoal.raft.errors import BadRequest, Forbidden, RaftError, Unauthorized, ValidationError
-from shoal.raft.handlers import ROUTES, ApiContext, reply, route_error
+from shoal.raft.handlers import reply
 from shoal.raft.openapi import build_document
+from shoal.raft.route_table import ROUTES
 from shoal.raft.routes import Call, Param, Route
 from shoal.raft.schema import check
 
@@ -36,6 +38,16 @@ ALL_ROUTES: tuple[Route, ...] = (
     *ROUTES,
     Route("GET", "/openapi.json", openapi_document, "this document", tag="meta"),
 )
+
+
+def route_error(exc: RaftError) -> dict[str, Any]:
+    """The JSON body of an error answer: code, message, and the field or leader when known."""
+    return {
+        "error": exc.code,
+        "message": str(exc),
+        "field": exc.field,
+        "leader": getattr(exc, "leader", None),
+    }
 
 
 def _check_token(request: web.Request, token: str) -> None:

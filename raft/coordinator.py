@@ -24,7 +24,7 @@ from shoal.errors import ConfigError
 from shoal.raft.api import build_app
 from shoal.raft.bridge import RaftBridge
 from shoal.raft.config import CoordinatorConfig, RaftTimings, parse_address
-from shoal.raft.handlers import ApiContext
+from shoal.raft.context import ApiContext
 from shoal.raft.leader import LeaderDuties
 from shoal.raft.liveness import LivenessTable
 from shoal.raft.state import ClusterState

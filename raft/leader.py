@@ -12,8 +12,8 @@ import logging
 import time
 import uuid
 
+from shoal.raft.context import ApiContext
 from shoal.raft.errors import RaftError
-from shoal.raft.handlers import ApiContext
 
 log = logging.getLogger(__name__)
 RETRY_PERIOD = 0.1
