@@ -88,7 +88,8 @@ def test_udp_exchange_measures_a_skewed_server_clock():
     s, report = asyncio.run(_skewed_exchange())
     assert abs(s.offset_s - 0.25) <= s.error_s + 0.01
     assert report.available
-    assert report.metrics["offset_ms"] == pytest.approx(250.0, abs=10.0)
+    m = report.metrics
+    assert abs(m["offset_ms"] - 250.0) <= m["error_ms"] + 1.0
     assert report.metrics["delay_ms"] >= 0.0
 
 
