@@ -4,6 +4,8 @@ always a 4xx with a JSON error naming the field, never a 500 or a hang."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shoal.raft.api import ALL_ROUTES
 from shoal.raft.routes import Route
@@ -130,3 +132,26 @@ def test_metrics_use_prometheus_names(replica: InProcessReplica) -> None:
     assert status == 200
     assert "# TYPE shoal_api_requests_total counter" in text
     assert "shoal_raft_term " in text
+
+
+json_bodies = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+@pytest.mark.parametrize("route", BODY_ROUTES, ids=_rid)
+def test_arbitrary_json_bodies_never_cause_a_500(replica: InProcessReplica, route: Route) -> None:
+    assert route.body is not None
+    field_names = st.sampled_from(sorted(route.body["properties"]) or ["x"])
+
+    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(json_bodies | st.dictionaries(field_names, json_bodies, max_size=4))
+    def probe(body: object) -> None:
+        status, reply = replica.request(route.method, _path(route, "probe-id"), body)
+        assert status < 500, (body, reply)
+
+    probe()

@@ -185,3 +185,29 @@ def test_writes_and_heartbeats_sent_to_a_follower_reach_the_leader(cluster: Loca
     assert beat["node_id"] == "via-follower"
     assert seen_on_leader["liveness"] == "alive"
     assert "shoal_heartbeats_total" in leader_metrics  # the leader, not the follower, took it
+
+
+def test_a_consistent_read_on_a_follower_sees_a_write_acknowledged_by_the_leader(
+    cluster: LocalCluster,
+) -> None:
+    leader = leader_name(cluster)
+    leader_url = next(s.api_url for s in cluster.specs() if s.name == leader)
+    follower_url = next(s.api_url for s in cluster.specs() if s.name != leader)
+    assert leader_url is not None
+    assert follower_url is not None
+
+    async def scenario() -> list[str]:
+        seen = []
+        async with (
+            CoordinatorClient([leader_url], cluster.token) as on_leader,
+            CoordinatorClient([follower_url], cluster.token) as on_follower,
+        ):
+            for i in range(10):
+                job = await on_leader.submit_job(job_id=f"lin-{i}")
+                reply = await on_follower.request(
+                    "GET", f"/v1/jobs/{job['id']}", params={"consistent": True}
+                )
+                seen.append(reply["id"])
+        return seen
+
+    assert asyncio.run(scenario()) == [f"lin-{i}" for i in range(10)]
