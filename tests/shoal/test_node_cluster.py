@@ -268,12 +268,13 @@ def test_bad_tasks_fail_with_a_reason_and_the_node_stays_up(cluster: Cluster) ->
 
 
 def test_a_learner_rank_gets_sigterm_when_its_job_stops(cluster: Cluster) -> None:
-    marker = cluster.tmp / "rank-stop"
+    base = cluster.tmp / "rank-stop"
+    marker = Path(f"{base}.g1")
     task = {
         "task_id": "rank-stop",
         "kind": "learner-rank",
         "actor": "test_node_tasks:sleeper",
-        "args": {"argv": [str(marker)]},
+        "args": {"argv": [str(base)]},
     }
 
     async def body(client: CoordinatorClient) -> None:
@@ -284,6 +285,29 @@ def test_a_learner_rank_gets_sigterm_when_its_job_stops(cluster: Cluster) -> Non
 
     run(cluster, body)
     assert wait_for_file(marker).startswith("terminated")
+
+
+def test_a_moved_rank_stops_on_its_old_node_and_starts_on_the_new_one(cluster: Cluster) -> None:
+    base = cluster.tmp / "moved"
+    task = {
+        "task_id": "rank-moved",
+        "kind": "learner-rank",
+        "actor": "test_node_tasks:sleeper",
+        "args": {"argv": [str(base)]},
+    }
+
+    async def body(client: CoordinatorClient) -> dict[str, Any]:
+        await submit_and_place(client, "job-moved", "n1", [task])
+        await task_in(client, "rank-moved", "running")
+        await asyncio.to_thread(wait_for_file, Path(f"{base}.g1.pid"))
+        await client.place_tasks({"rank-moved": "n2"})  # generation 2
+        await asyncio.to_thread(wait_for_file, Path(f"{base}.g2.pid"))
+        return await task_in(client, "rank-moved", "running")
+
+    moved = run(cluster, body)
+    assert moved["node"] == "n2"
+    assert moved["generation"] == 2
+    assert wait_for_file(Path(f"{base}.g1")).startswith("terminated")  # the old rank's checkpoint
 
 
 def test_the_node_follows_a_new_leader(cluster: Cluster) -> None:
@@ -307,12 +331,13 @@ def test_the_node_follows_a_new_leader(cluster: Cluster) -> None:
 
 
 def test_kill_9_makes_the_node_suspect_then_dead(cluster: Cluster) -> None:
-    marker = cluster.tmp / "orphan"
+    base = cluster.tmp / "orphan"
+    marker = Path(f"{base}.g1")
     task = {
         "task_id": "rank-orphan",
         "kind": "learner-rank",
         "actor": "test_node_tasks:sleeper",
-        "args": {"argv": [str(marker)]},
+        "args": {"argv": [str(base)]},
     }
 
     async def place(client: CoordinatorClient) -> int:
@@ -344,14 +369,15 @@ def test_kill_9_makes_the_node_suspect_then_dead(cluster: Cluster) -> None:
 
 
 def test_sigterm_drains_the_node_and_exits_zero(cluster: Cluster) -> None:
-    marker = cluster.tmp / "drained-rank"
+    base = cluster.tmp / "drained-rank"
+    marker = Path(f"{base}.g1")
     tasks = [
         {"task_id": "drain-echo", "kind": "rollout", "actor": "test_node_tasks:Echo"},
         {
             "task_id": "drain-rank",
             "kind": "learner-rank",
             "actor": "test_node_tasks:sleeper",
-            "args": {"argv": [str(marker)]},
+            "args": {"argv": [str(base)]},
         },
     ]
 

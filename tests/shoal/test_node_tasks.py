@@ -70,8 +70,9 @@ class NotAnActor:
 
 
 def sleeper(argv: list[str]) -> int:
-    """Runs until SIGTERM, then writes argv[0] (as a learner rank checkpoints) and exits 0."""
-    marker = Path(argv[0])
+    """Runs until SIGTERM, then writes `<argv[0]>.g<generation>` (as a learner rank would
+    checkpoint) and exits 0; `<that>.pid` says it is up."""
+    marker = Path(f"{argv[0]}.g{os.environ['SHOAL_TASK_GENERATION']}")
 
     def on_term(signum: int, frame: object) -> None:
         marker.write_text(f"terminated {os.getpid()}")
@@ -226,11 +227,12 @@ def test_process_task_failure_reports_status_and_last_line(tmp_path: Path) -> No
 
 @pytest.mark.timeout(60)
 def test_process_task_stop_sends_sigterm_first(tmp_path: Path) -> None:
-    marker = tmp_path / "marker"
+    base = tmp_path / "marker"
+    marker = Path(f"{base}.g1")
 
     async def go() -> str | None:
         task = ProcessTask(
-            spec("test_node_tasks:sleeper", "learner-rank", argv=[str(marker)]),
+            spec("test_node_tasks:sleeper", "learner-rank", argv=[str(base)]),
             tmp_path,
             child_env(),
         )
