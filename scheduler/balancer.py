@@ -159,7 +159,7 @@ class _Round:
 
     def _fits(self, p: Placement, target: str) -> bool:
         usage = self.ledger.usage[target]
-        return usage.fits(p.cpus, p.memory_mb) and len(usage.free_gpus()) >= len(p.gpus)
+        return usage.fits(p.cpus, p.memory_mb) and usage.free_gpu_count >= len(p.gpus)
 
     def _move(self, p: Placement, target: str, gpus: tuple[int, ...], reason: str) -> None:
         gain = self._gain(p.task, p.node, target)
