@@ -130,9 +130,25 @@ def _same(actual: Any, expected: Any) -> bool:
     return bool(actual == json.loads(json.dumps(expected)))
 
 
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """The JSON objects among the lines the child wrote; anything else is ignored."""
+    events = []
+    for line in text.split("\n"):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
 def judge(facts: dict[str, Any], tests: Sequence[TestCase]) -> SandboxResult:
-    """Turn the server's facts about one episode into a verdict (pure; hypothesis tests it)."""
-    events = facts.get("events", [])
+    """Turn the server's facts about one episode into a verdict (pure; hypothesis tests it).
+
+    `facts["events"]` is the raw text of the child's result channel, one JSON object a line.
+    """
+    events = parse_events(str(facts.get("events", "")))
     by_index: dict[int, dict[str, Any]] = {}
     failure: tuple[Status, str] | None = None
     done = False

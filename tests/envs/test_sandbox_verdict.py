@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import signal
 
 from hypothesis import given
@@ -57,9 +58,14 @@ facts = st.fixed_dictionaries(
 tests = st.lists(st.builds(TestCase, st.text(max_size=5), json_values), max_size=6)
 
 
-@given(facts, tests)
-def test_reward_is_a_fraction_and_zero_unless_ok(f, cases):
-    result = judge(f, cases)
+def _text(events):
+    """The result channel as the child writes it: one JSON object a line."""
+    return "\n".join(json.dumps(e) for e in events)
+
+
+@given(facts, tests, st.text(max_size=20))
+def test_reward_is_a_fraction_and_zero_unless_ok(f, cases, garbage):
+    result = judge({**f, "events": _text(f["events"]) + "\n" + garbage}, cases)
     assert 0.0 <= result.reward <= 1.0
     assert 0 <= result.passed <= result.total == len(cases)
     assert len(result.tests) == len(cases)
@@ -73,13 +79,13 @@ def test_reward_is_a_fraction_and_zero_unless_ok(f, cases):
 def test_matching_values_and_done_earn_full_reward(values):
     cases = [TestCase(f"t{i}", v) for i, v in enumerate(values)]
     reported = [{"event": "test", "index": i, "value": v} for i, v in enumerate(values)]
-    result = judge({"events": [*reported, {"event": "done"}], "exit_code": 0}, cases)
+    result = judge({"events": _text([*reported, {"event": "done"}]), "exit_code": 0}, cases)
     assert result.status is Status.OK
     assert result.reward == 1.0
 
 
 def test_a_missing_done_means_the_code_left_early():
-    result = judge({"events": [], "exit_code": 0}, [TestCase("f()", 1)])
+    result = judge({"events": "", "exit_code": 0}, [TestCase("f()", 1)])
     assert result.status is Status.EXITED
     assert result.tests[0].error == "not run"
 
@@ -91,7 +97,7 @@ def test_a_tuple_result_matches_a_list_and_int_matches_float():
         {"event": "test", "index": 1, "value": 2},
         {"event": "done"},
     ]
-    assert judge({"events": events}, cases).reward == 1.0
+    assert judge({"events": _text(events)}, cases).reward == 1.0
 
 
 def test_exceptions_map_to_the_limit_they_reveal():
