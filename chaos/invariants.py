@@ -4,6 +4,7 @@ Pure except `leaked_processes` and `busy_ports`, which look at /proc and try to 
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,11 +68,13 @@ def recovered(faults: Sequence[dict[str, Any]]) -> Verdict:
 
 
 def leaked_processes(run_dir: Path) -> list[int]:
-    """Live processes whose command line names the run directory."""
+    """Live processes whose command line names the run directory, except this process and
+    its ancestors (`shoal chaos run --run-dir DIR` names it too)."""
     marker = str(run_dir.resolve()).encode()
+    ours = _self_and_ancestors()
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) in ours:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
@@ -81,6 +84,17 @@ def leaked_processes(run_dir: Path) -> list[int]:
         if marker in cmdline and state not in ("Z", "X"):
             found.append(int(entry.name))
     return found
+
+
+def _self_and_ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return pids
 
 
 def busy_ports(ports: Sequence[int]) -> list[int]:

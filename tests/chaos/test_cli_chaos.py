@@ -1,0 +1,114 @@
+"""`shoal chaos` end to end, as a user runs it: real replicas, real signals, real proxies."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.chaos import invariants
+from shoal.chaos.scenario import INVARIANTS
+from shoal.local import LocalCluster, coordinator_specs
+
+pytestmark = [pytest.mark.slow]
+
+
+def shoal(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "shoal", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(200)
+def test_smoke_scenario_holds_every_invariant(tmp_path: Path) -> None:
+    """The CI scenario: exit 0 only if every invariant held."""
+    run_dir = tmp_path / "run"
+    done = shoal("chaos", "run", "smoke", "--json", "--run-dir", str(run_dir), timeout=180)
+    try:
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        report = json.loads(done.stdout)
+        assert report["ok"] is True
+        assert set(report["invariants"]) == set(INVARIANTS)
+        assert all(v["held"] for v in report["invariants"].values())
+        kinds = [f["kind"] for f in report["faults"]]
+        assert kinds == ["kill", "pause", "api-partition", "api-delay"]
+        for fault in report["faults"]:
+            assert fault["recovered"], fault
+            assert fault["injected_at"] is not None
+            assert fault["healed_at"] >= fault["injected_at"]
+        assert report["operations"] > 100
+    finally:
+        assert invariants.leaked_processes(run_dir) == []
+
+
+@pytest.mark.timeout(200)
+def test_a_broken_bound_fails_the_run(tmp_path: Path) -> None:
+    """A majority down for 4 s cannot be writable 0.2 s after it is restarted: exit 1."""
+    scenario = tmp_path / "majority.toml"
+    scenario.write_text(
+        'name = "majority-down"\nduration_s = 8\nclients = 2\nkeys = 2\n'
+        'invariants = ["recovered", "linearizable", "no_leaks"]\n'
+        '[[faults]]\nkind = "kill"\ntarget = "leader"\nat = 1\nduration = 4\n'
+        "recover_within_s = 0.2\n"
+        '[[faults]]\nkind = "kill"\ntarget = "follower"\nat = 1\nduration = 4\n'
+        "recover_within_s = 0.2\n"
+    )
+    run_dir = tmp_path / "run"
+    done = shoal("chaos", "run", str(scenario), "--json", "--run-dir", str(run_dir), timeout=180)
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert report["invariants"]["recovered"]["held"] is False
+    assert "not recovered" in report["invariants"]["recovered"]["detail"]
+    assert report["invariants"]["linearizable"]["held"] is True
+    assert report["invariants"]["no_leaks"]["held"] is True
+    assert report["workload"]["unknown_outcome"] > 0
+    assert invariants.leaked_processes(run_dir) == []
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path / "run")
+    local.create(coordinator_specs(local.run_dir, 3))
+    try:
+        local.start_all()
+        local.wait_ready()
+        yield local
+    finally:
+        local.stop_all()
+        # Processes restarted by `shoal chaos inject` are known by their pid files only.
+        LocalCluster(local.run_dir).stop_all()
+
+
+@pytest.mark.timeout(120)
+def test_inject_kills_the_leader_and_restarts_it(cluster: LocalCluster) -> None:
+    leader_api = cluster.wait_ready()
+    leader = next(s.name for s in cluster.specs() if s.api_url == leader_api)
+    old_pid = cluster.pid(leader)
+    done = shoal(
+        "chaos", "inject", "kill", "leader", "--duration", "1", "--run-dir", str(cluster.run_dir),
+        timeout=100,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"SIGKILL {leader} (pid {old_pid})" in done.stdout
+    assert f"restarted {leader}" in done.stdout
+    assert LocalCluster(cluster.run_dir).pid(leader) not in (None, old_pid)
+
+
+def test_inject_refuses_bad_input(cluster: LocalCluster) -> None:
+    done = shoal("chaos", "inject", "kill", "c9", "--run-dir", str(cluster.run_dir), timeout=30)
+    assert done.returncode == 2
+    assert "no process 'c9'" in done.stderr
+    done = shoal("chaos", "run", "no-such-scenario", timeout=30)
+    assert done.returncode == 2
+    assert "smoke" in done.stderr

@@ -1,0 +1,73 @@
+"""Each invariant holds on good observations and names what broke on bad ones."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from shoal.chaos import invariants
+from shoal.chaos.history import Operation
+
+
+def test_linearizable_names_the_lost_write() -> None:
+    ops = [
+        Operation("a", "write", "k", "v1", 0, 1),
+        Operation("b", "read", "k", None, 2, 3),
+    ]
+    verdict = invariants.linearizable(ops)
+    assert not verdict.held
+    assert "b read k=None" in verdict.detail
+    assert invariants.linearizable(ops[:1]).held
+
+
+def test_digests() -> None:
+    same = {
+        "c1": {"digest": "ab" * 32, "commit_index": 7},
+        "c2": {"digest": "ab" * 32, "commit_index": 7},
+    }
+    assert invariants.digests_equal(same).held
+    differ = {**same, "c3": {"digest": "cd" * 32, "commit_index": 7}}
+    verdict = invariants.digests_equal(differ)
+    assert not verdict.held
+    assert "c3: cdcd" in verdict.detail
+    assert "c2" in invariants.digests_equal({**same, "c2": None}).detail
+
+
+def test_checkpoints_forward() -> None:
+    assert invariants.checkpoints_forward([100, 200], [0, 100, 200, 200], 200).held
+    back = invariants.checkpoints_forward([100, 200], [100, 200, 100], 200)
+    assert "from 200 to 100" in back.detail
+    lost = invariants.checkpoints_forward([100, 200], [100], 100)
+    assert "step 200 lost" in lost.detail
+
+
+def test_recovered() -> None:
+    good = {"kind": "kill", "target": "leader", "recovered": True, "recovery_s": 0.4}
+    assert "0.40 s" in invariants.recovered([good]).detail
+    late = {"kind": "pause", "target": "c2", "recovered": False, "recovery_s": None}
+    assert "pause c2" in invariants.recovered([good, late]).detail
+
+
+def test_leaks_are_found(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path)])
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        deadline = time.monotonic() + 10  # the child's cmdline is empty until exec finished
+        while proc.pid not in invariants.leaked_processes(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc.pid in invariants.leaked_processes(tmp_path)
+        assert invariants.busy_ports([port]) == [port]
+        assert not invariants.no_leaks([proc.pid], [port]).held
+    finally:
+        proc.kill()
+        proc.wait()
+        listener.close()
+    assert invariants.leaked_processes(tmp_path) == []
+    assert invariants.busy_ports([port]) == []
+    assert invariants.no_leaks([], []).held
