@@ -276,8 +276,9 @@ class Link:
 
     async def _flush(self) -> None:
         """Write the outbox; the caller has set `_writing`, so only one task writes at a time.
-        Small parts are coalesced into messages of up to `chunk_bytes`; a big part (an array's
-        own memory) goes out in slices, never copied here."""
+        Small parts are coalesced into messages of about `chunk_bytes` (at most 1.5x), together
+        with a buffer that fits; a bigger buffer (an array's own memory) goes out in slices,
+        never copied here."""
         chunk = self._config.chunk_bytes
         outbox = self._outbox
         # aiohttp writes any bytes-like object, though its annotation says bytes.
@@ -291,11 +292,13 @@ class Link:
                         outbox.appendleft(view[chunk:])
                     await send(view[:chunk])
                     continue
-                if not outbox or len(outbox[0]) >= chunk // 2:
-                    await send(first)
-                    continue
                 batch = bytearray(first)
-                while outbox and len(batch) < chunk and len(outbox[0]) < chunk // 2:
+                while outbox and len(batch) < chunk:
+                    size = len(outbox[0])
+                    if size >= chunk // 2 and len(batch) + size > chunk + chunk // 2:
+                        break
+                    # A header and the buffer behind it in one message: a memcpy costs less
+                    # than a websocket message more on both ends.
                     batch += outbox.popleft()
                 await send(batch)
         except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
