@@ -22,7 +22,14 @@ from typing import Any
 
 from shoal.errors import ConfigError
 from shoal.raft.client import RETRYABLE, CoordinatorClient
-from shoal.raft.errors import Conflict, NotFound, RaftError
+from shoal.raft.errors import (
+    Conflict,
+    Forbidden,
+    NotFound,
+    RaftError,
+    Unauthorized,
+    ValidationError,
+)
 from shoal.runtime.system import ActorSystem
 from shoal.tasks import PROCESS_KIND, ActorTask, ProcessTask, TaskError, TaskSpec
 
@@ -154,13 +161,17 @@ class NodeAgent:
     # -- the loops ---------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Raises the coordinator's error if it refuses the node for good (wrong token, invalid
+        registration); returns at once if `stop` is set before any coordinator answered."""
         registered = asyncio.ensure_future(self.register())
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([registered, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
         if not registered.done():
             registered.cancel()
             await asyncio.gather(registered, return_exceptions=True)
             return
+        registered.result()
         loops = [
             asyncio.create_task(self._heartbeat_loop(), name="shoal-heartbeat"),
             asyncio.create_task(self._reconcile_loop(stop), name="shoal-reconcile"),
@@ -176,7 +187,8 @@ class NodeAgent:
             await self._stop_all("node agent closed")
 
     async def register(self) -> None:
-        """Register (retrying until a coordinator answers); end a drain left by our last exit."""
+        """Register, retrying while no coordinator answers; end a drain left by our last exit.
+        A refusal that retrying cannot cure (401, 403, 422) is raised."""
         reg = self.registration
         backoff = Backoff(0.1, self.config.backoff_max_s)
         while True:
@@ -188,6 +200,9 @@ class NodeAgent:
                     await self.client.uncordon(reg.node_id)
                 log.info("registered node %s at %s", reg.node_id, reg.address)
                 return
+            except (Unauthorized, Forbidden, ValidationError) as exc:
+                log.error("the coordinators refused node %s for good: %s", reg.node_id, exc)
+                raise
             except RaftError as exc:
                 pause = backoff.take()
                 log.warning(
@@ -300,10 +315,6 @@ class NodeAgent:
         self._pending[spec.id] = (spec.generation, state, message[:4000])
         self._reports_idle.clear()
         self._report_wake.set()
-
-    @property
-    def unreported(self) -> int:
-        return len(self._pending)
 
     async def _report_loop(self) -> None:
         backoff = Backoff(0.1, self.config.backoff_max_s)

@@ -166,6 +166,22 @@ def wait_for_file(path: Path, timeout: float = 30.0) -> str:
     return path.read_text()
 
 
+def test_a_node_with_a_wrong_token_exits_with_one_line(cluster: Cluster) -> None:
+    token = cluster.tmp / "wrong-token"
+    token.write_text("not-the-token")
+    token.chmod(0o600)
+    argv = [
+        sys.executable, "-m", "shoal", "node",
+        "--coordinators", ",".join(cluster.local.api_urls()),
+        "--data-dir", str(cluster.tmp / "intruder"), "--token-file", str(token),
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("shoal: error: ")
+    assert "token" in last
+
+
 def test_nodes_register_their_gpus_and_heartbeat_health(cluster: Cluster) -> None:
     async def body(client: CoordinatorClient) -> dict[str, Any]:
         async def registered() -> dict[str, Any] | None:
