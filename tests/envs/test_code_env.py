@@ -114,3 +114,25 @@ def test_evaluating_the_reference_policy_gives_exact_counts():
 def test_an_unknown_suite_names_the_known_ones():
     with pytest.raises(UnknownTaskSuite, match=r"choose one of \['basic'\]"):
         suite("advanced")
+
+
+@pytest.mark.timeout(60)
+def test_a_linear_softmax_policy_learns_code_choice_by_policy_gradient():
+    """The discrete variant is learnable from its reward alone (what PPO will do, minus PPO)."""
+    vec = make_vector("CodeChoice-v1", 64, seed=0)
+    rng = np.random.default_rng(0)
+    weights = np.zeros((len(BASIC), NUM_CANDIDATES))
+    obs = vec.reset()
+    for _ in range(300):
+        logits = obs @ weights
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        actions = np.array([rng.choice(NUM_CANDIDATES, p=p) for p in probs])
+        step = vec.step(actions)
+        advantage = step.reward - step.reward.mean()
+        grad = -probs
+        grad[np.arange(64), actions] += 1.0
+        weights += 0.5 * obs.T @ (grad * advantage[:, None])
+        obs = step.obs
+    greedy = (obs @ weights).argmax(axis=1)
+    assert np.array_equal(greedy, reference_policy()(obs))
