@@ -322,3 +322,12 @@ def test_frame_reader_knows_when_it_is_mid_frame() -> None:
     assert reader.feed(stream[:30]) == []
     assert reader.mid_frame
     assert len(reader.feed(stream[30:])) == 1
+
+
+def test_a_state_dict_and_parameters_cross_as_plain_tensors() -> None:
+    layer = torch.nn.Linear(4, 3)
+    back = roundtrip({"weights": layer.state_dict(), "param": layer.weight})
+    assert list(back["weights"]) == ["weight", "bias"]
+    assert torch.equal(back["weights"]["bias"], layer.bias.detach())
+    assert type(back["param"]) is torch.Tensor
+    assert torch.equal(back["param"], layer.weight.detach())
