@@ -26,6 +26,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "train",
     "eval",
     "chaos",
+    "completion",
 )
 
 
