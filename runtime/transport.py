@@ -579,13 +579,19 @@ class Transport:
         return f"<Transport {self.address or 'stopped'} in={len(self._inbound)} out={len(self._peers)}>"
 
     async def start(self) -> str:
-        """Listen and return this process's address, 'shoal://host:port'."""
+        """Listen and return this process's address, 'shoal://host:port'; raises OSError
+        when the port is taken."""
         app = web.Application()
         app.router.add_get(ROUTE, self._accept)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError:  # the port is taken, or the host is not ours: leave nothing behind
+            await self._runner.cleanup()
+            self._runner = None
+            raise
         port = self._runner.addresses[0][1]
         self.address = f"{SCHEME}{self.config.host}:{port}"
         # The session's timeout covers the websocket upgrade only; links live indefinitely.

@@ -298,3 +298,16 @@ def test_tells_and_asks_of_one_link_reach_the_actor_in_send_order() -> None:
             assert await ledger.ask.seen() == list(range(300))
 
     run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_taken_port_raises_os_error_and_leaves_nothing_running() -> None:
+    async def main() -> None:
+        async with node() as (_, first):
+            port = int(first.address.rsplit(":", 1)[1])
+            async with ActorSystem() as system:
+                with pytest.raises(OSError):
+                    await attach(system, TransportConfig(token=TOKEN, port=port))
+                assert system.address is None
+
+    run(main())
