@@ -214,6 +214,10 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._closed = False
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="sandbox")
+        # A server gets SIGKILL when the *thread* that started it ends (its parent-death
+        # signal follows the thread), so every server is started from this one, which lives
+        # as long as the pool; a caller's thread may end any time.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawner")
         try:
             for _ in range(workers):
                 self._add_server()
@@ -222,7 +226,7 @@ class SandboxPool:
             raise
 
     def _add_server(self) -> None:
-        server = _Server(self.limits, Path(self._tmp.name))
+        server = self._spawner.submit(_Server, self.limits, Path(self._tmp.name)).result()
         with self._lock:
             self._servers.append(server)
         self._idle.put(server)
@@ -282,8 +286,13 @@ class SandboxPool:
         with self._lock:
             if broken in self._servers:
                 self._servers.remove(broken)
-        if not self._closed:
+        if self._closed:
+            return
+        try:
             self._add_server()
+        except RuntimeError:  # the spawner was shut down by a close() racing with us
+            if not self._closed:
+                raise
 
     def close(self) -> None:
         """Stop every server (each removes its episode directories) and the temp root; idempotent."""
@@ -293,6 +302,7 @@ class SandboxPool:
             servers, self._servers = self._servers, []
         for server in servers:
             server.close(timeout=self.limits.timeout_s + _REPLY_GRACE_S)
+        self._spawner.shutdown(wait=True)
         self._tmp.cleanup()
 
     def __enter__(self) -> SandboxPool:

@@ -321,3 +321,20 @@ def test_allowed_modules_import_inside_the_chroot_and_others_do_not(pool):
     refused = pool.run("import sqlite3\n")
     assert refused.status is Status.RUNTIME_ERROR
     assert "ModuleNotFoundError" in refused.message
+
+
+@pytest.mark.timeout(60)
+def test_a_server_replaced_from_a_short_lived_thread_outlives_it():
+    """Servers die with the thread that started them (parent-death signal), so the pool must
+    not start them from a caller's thread that may end."""
+    with SandboxPool(workers=1, limits=LIMITS) as p:
+
+        def kill_and_run() -> None:
+            os.kill(p.server_pids()[0], signal.SIGKILL)
+            assert p.run(GOOD).status is Status.SANDBOX_ERROR
+
+        caller = threading.Thread(target=kill_and_run)
+        caller.start()
+        caller.join()
+        time.sleep(0.2)
+        _assert_still_works(p)
