@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
+from gymnasium import spaces
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from shoal.envs.evaluation import (
     Variant,
     episode_quotas,
     evaluate,
+    random_actions,
     render_html,
     summarise,
     write_report,
@@ -169,3 +171,24 @@ def test_report_into_a_file_path_is_refused(tmp_path):
     with pytest.raises(EvaluationError, match="pick a writable out_dir"):
         write_report(result, blocker)
     assert "<svg" in render_html(result)
+
+
+@given(
+    st.integers(1, 20),
+    st.integers(-5, 5),
+    st.lists(st.integers(1, 6), min_size=1, max_size=3),
+    st.integers(0, 2**31 - 1),
+)
+def test_random_actions_lie_in_their_space(n, start, nvec, seed):
+    rng = np.random.default_rng(seed)
+    bounds = np.array([-1.0, -np.inf], np.float32), np.array([2.0, np.inf], np.float32)
+    box = spaces.Box(low=bounds[0], high=bounds[1], dtype=np.float32)
+    for space in (spaces.Discrete(n, start=start), box, spaces.MultiDiscrete(nvec)):
+        actions = random_actions(space, 7, rng)
+        assert len(actions) == 7
+        assert all(space.contains(np.asarray(a, dtype=space.dtype)) for a in actions)
+
+
+def test_action_noise_on_an_unsupported_space_names_the_way_out():
+    with pytest.raises(EvaluationError, match=r"pass action_noise=\(\)"):
+        random_actions(spaces.Text(5), 1, np.random.default_rng(0))
