@@ -421,6 +421,16 @@ async def _measure(quick: bool) -> list[Row]:
             )
             rows.append(
                 Row(
+                    "cross-process tell (small)",
+                    "msgs/s",
+                    tells,
+                    await tcp.stream(sizes.tells, small),
+                    "raw asyncio TCP one-way",
+                    True,
+                )
+            )
+            rows.append(
+                Row(
                     "cross-process pipelined ask",
                     "calls/s",
                     await _pipelined_asks(sink, sizes.pipelined),
