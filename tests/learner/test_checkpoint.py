@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from fractions import Fraction
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
 from shoal.learner.checkpoint import CheckpointManager, SaveSchedule
@@ -273,3 +276,50 @@ def test_saving_the_same_step_and_content_again_rewrites_nothing(manager):
     assert (first.path.stat().st_mtime_ns, first.manifest.stat().st_mtime_ns) == written
     changed = manager.save({**state_for(4), "extra": 1}, 4, block=True)
     assert manager.latest().sha256 == changed.sha256 != first.sha256
+
+
+leaves = st.one_of(
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.booleans(),
+    st.none(),
+    st.lists(st.floats(-1e6, 1e6, width=32), max_size=6).map(
+        lambda v: torch.tensor(v, dtype=torch.float32)
+    ),
+)
+states = st.dictionaries(
+    st.text(min_size=1, max_size=6),
+    st.recursive(
+        leaves,
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+        ),
+        max_leaves=8,
+    ),
+    max_size=5,
+)
+
+
+def assert_same(a, b):
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+@given(state=states, step=st.integers(0, 10**9))
+@settings(max_examples=15, deadline=None)
+def test_any_storable_state_round_trips(state, step):
+    with tempfile.TemporaryDirectory() as directory, CheckpointManager(directory) as mgr:
+        info = mgr.save(state, step, block=True)
+        assert mgr.latest() == info
+        assert_same(state, mgr.load(info))
