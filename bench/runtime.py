@@ -118,6 +118,9 @@ class Stats(Actor):
     def growth(self) -> int:
         return self.rss.growth
 
+    def cpu(self) -> float:
+        return time.process_time()
+
 
 async def _ws_handler(request: web.Request) -> web.WebSocketResponse:
     """Bare websocket baseline: echo binary messages on /echo, count bytes on /sink."""
@@ -241,6 +244,15 @@ async def _rate(work: Callable[[], Awaitable[None]], count: int) -> float:
     start = time.perf_counter()
     await work()
     return count / (time.perf_counter() - start)
+
+
+async def _cpu_cost(stats: ActorRef, work: Callable[[], Awaitable[Any]], units: float) -> float:
+    """µs of CPU both processes spent per unit of `work`: unlike rates, this hardly moves when
+    other jobs share the machine's cores."""
+    before = time.process_time() + await stats.ask.cpu()
+    await work()
+    after = time.process_time() + await stats.ask.cpu()
+    return (after - before) * 1e6 / units
 
 
 async def _local_tells(n: int) -> tuple[float, float]:
@@ -499,6 +511,7 @@ async def _measure(quick: bool) -> list[Row]:
                         True,
                     )
                 )
+            rows += await _cpu_rows(system.ref(f"{address}/stats"), sink, ws, tcp, sizes)
             producer, consumer = await _overrun(system, address, sizes.overrun)
             bound = (CONSUMER_CREDIT_BYTES + (CONSUMER_MAILBOX + 2) * 4 * 256 * 1024) / MB
             rows.append(
@@ -522,6 +535,53 @@ async def _measure(quick: bool) -> list[Row]:
                 )
             )
     return rows
+
+
+async def _cpu_rows(stats: ActorRef, sink: ActorRef, ws: _Ws, tcp: _Tcp, sizes: Sizes) -> list[Row]:
+    import torch
+
+    async def asks() -> None:
+        for _ in range(sizes.asks):
+            await sink.ask.echo(7)
+
+    async with ws.echo(b"x" * 16) as echo:
+
+        async def echoes() -> None:
+            for _ in range(sizes.asks):
+                await echo()
+
+        ask_cpu = await _cpu_cost(stats, asks, sizes.asks)
+        echo_cpu = await _cpu_cost(stats, echoes, sizes.asks)
+    tensor = torch.ones(256 * 1024)
+    payload = tensor.numpy().tobytes()
+    megabytes = sizes.big_tensors * len(payload) / MB
+
+    async def shoal_stream() -> None:
+        await _remote_tells(sink, sizes.big_tensors, tensor)
+
+    async def tcp_stream() -> None:
+        await tcp.stream(sizes.big_tensors, payload)
+
+    stream_cpu = await _cpu_cost(stats, shoal_stream, megabytes)
+    tcp_cpu = await _cpu_cost(stats, tcp_stream, megabytes)
+    return [
+        Row(
+            "CPU per cross-process ask (both ends)",
+            "us",
+            ask_cpu,
+            echo_cpu,
+            "bare websocket echo",
+            False,
+        ),
+        Row(
+            "CPU per MB streamed, 1 MiB tensors (both ends)",
+            "us/MB",
+            stream_cpu,
+            tcp_cpu,
+            "raw asyncio TCP",
+            False,
+        ),
+    ]
 
 
 def _ray_ask_p50(n: int) -> float | None:
