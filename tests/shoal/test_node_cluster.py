@@ -326,6 +326,44 @@ def test_a_moved_rank_stops_on_its_old_node_and_starts_on_the_new_one(cluster: C
     assert wait_for_file(Path(f"{base}.g1")).startswith("terminated")  # the old rank's checkpoint
 
 
+def test_a_report_made_while_every_coordinator_is_down_arrives_later(cluster: Cluster) -> None:
+    base = cluster.tmp / "outage"
+    task = {
+        "task_id": "rank-outage",
+        "kind": "learner-rank",
+        "actor": "test_node_tasks:sleeper",
+        "args": {"argv": [str(base)]},
+    }
+
+    async def place(client: CoordinatorClient) -> None:
+        await submit_and_place(client, "job-outage", "n1", [task])
+        await task_in(client, "rank-outage", "running")
+
+    run(cluster, place)
+    pid = int(wait_for_file(Path(f"{base}.g1.pid")))
+    local = cluster.local
+    names = [s.name for s in local.specs()]
+    try:
+        for name in names:
+            local.kill(name)
+        os.kill(pid, signal.SIGTERM)  # the rank ends while nobody can hear about it
+        log = cluster.nodes["n1"].log
+        deadline = time.monotonic() + 30
+        while "cannot report task rank-outage stopped yet" not in log.read_text():
+            assert time.monotonic() < deadline, cluster.nodes["n1"].tail()
+            time.sleep(0.1)
+        assert "heartbeat of n1 failed: coordinators" in log.read_text()
+        assert cluster.nodes["n1"].process.poll() is None
+    finally:
+        for name in names:
+            if local.pid(name) is None:
+                local.start(name)
+        local.wait_ready()
+
+    stopped = run(cluster, lambda c: task_in(c, "rank-outage", "stopped"))
+    assert stopped["message"] == "exited with status 0"
+
+
 def test_the_node_follows_a_new_leader(cluster: Cluster) -> None:
     local = cluster.local
     leader_url = local.wait_ready()
