@@ -7,6 +7,7 @@ import importlib
 
 # suite name -> module in shoal.bench exposing `run(quick: bool) -> list[Row]`
 SUITES: dict[str, str] = {
+    "chaos": "chaos",
     "envs": "envs",
     "raft": "raft",
     "runtime": "runtime",

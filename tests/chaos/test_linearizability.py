@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from shoal.chaos.errors import HistoryError
 from shoal.chaos.history import HistoryRecorder, Operation
-from shoal.chaos.linearizability import KeyValueModel, RegisterModel, check
+from shoal.chaos.linearizability import KeyValueModel, RegisterModel, check, check_partition
 
 
 def w(client: str, value: int, invoke: float, complete: float | None, key: str = "x"):
@@ -149,3 +149,33 @@ def test_many_unseen_pending_writes_stay_cheap() -> None:
     ops += [r("b", 0, 300, 301)]
     assert check(ops).ok
     assert not check([*ops, r("b", 5, 302, 303)]).ok
+
+
+_small_ops = st.lists(
+    st.builds(
+        lambda kind, value, start, length, pending: Operation(
+            "c",
+            kind,
+            "x",
+            value,
+            start,
+            None if pending and kind == "write" else start + length,
+        ),
+        st.sampled_from(["read", "write"]),
+        st.sampled_from([None, 1, 2]),
+        st.floats(0, 10),
+        st.floats(0, 4),
+        st.booleans(),
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_small_ops)
+def test_memoisation_never_changes_the_verdict(ops: list[Operation]) -> None:
+    """Any small history, linearizable or not: the memoised search agrees with the plain one."""
+    model = RegisterModel()
+    memo = check_partition(model, "x", ops)
+    plain = check_partition(model, "x", ops, memoise=False)
+    assert (memo is None) == (plain is None)
