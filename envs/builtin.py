@@ -52,3 +52,16 @@ def register_builtins(registry: Registry) -> None:
             requirements=_NUMPY,
             description=description,
         )
+    registry.register(
+        "CodeExec-v1",
+        "shoal.envs.code_env:CodeExecEnv",
+        requirements=("numpy",),
+        description="write a Python function for one of 24 small tasks; reward = tests passed",
+    )
+    registry.register(
+        "CodeChoice-v1",
+        "shoal.envs.code_env:CodeChoiceEnv",
+        vector_entry_point="shoal.envs.code_env:make_choice_vector",
+        requirements=("numpy",),
+        description="pick one of 4 candidate programs per task (one-hot task id); PPO-learnable",
+    )

@@ -23,7 +23,6 @@ from gymnasium import spaces
 from shoal.envs.base import BaseEnvironment
 from shoal.envs.code_tasks import CodeTask, suite
 from shoal.envs.errors import InvalidAction
-from shoal.envs.registry import register
 from shoal.envs.sandbox import Limits, SandboxPool, SandboxResult
 from shoal.envs.vector import VectorEnvironment, VectorStep, check_actions, check_num_envs
 
@@ -232,18 +231,3 @@ class CodeChoiceVector(VectorEnvironment):
 
 def make_choice_vector(num_envs: int, seed: int | None = None, **kwargs: Any) -> CodeChoiceVector:
     return CodeChoiceVector(num_envs, seed, **kwargs)
-
-
-register(
-    "CodeExec-v1",
-    "shoal.envs.code_env:CodeExecEnv",
-    requirements=("numpy",),
-    description="write a Python function for one of 24 small tasks; reward = tests passed",
-)
-register(
-    "CodeChoice-v1",
-    "shoal.envs.code_env:CodeChoiceEnv",
-    vector_entry_point="shoal.envs.code_env:make_choice_vector",
-    requirements=("numpy",),
-    description="pick one of 4 candidate programs per task (one-hot task id); PPO-learnable",
-)
