@@ -17,6 +17,7 @@ from aiohttp import web
 
 from shoal.raft.commands import ID
 from shoal.raft.context import ApiContext
+from shoal.raft.dashboard import DASHBOARD_ROUTES
 from shoal.raft.errors import BadRequest, Forbidden, RaftError, Unauthorized, ValidationError
 from shoal.raft.handlers import reply
 from shoal.raft.openapi import build_document
@@ -36,6 +37,7 @@ async def openapi_document(ctx: ApiContext, call: Call) -> web.Response:
 
 ALL_ROUTES: tuple[Route, ...] = (
     *ROUTES,
+    *DASHBOARD_ROUTES,
     Route("GET", "/openapi.json", openapi_document, "this document", tag="meta"),
 )
 
