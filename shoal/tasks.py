@@ -20,6 +20,7 @@ import ctypes
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import signal
@@ -126,15 +127,19 @@ class ActorTask:
     async def start(self) -> None:
         cls = resolve_actor(self.spec.actor)
         from_args = getattr(cls, "from_task_args", None)
-        factory: Callable[[], Actor] = (
-            functools.partial(from_args, self.spec.args)
-            if callable(from_args)
-            else functools.partial(cls, **self.spec.args)
-        )
+        factory: Callable[[], Actor]
+        if callable(from_args):
+            factory = functools.partial(from_args, self.spec.args)
+        else:
+            try:
+                inspect.signature(cls).bind(**self.spec.args)
+            except TypeError as exc:
+                raise TaskError(
+                    f"the task args {sorted(self.spec.args)} do not fit {self.spec.actor}: {exc}"
+                ) from None
+            factory = functools.partial(cls, **self.spec.args)
         try:
             self.ref = await self._system.spawn(factory, name=actor_name(self.spec.id))
-        except TypeError as exc:
-            raise TaskError(f"cannot build {self.spec.actor} from the task args: {exc}") from None
         except Exception as exc:
             raise TaskError(
                 f"{self.spec.actor} failed to start: {type(exc).__name__}: {exc}"

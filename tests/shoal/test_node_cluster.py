@@ -267,7 +267,7 @@ def test_bad_tasks_fail_with_a_reason_and_the_node_stays_up(cluster: Cluster) ->
     expected = {
         "bad-module": "cannot import module 'no_such_module_xyz'",
         "bad-class": "not a shoal.runtime.Actor subclass",
-        "bad-args": "unexpected keyword argument 'colour'",
+        "bad-args": "the task args ['colour'] do not fit test_node_tasks:Echo",
         "bad-rank": "exited with status 3: bad rank config: --world 0",
     }
 

@@ -191,7 +191,8 @@ def test_an_actor_the_system_gave_up_on_has_exited_with_its_error() -> None:
 @pytest.mark.parametrize(
     ("actor", "args", "fragment"),
     [
-        ("test_node_tasks:Echo", {"colour": "red"}, "cannot build .*unexpected keyword"),
+        ("test_node_tasks:Echo", {"colour": "red"}, "args \\['colour'\\] do not fit .*'colour'"),
+        ("test_node_tasks:SlowStart", {}, "do not fit .*missing a required argument: 'seconds'"),
         ("test_node_tasks:FailsToStart", {}, "failed to start: RuntimeError: no GPU here"),
         ("test_node_tasks:NotAnActor", {}, "not a shoal.runtime.Actor"),
     ],
