@@ -552,6 +552,24 @@ async def _cpu_rows(stats: ActorRef, sink: ActorRef, ws: _Ws, tcp: _Tcp, sizes: 
 
         ask_cpu = await _cpu_cost(stats, asks, sizes.asks)
         echo_cpu = await _cpu_cost(stats, echoes, sizes.asks)
+    small = b"x" * 16
+
+    async def pipelined() -> None:
+        await _pipelined_asks(sink, sizes.pipelined)
+
+    async def pipelined_echoes() -> None:
+        await ws.echo_rate(sizes.pipelined, small)
+
+    async def tells() -> None:
+        await _remote_tells(sink, sizes.tells, 7)
+
+    async def ws_stream() -> None:
+        await ws.stream(sizes.tells, small)
+
+    pipelined_cpu = await _cpu_cost(stats, pipelined, sizes.pipelined)
+    pipelined_echo_cpu = await _cpu_cost(stats, pipelined_echoes, sizes.pipelined)
+    tell_cpu = await _cpu_cost(stats, tells, sizes.tells)
+    ws_tell_cpu = await _cpu_cost(stats, ws_stream, sizes.tells)
     tensor = torch.ones(256 * 1024)
     payload = tensor.numpy().tobytes()
     megabytes = sizes.big_tensors * len(payload) / MB
@@ -565,6 +583,22 @@ async def _cpu_rows(stats: ActorRef, sink: ActorRef, ws: _Ws, tcp: _Tcp, sizes: 
     stream_cpu = await _cpu_cost(stats, shoal_stream, megabytes)
     tcp_cpu = await _cpu_cost(stats, tcp_stream, megabytes)
     return [
+        Row(
+            "CPU per small tell (both ends)",
+            "us",
+            tell_cpu,
+            ws_tell_cpu,
+            "bare websocket one-way",
+            False,
+        ),
+        Row(
+            "CPU per pipelined ask (both ends)",
+            "us",
+            pipelined_cpu,
+            pipelined_echo_cpu,
+            "bare websocket echo",
+            False,
+        ),
         Row(
             "CPU per cross-process ask (both ends)",
             "us",

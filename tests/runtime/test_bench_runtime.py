@@ -29,6 +29,10 @@ def test_quick_run_yields_one_row_per_figure_with_baselines() -> None:
         "stream 1 MiB float32 tensors",
         "overrun 10x: producer RSS growth",
         "overrun 10x: consumer RSS growth",
+        "CPU per small tell (both ends)",
+        "CPU per pipelined ask (both ends)",
+        "CPU per cross-process ask (both ends)",
+        "CPU per MB streamed, 1 MiB tensors (both ends)",
     } <= metrics
     for row in rows:
         assert math.isfinite(row.shoal)
