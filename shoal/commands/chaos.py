@@ -42,6 +42,14 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_run_dir(inject)
     inject.set_defaults(func=_inject)
 
+    proxy = sub.add_parser(
+        "proxy", help="a fault proxy on 127.0.0.1 in front of TARGET, switched over HTTP"
+    )
+    proxy.add_argument("target", help="HOST:PORT the proxy forwards to")
+    proxy.add_argument("--listen", type=int, default=0, help="port to listen on (0: any free)")
+    proxy.add_argument("--control", type=int, default=0, help="control API port (0: any free)")
+    proxy.set_defaults(func=_proxy)
+
 
 def _once(scenario_arg: str, run_dir: Path | None, keep: bool, quiet: bool) -> dict[str, Any]:
     import shutil
@@ -130,3 +138,40 @@ def _target(cluster: Any, target: str) -> str:
     if not followers:
         raise FaultError("no running follower to fault")
     return followers[0]
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from shoal.errors import ConfigError
+
+    host, sep, port = args.target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"target={args.target!r} is not HOST:PORT with a port in 1..65535")
+    for key in ("listen", "control"):
+        if not 0 <= getattr(args, key) < 65536:
+            raise ConfigError(f"--{key}={getattr(args, key)} is not a port in 0..65535")
+    asyncio.run(_serve_proxy((host, int(port)), args.listen, args.control))
+    return 0
+
+
+async def _serve_proxy(target: tuple[str, int], listen: int, control: int) -> None:
+    """Serve until SIGINT/SIGTERM; prints the two ports first, one line each, for scripts."""
+    import asyncio
+    import signal
+
+    from shoal.chaos.proxy import FaultProxy
+    from shoal.chaos.proxy_control import serve_control
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with FaultProxy(target, listen) as proxy:
+        runner = await serve_control({"proxy": proxy}, control)
+        try:
+            print(f"proxy 127.0.0.1:{proxy.port} -> {target[0]}:{target[1]}", flush=True)
+            print(f"control http://127.0.0.1:{runner.addresses[0][1]}/proxies", flush=True)
+            await stop.wait()
+        finally:
+            await runner.cleanup()

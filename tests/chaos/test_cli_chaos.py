@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,3 +115,50 @@ def test_inject_refuses_bad_input(cluster: LocalCluster) -> None:
     done = shoal("chaos", "run", "no-such-scenario", timeout=30)
     assert done.returncode == 2
     assert "smoke" in done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_standalone_proxy_is_switched_over_http() -> None:
+    """`shoal chaos proxy` between this test and a real TCP server; faults set with curl-like
+    HTTP calls take effect on the byte stream."""
+    server = socket.create_server(("127.0.0.1", 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "chaos", "proxy", f"127.0.0.1:{server.getsockname()[1]}"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        proxy_port = int(proc.stdout.readline().split()[1].rsplit(":", 1)[1])
+        control = proc.stdout.readline().split()[1]
+        with socket.create_connection(("127.0.0.1", proxy_port), timeout=10) as client:
+            upstream, _ = server.accept()
+            with upstream:
+                client.sendall(b"through")
+                assert upstream.recv(100) == b"through"
+                request = urllib.request.Request(
+                    control.replace("/proxies", "/proxies/proxy/reset"), method="POST"
+                )
+                with urllib.request.urlopen(request, timeout=10) as resp:
+                    assert json.loads(resp.read()) == {"reset": 1}
+                with pytest.raises(ConnectionResetError):
+                    client.recv(1)
+        bad = urllib.request.Request(
+            control.replace("/proxies", "/proxies/proxy/faults"),
+            data=b'{"loss": 7}',
+            method="PUT",
+        )
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(bad, timeout=10)
+        assert info.value.code == 400
+        assert "loss=7" in info.value.read().decode()
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+        server.close()
+
+
+def test_standalone_proxy_refuses_a_bad_target() -> None:
+    done = shoal("chaos", "proxy", "nowhere", timeout=30)
+    assert done.returncode == 2
+    assert "target='nowhere'" in done.stderr
