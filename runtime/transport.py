@@ -477,11 +477,13 @@ class Link:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
         try:
-            if tell_peer and not self._ws.closed:
-                frame = wire.encode(["e", type(error).__name__, str(error)])
-                await self._ws.send_bytes(b"".join(bytes(p) for p in frame.parts))
-            await self._ws.close()
-        except (ConnectionError, aiohttp.ClientError, RuntimeError):
+            # Bounded: a peer that stopped reading must not keep this link half-closed.
+            async with asyncio.timeout(_CLOSE_TIMEOUT):
+                if tell_peer and not self._ws.closed:
+                    frame = wire.encode(["e", type(error).__name__, str(error)])
+                    await self._ws.send_bytes(b"".join(bytes(p) for p in frame.parts))
+                await self._ws.close()
+        except (ConnectionError, aiohttp.ClientError, RuntimeError, TimeoutError):
             pass
         finally:
             if not self._closed.done():
@@ -521,6 +523,7 @@ class _Broken(Exception):
 
 
 _MAX_ASK_TIMEOUT = 7 * 24 * 3600.0
+_CLOSE_TIMEOUT = 2.0
 
 _SHAPES: dict[str, tuple[type | tuple[type, ...], ...]] = {
     "t": (str, str, list, dict),
