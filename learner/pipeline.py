@@ -99,13 +99,6 @@ class PipelineConfig:
             )
 
 
-def make_env(env_id: str, num_envs: int, seed: int) -> VectorEnvironment:
-    """The vector environment, registering the code environments on first use."""
-    if env_id.lower().startswith("code"):
-        import shoal.envs.code_env  # noqa: F401  (registers CodeChoice-v1 and CodeExec-v1)
-    return make_vector(env_id, num_envs, seed=seed)
-
-
 def teacher_for(env: VectorEnvironment, env_id: str) -> Teacher:
     """The rule engine for `env`'s current observations: reference solutions or the planner."""
     reference = getattr(env, "reference_actions", None)
@@ -337,7 +330,7 @@ def _stage_demonstrations(
     from shoal.envs.hashing import env_hash
 
     started = time.perf_counter()
-    env = make_env(cfg.env_id, cfg.num_envs, cfg.seed)
+    env = make_vector(cfg.env_id, cfg.num_envs, seed=cfg.seed)
     try:
         demos = collect_demonstrations(
             env, teacher_for(env, cfg.env_id), cfg.demo_steps, cfg.ppo.gamma
@@ -391,7 +384,7 @@ def _stage_ppo(cfg: PipelineConfig, rec: Recorder, model: ActorCritic) -> None:
     started = time.perf_counter()
     seed = cfg.seed + 1
     digest = env_hash(cfg.env_id, {}, seed)
-    env = make_env(cfg.env_id, cfg.num_envs, seed)
+    env = make_vector(cfg.env_id, cfg.num_envs, seed=seed)
     try:
         metrics = fine_tune(model, env, digest, cfg)
     finally:
