@@ -94,13 +94,18 @@ def message(name: str) -> Callable[[type[T]], type[T]]:
         if not dataclasses.is_dataclass(cls):
             raise TypeError(f"@wire.message({name!r}) needs a dataclass, got {cls!r}")
         known = _MESSAGES.get(name)
-        if known is not None and known.__qualname__ != cls.__qualname__:
+        # The same class imported twice (a reload) may re-register; another class may not.
+        if known is not None and _origin(known) != _origin(cls):
             raise ValueError(f"wire message name {name!r} is already used by {known!r}")
         _MESSAGES[name] = cls
         _MESSAGE_NAMES[cls] = name
         return cls
 
     return register
+
+
+def _origin(cls: type) -> tuple[str, str]:
+    return cls.__module__, cls.__qualname__
 
 
 def _aligned(offset: int) -> int:
