@@ -1,4 +1,5 @@
-"""Kill -9 a learner rank mid-run: the run re-forms the group and resumes from a checkpoint."""
+"""Kill -9 a learner rank mid-run: the run re-forms the group and resumes from a checkpoint;
+kill -9 a rollout worker: it is started again alone and its new incarnation is accounted apart."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from shoal.train import LocalRun, train
 def test_sigkilled_learner_resumes_from_its_newest_checkpoint(tmp_path: Path) -> None:
     cfg = replace(
         TrainConfig(),
-        target_return=120.0,
+        target_return=160.0,
         time_limit_s=150.0,
         checkpoint=CheckpointConfig(interval_s=0.2),
         eval=EvalConfig(episodes=1),
@@ -27,19 +28,23 @@ def test_sigkilled_learner_resumes_from_its_newest_checkpoint(tmp_path: Path) ->
     seen: list[int] = []
 
     def kill_after_a_checkpoint(run: LocalRun) -> None:
-        proc = run.learners[0].proc
-        assert proc is not None
-        if proc.pid not in seen:
-            seen.append(proc.pid)
-        step = run.statuses.get(0, {}).get("checkpoint_step")
+        learner, rollout = run.learners[0].proc, run.rollouts[0].proc
+        assert learner is not None
+        assert rollout is not None
+        seen.extend(p.pid for p in (learner, rollout) if p.pid not in seen)
+        status = run.statuses.get(0, {})
+        step = status.get("checkpoint_step")
         if not killed and step is not None and step >= 3:
-            killed.append(proc.pid)
-            os.kill(proc.pid, signal.SIGKILL)
+            killed.append(learner.pid)
+            os.kill(learner.pid, signal.SIGKILL)
+        elif len(killed) == 1 and status.get("pid") != killed[0] and status.get("version", 0) > 6:
+            killed.append(rollout.pid)  # the resumed learner is training: now lose the actors
+            os.kill(rollout.pid, signal.SIGKILL)
 
     result = train(cfg, run_dir=tmp_path / "run", on_poll=kill_after_a_checkpoint)
 
-    assert killed, "the learner never wrote a checkpoint to resume from"
-    assert result.restarts == 1
+    assert len(killed) == 2, "the learner never wrote a checkpoint, or never resumed"
+    assert result.restarts == 2
     assert result.solved
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     starts = [e for e in events if e["event"] == "start" and e["process"] == "learner"]
@@ -54,7 +59,10 @@ def test_sigkilled_learner_resumes_from_its_newest_checkpoint(tmp_path: Path) ->
     assert resumed["env_steps"] > 0
     assert result.checkpoint_step is not None
     assert result.checkpoint_step > resumed["step"]
-    assert any(e["event"] == "restart" and "learner-0" in e["why"] for e in events)
+    restarts = [e["why"] for e in events if e["event"] == "restart"]
+    assert restarts == ["learner-0 exited with status -9", "rollout-0 exited with status -9"]
+    rollout_starts = [e for e in events if e["event"] == "start" and e["process"] == "rollout"]
+    assert len(rollout_starts) == 2
     for pid in seen:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
