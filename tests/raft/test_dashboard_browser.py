@@ -1,0 +1,230 @@
+"""The dashboard in a real headless chromium against a real local cluster: three coordinator
+replicas and two node daemons (simulated GPUs) as child processes, a submitted job with its
+metrics. Chromium is driven over the DevTools protocol (a websocket, via aiohttp), so the test
+waits for what the page shows instead of for a fixed time.
+
+Set SHOAL_DASHBOARD_SCREENSHOT=path to keep the screenshot (docs/dashboard.png is made so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from shoal.local import LocalCluster, coordinator_specs
+from shoal.raft.client import CoordinatorClient
+from shoal.raft.dashboard import METRICS_KIND
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs it)"),
+]
+NODES = ("gpu-a", "gpu-b")
+FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage", "--window-size=1500,1000", "--remote-debugging-port=0",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    tmp = tmp_path_factory.mktemp("dash")
+    local = LocalCluster(tmp / "run")
+    local.create(coordinator_specs(local.run_dir, 3))
+    nodes: list[subprocess.Popen[bytes]] = []
+    try:
+        local.start_all()
+        local.wait_ready()
+        for name in NODES:
+            nodes.append(_start_node(local, name, tmp))
+        yield local
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+        local.stop_all()
+
+
+def _start_node(local: LocalCluster, name: str, tmp: Path) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable, "-m", "shoal", "node",
+        "--coordinators", ",".join(local.api_urls()),
+        "--data-dir", str(tmp / name), "--token-file", str(local.run_dir / "api-token"),
+        "--node-id", name, "--sim-gpus", "4", "--island-size", "2", "--domain", "rdma0",
+        "--heartbeat", "0.3", "--health-period", "0.5",
+    ]  # fmt: skip
+    with open(tmp / f"{name}.log", "ab") as out:
+        return subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+
+
+class DevTools:
+    """One page target of a chromium, spoken to over its DevTools websocket."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.ids = itertools.count(1)
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        msg_id = next(self.ids)
+        await self.ws.send_json({"id": msg_id, "method": method, "params": params})
+        while True:
+            reply = await self.ws.receive_json(timeout=30)
+            if reply.get("id") == msg_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return dict(reply.get("result", {}))
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return result["result"].get("value")
+
+    async def wait_for(self, expression: str, timeout: float = 60.0) -> Any:
+        """Poll a JS expression until it is truthy; its value."""
+        deadline = time.monotonic() + timeout
+        value = None
+        while time.monotonic() < deadline:
+            value = await self.evaluate(expression)
+            if value:
+                return value
+            await asyncio.sleep(0.2)
+        body = await self.evaluate("document.body.innerText")
+        raise AssertionError(f"page never showed {expression!r}; last {value!r}; text: {body}")
+
+
+async def _devtools_port(profile: Path, proc: subprocess.Popen[bytes]) -> int:
+    marker = profile / "DevToolsActivePort"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if marker.exists() and marker.read_text().strip():
+            return int(marker.read_text().split()[0])
+        if proc.poll() is not None:
+            raise AssertionError(f"chromium exited with {proc.returncode}")
+        await asyncio.sleep(0.1)
+    raise AssertionError("chromium did not open its DevTools port")
+
+
+def _launch(tmp: Path, profile: Path) -> subprocess.Popen[bytes]:
+    assert CHROMIUM is not None
+    with open(tmp / "chromium.log", "wb") as log:
+        return subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+@asynccontextmanager
+async def chromium(tmp: Path) -> AsyncIterator[DevTools]:
+    profile = tmp / "profile"
+    proc = _launch(tmp, profile)
+    try:
+        port = await _devtools_port(profile, proc)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/json/list") as resp:
+                targets = await resp.json()
+            page = next(t for t in targets if t["type"] == "page")
+            async with session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                yield DevTools(ws)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+async def _submit_job_with_metrics(local: LocalCluster) -> str:
+    async with CoordinatorClient(local.api_urls(), local.token, timeout=20) as client:
+        job = await client.submit_job(spec={"env": "CartPole-v1", "algo": "ppo"})
+        for step in range(0, 4000, 200):
+            fields = {
+                "job": job["id"], "step": step, "return": 20 + 450 * (1 - 0.999 ** step),
+                "sps": 9000 + (step % 600), "policy_lag": 1 + (step // 200) % 3,
+                "loss_policy": 0.05 / (1 + step / 500), "loss_value": 40 / (1 + step / 300),
+            }  # fmt: skip
+            await client.add_event(METRICS_KIND, f"step {step}", fields)
+        await client.record_checkpoint(job["id"], "/ckpt/3800.pt", 3800, "ab" * 32, True)
+        await client.add_event(
+            "evaluation", "evaluation report", {"job": job["id"], "report": "/reports/eval.html"}
+        )
+        return str(job["id"])
+
+
+async def _wait_nodes_healthy(local: LocalCluster) -> None:
+    async with CoordinatorClient(local.api_urls(), local.token, timeout=20) as client:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            nodes = await client.nodes()
+            if len(nodes) == len(NODES) and all(n["health"] for n in nodes):
+                return
+            await asyncio.sleep(0.3)
+    raise AssertionError("the node daemons never reported health")
+
+
+def test_the_page_shows_nodes_jobs_and_curves_and_keeps_the_token_out_of_the_url(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    async def body() -> bytes:
+        await _wait_nodes_healthy(cluster)
+        job_id = await _submit_job_with_metrics(cluster)
+        async with chromium(tmp_path) as page:
+            await page.call("Page.enable")
+            await page.call("Page.navigate", url=f"{cluster.api_urls()[1]}/#token={cluster.token}")
+            await page.wait_for(f"!!document.querySelector('[data-job=\"{job_id}\"]')")
+            shown = await page.wait_for(
+                "(() => { const n = [...document.querySelectorAll('[data-node]')]"
+                ".map(e => e.dataset.node); return n.length >= 2 ? n : null })()"
+            )
+            assert sorted(shown) == sorted(NODES)
+            assert await page.evaluate("document.querySelectorAll('svg[data-island] rect').length")
+            metrics = await page.evaluate(
+                f"[...document.querySelectorAll('[data-job=\"{job_id}\"] [data-metric]')]"
+                ".map(e => e.dataset.metric)"
+            )
+            assert {"return", "sps", "policy_lag", "loss_policy", "loss_value"} <= set(metrics)
+            assert "checkpoint step 3800" in await page.evaluate("document.body.innerText")
+            assert await page.evaluate("!!document.querySelector('a[href=\"/reports/eval.html\"]')")
+            assert await page.evaluate("location.href") == f"{cluster.api_urls()[1]}/"
+            assert await page.evaluate("document.getElementById('conn').textContent") == "live"
+            shot = await page.call("Page.captureScreenshot", format="png")
+        return base64.b64decode(shot["data"])
+
+    png = asyncio.run(body())
+    assert png.startswith(b"\x89PNG")
+    (tmp_path / "dashboard.png").write_bytes(png)
+    keep = os.environ.get("SHOAL_DASHBOARD_SCREENSHOT")
+    if keep:
+        Path(keep).write_bytes(png)
+
+
+def test_a_wrong_token_shows_the_login_form_with_the_reason(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with chromium(tmp_path) as page:
+            await page.call("Page.enable")
+            await page.call("Page.navigate", url=f"{cluster.api_urls()[0]}/#token=wrong")
+            message = await page.wait_for(
+                "!document.getElementById('login').classList.contains('hidden')"
+                " && document.getElementById('login-error').textContent"
+            )
+            assert "wrong bearer token" in message
+            assert await page.evaluate("sessionStorage.getItem('shoal-token')") is None
+
+    asyncio.run(body())
