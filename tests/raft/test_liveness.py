@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.raft.config import LivenessConfig
@@ -16,6 +16,7 @@ from .inprocess import InProcessReplica
 CONFIG = LivenessConfig(suspect_after=3.0, dead_after=10.0)
 
 
+@settings(deadline=None)
 @given(st.lists(st.floats(0, 30), max_size=20), st.floats(0, 30))
 def test_liveness_only_worsens_with_silence_and_follows_the_thresholds(
     gaps: list[float], last: float

@@ -100,6 +100,7 @@ def test_validation_rejects_whatever_apply_would_choke_on(
     assert isinstance(result["ok"], bool)
 
 
+@settings(deadline=None)
 @given(json_value)
 def test_validation_rejects_arbitrary_junk_as_a_command(junk: Any) -> None:
     try:
