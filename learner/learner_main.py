@@ -9,6 +9,7 @@ advances the policy version and sends the new weights to every registered rollou
 rank publishes to the actors that push to it; rank 0 alone writes checkpoints. Each rank writes
 `status-<rank>.json` (progress for `shoal train`) and appends to `events.jsonl`.
 
+SIGUSR1 asks for a checkpoint on demand (rank 0 writes it after the current update).
 SIGTERM or SIGINT stops it gracefully: the current update finishes, the ranks agree to stop
 after the same update, rank 0 writes a final checkpoint, and the process exits 0. On start,
 every rank resumes from the newest complete checkpoint in the run directory, if there is one.
@@ -87,6 +88,7 @@ class LearnerCore:
         self.actors: dict[str, ActorRef] = {}
         self.metrics: dict[str, float] = {}
         self.last_checkpoint: CheckpointInfo | None = None
+        self.checkpoint_requested = False
         self.started = time.monotonic()
         self.published: dict[str, np.ndarray] = self.model.get_weights()
 
@@ -109,6 +111,10 @@ class LearnerCore:
         self.published = self.model.get_weights()
         self.last_checkpoint = info
         return info
+
+    def request_checkpoint(self) -> None:
+        """On demand (SIGUSR1): rank 0 saves after the update in progress."""
+        self.checkpoint_requested = True
 
     def save_checkpoint(self, block: bool = False) -> CheckpointInfo:
         state = {
@@ -274,9 +280,11 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
             fragments = await core.intake.get(core.cfg.intake.fragments_per_update)
         agreed = await asyncio.to_thread(core.train_step, fragments, stopping.is_set())
         core.publish()
-        if core.group.is_leader and core.schedule.due():
+        if core.group.is_leader and (core.schedule.due() or core.checkpoint_requested):
+            reason = "on demand" if core.checkpoint_requested else "periodic"
+            core.checkpoint_requested = False
             info = core.save_checkpoint()
-            append_event(core.run_dir, {"event": "checkpoint", "step": info.step})
+            append_event(core.run_dir, {"event": "checkpoint", "step": info.step, "reason": reason})
         now = time.monotonic()
         if now - last_status >= STATUS_EVERY_S:
             last_status = now
@@ -299,6 +307,7 @@ async def serve(cfg: TrainConfig, env_id: str, run_dir: Path, port: int, spec: G
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
+    loop.add_signal_handler(signal.SIGUSR1, core.request_checkpoint)
     async with ActorSystem(f"learner-{group.rank}") as system:
         transport = await attach(system, TransportConfig(token=token, port=port))
         try:
