@@ -17,8 +17,9 @@ from typing import Any
 import aiohttp
 
 from shoal.runtime.errors import AuthenticationFailed, LinkClosed, WireError
+from shoal.runtime.link import Link
 from shoal.runtime.ref import ActorRef
-from shoal.runtime.transport import Link, Transport
+from shoal.runtime.transport import Transport
 
 logger = logging.getLogger(__name__)
 
