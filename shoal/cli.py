@@ -27,6 +27,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "eval",
     "chaos",
     "completion",
+    "console",
 )
 
 
