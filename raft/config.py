@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shoal.errors import ConfigError
+from shoal.scheduler.signals import BalancerConfig
 
 
 def parse_address(key: str, value: str) -> tuple[str, int]:
@@ -98,6 +99,19 @@ class LivenessConfig:
 
 
 @dataclass(frozen=True)
+class SchedulingConfig:
+    """The leader's scheduler loop (raft/scheduling.py): its period and the balancer's thresholds."""
+
+    period: float = 0.5
+    """Seconds between two scheduling rounds (placement of pending tasks, re-placement, balance)."""
+    balancer: BalancerConfig = field(default_factory=BalancerConfig)
+
+    def __post_init__(self) -> None:
+        if not self.period > 0:
+            raise ConfigError(f"scheduling.period={self.period!r} must be > 0 seconds")
+
+
+@dataclass(frozen=True)
 class CoordinatorConfig:
     """One replica: its ids and addresses, its data directory, its secrets, its timings."""
 
@@ -110,6 +124,7 @@ class CoordinatorConfig:
     token: str
     timings: RaftTimings = field(default_factory=RaftTimings)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     write_timeout: float = 5.0
 
     def __post_init__(self) -> None:

@@ -1,5 +1,5 @@
-"""What only the leader does: announce itself, and turn in-memory heartbeats into replicated
-liveness changes and batched health summaries.
+"""What only the leader does: announce itself, turn in-memory heartbeats into replicated
+liveness changes and batched health summaries, and run the scheduler loop (raft/scheduling.py).
 
 Started when this replica becomes leader and cancelled when it stops being one (event loop).
 """
@@ -14,6 +14,7 @@ import uuid
 
 from shoal.raft.context import ApiContext
 from shoal.raft.errors import RaftError
+from shoal.raft.scheduling import SchedulerLoop
 
 log = logging.getLogger(__name__)
 RETRY_PERIOD = 0.1
@@ -44,6 +45,12 @@ class LeaderDuties:
         ctx = self._ctx
         ctx.liveness.reset(time.time())
         await self._announce()
+        async with asyncio.TaskGroup() as duties:
+            duties.create_task(SchedulerLoop(ctx).run(), name="shoal-scheduler")
+            duties.create_task(self._watch_nodes(), name="shoal-liveness")
+
+    async def _watch_nodes(self) -> None:
+        ctx = self._ctx
         last_health = time.monotonic()
         while True:
             await asyncio.sleep(ctx.config.liveness.check_period)

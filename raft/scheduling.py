@@ -1,0 +1,493 @@
+"""The leader's scheduler loop: replicated state in, replicated commands out.
+
+Each round reads the state machine into the scheduler's plain inputs (`read_inputs`, pure),
+decides (`decide`, pure: same inputs and memory, same commands) and commits the commands in one
+batch through the same write path the API uses. What it decides:
+- pending tasks, and the active tasks of dead nodes, are placed: a job's learner ranks as one
+  gang (one NVLink island, else one RDMA domain, else refused with the reason), rollout actors
+  spread; tasks of suspect nodes stay where they are;
+- on each new batch of health summaries the balancer runs; its migrations are committed as
+  re-placements, a node with an XID/ECC fault is set draining (which cordons it);
+- every decision is posted as an event (placement, replace, refused, migration, cordon,
+  balance) with its reason, so /v1/events says why.
+Operation ids derive from the decision (task, generation, target), so a new leader that makes the
+same decision again is applied once. The balancer's state and the GPU indices chosen per task
+live in the leader's memory only (`Memory`); a failover starts them afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.raft.context import ApiContext
+from shoal.raft.errors import RaftError
+from shoal.raft.machine import StateMachine
+from shoal.raft.model import Node as RaftNode
+from shoal.raft.model import Task as RaftTask
+from shoal.scheduler.balancer import balance
+from shoal.scheduler.errors import SchedulerError
+from shoal.scheduler.model import (
+    BalancerState,
+    Gpu,
+    LearnerGroup,
+    Node,
+    NodeHealth,
+    Placement,
+    RolloutActor,
+)
+from shoal.scheduler.placement import place
+from shoal.scheduler.signals import BalancerConfig
+from shoal.scheduler.topology import Topology
+
+log = logging.getLogger(__name__)
+
+LEARNER_KIND = "learner-rank"
+"""The task kind of a learner rank (shoal.tasks.PROCESS_KIND; raft/ may not import shoal/)."""
+ACTIVE = ("pending", "running")
+PLACEMENT_MODES = ("auto", "manual")
+"""A job's `spec.placement`: "auto" jobs are the scheduler's; "manual" ones (the default, so a
+task placed by hand through /v1/placements stays where it was put) are never moved by it."""
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What a round needs of one active task besides its reservation."""
+
+    id: str
+    job: str
+    learner: bool
+    generation: int
+    node: str | None
+    cpus: float
+    memory_mb: int
+    gpus: int
+    auto: bool
+    """The job's `spec.placement` is "auto": the scheduler places, moves and re-places it."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The scheduler's view of the replicated state at one moment.
+
+    Every active task is in exactly one of `placements` (it holds a place on a live node),
+    `pending` (an auto task that needs one: never placed, or its node is dead) and `held` (a
+    manual task without a live node: only /v1/placements may place it).
+    """
+
+    topology: Topology
+    placements: tuple[Placement, ...]
+    pending: tuple[str, ...]
+    held: tuple[str, ...]
+    tasks: dict[str, TaskInfo]
+    health: tuple[NodeHealth, ...]
+    health_stamp: str
+    checkpoint_groups: frozenset[str]
+    bad_modes: tuple[tuple[str, str], ...] = ()
+    """(job, its spec.placement) where that value is neither "auto" nor "manual"."""
+
+
+@dataclass
+class Memory:
+    """What the leader remembers between rounds (lost on failover, by design)."""
+
+    balancer: BalancerState = field(default_factory=BalancerState)
+    gpus: dict[str, tuple[str, int, tuple[int, ...]]] = field(default_factory=dict)
+    """task -> (node, generation, GPU indices) chosen by this leader."""
+    said: dict[str, str] = field(default_factory=dict)
+    """Key of a repeating decision (refusal, hold, stuck) -> the reason last posted."""
+    health_stamp: str = ""
+    """The health batch the balancer last ran on: it runs once per batch (once per report)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One replicated command; an event naming `needs` (the op id of the placement or drain it
+    explains) is posted only if that command was applied."""
+
+    op: str
+    args: dict[str, Any]
+    op_id: str
+    needs: str = ""
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round's commands, in order; the memory they leave is in `Memory` (updated in place)."""
+
+    commands: tuple[Command, ...]
+
+
+def op_id(*parts: object) -> str:
+    """A deterministic operation id for a decision, so a repeated decision is applied once."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return "sched-" + hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+# -- state -> scheduler inputs -----------------------------------------------------------------
+
+
+def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int, ...]]]) -> Inputs:
+    """Convert the machine's records (under its lock) into frozen scheduler inputs."""
+    nodes = {n.id: n for n in m.nodes.values()}
+    running = {
+        j.id: j.spec.get("placement", "manual") for j in m.jobs.values() if j.state != "stopped"
+    }
+    tasks = {
+        t.id: _task_info(t, running[t.job_id] == "auto")
+        for t in sorted(m.tasks.values(), key=lambda t: t.id)
+        if t.state in ACTIVE and t.job_id in running
+    }
+    live = {nid for nid, n in nodes.items() if n.liveness != "dead"}
+    pending = tuple(t.id for t in tasks.values() if t.auto and t.node not in live)
+    held = tuple(t.id for t in tasks.values() if not t.auto and t.node not in live)
+    bad = tuple(sorted((j, str(v)) for j, v in running.items() if v not in PLACEMENT_MODES))
+    topology = Topology(tuple(_node(nodes[nid]) for nid in sorted(nodes)))
+    placements = _reservations(topology, tasks, live, gpus_memo)
+    health = tuple(_health(nodes[nid]) for nid in sorted(live) if _has_health(nodes[nid]))
+    stamp = json.dumps([(nid, nodes[nid].last_heartbeat) for nid in sorted(live)])
+    groups = frozenset(
+        c.job_id for c in m.checkpoints.values() if c.complete and running.get(c.job_id) == "auto"
+    )
+    return Inputs(
+        topology,
+        placements,
+        pending,
+        held,
+        tasks,
+        tuple(h for h in health if h is not None),
+        stamp,
+        groups,
+        bad,
+    )
+
+
+def _task_info(t: RaftTask, auto: bool) -> TaskInfo:
+    return TaskInfo(
+        t.id,
+        t.job_id,
+        t.kind == LEARNER_KIND,
+        t.generation,
+        t.node,
+        float(t.resources.cpus),
+        math.ceil(t.resources.memory / MB),
+        int(t.resources.gpus),
+        auto,
+    )
+
+
+def _node(n: RaftNode) -> Node:
+    gpus = tuple(Gpu(g.index, g.island or f"{n.id}/nvl") for g in n.resources.gpus)
+    domains = [g.domain for g in n.resources.gpus if g.domain]
+    domain = domains[0] if domains else n.labels.get("domain", "default")
+    if n.liveness == "dead":
+        state = "dead"
+    elif n.draining:
+        state = "draining"
+    elif n.cordoned or n.liveness == "suspect":
+        state = "cordoned"  # a suspect node keeps its tasks but takes no new ones
+    else:
+        state = "ready"
+    return Node(n.id, n.resources.cpus, n.resources.memory // MB, gpus, domain, state)
+
+
+def _reservations(
+    topology: Topology,
+    tasks: dict[str, TaskInfo],
+    live: set[str],
+    memo: dict[str, tuple[str, int, tuple[int, ...]]],
+) -> tuple[Placement, ...]:
+    """The placements of the tasks on live nodes, with the GPU indices this leader chose for
+    them when it knows them, else the lowest free ones. A reservation that no longer fits (a
+    task placed by hand on a full node, a node that re-registered smaller) is cut to what is
+    left, so one bad record never stops scheduling."""
+    out = []
+    by_node: dict[str, list[TaskInfo]] = {}
+    for t in tasks.values():
+        if t.node in live:
+            by_node.setdefault(str(t.node), []).append(t)
+    for node in topology.nodes:
+        mine = by_node.get(node.name, [])
+        indices = {g.index for g in node.gpus}
+        used: set[int] = set()
+        chosen: dict[str, tuple[int, ...]] = {}
+        for t in mine:
+            known = memo.get(t.id)
+            if (
+                known
+                and known[:2] == (node.name, t.generation)
+                and len(known[2]) == t.gpus
+                and set(known[2]) <= indices - used
+            ):
+                chosen[t.id] = known[2]
+                used.update(known[2])
+        cpus, memory = node.cpus, node.memory_mb
+        for t in mine:
+            if t.id not in chosen:
+                free = sorted(indices - used)[: t.gpus]
+                chosen[t.id] = tuple(free)
+                used.update(free)
+            take_cpus, take_mem = min(t.cpus, max(cpus, 0.0)), min(t.memory_mb, max(memory, 0))
+            cpus, memory = cpus - take_cpus, memory - take_mem
+            out.append(
+                Placement(
+                    task=t.id,
+                    node=node.name,
+                    kind="learner" if t.learner else "rollout",
+                    gpus=chosen[t.id],
+                    cpus=take_cpus,
+                    memory_mb=take_mem,
+                    group=t.job if t.learner else "",
+                    movable=t.auto and not t.learner,
+                )
+            )
+    return tuple(out)
+
+
+def _has_health(n: RaftNode) -> bool:
+    return isinstance(n.health.get("summary"), dict)
+
+
+def _health(n: RaftNode) -> NodeHealth | None:
+    """The node's replicated summary as NodeHealth, or None when it cannot be read (logged)."""
+    try:
+        return NodeHealth.from_dict({**n.health["summary"], "node": n.id})
+    except (SchedulerError, TypeError, ValueError) as exc:
+        log.warning("ignoring the health of node %s: %s", n.id, exc)
+        return None
+
+
+# -- decisions -----------------------------------------------------------------------------------
+
+
+def decide(inputs: Inputs, memory: Memory, now: float, config: BalancerConfig) -> Round:
+    """One round: place what is pending, else balance on a new health batch. Updates `memory`."""
+    commands = _bad_modes(inputs, memory) + _place_pending(inputs, memory)
+    if not commands and inputs.health_stamp != memory.health_stamp:
+        memory.health_stamp = inputs.health_stamp
+        commands = _balance(inputs, memory, now, config)
+    return Round(tuple(commands))
+
+
+def _bad_modes(inputs: Inputs, memory: Memory) -> list[Command]:
+    out = []
+    for job, mode in inputs.bad_modes:
+        reason = (
+            f"job {job}: spec.placement={mode!r} is neither 'auto' nor 'manual'; its tasks are "
+            "left where they are: resubmit with 'auto' (the scheduler places them) or 'manual'"
+        )
+        if memory.said.get(f"mode:{job}") != reason:
+            memory.said[f"mode:{job}"] = reason
+            out.append(_event("refused", reason, ("mode", job, mode), {"job": job}))
+    return out
+
+
+def _requests(inputs: Inputs) -> tuple[list[LearnerGroup], list[RolloutActor], dict[str, str]]:
+    """Pending tasks as placement requests; also the request name -> task id map."""
+    names: dict[str, str] = {}
+    ranks: dict[str, list[TaskInfo]] = {}
+    actors = []
+    for task_id in inputs.pending:
+        t = inputs.tasks[task_id]
+        if t.learner:
+            ranks.setdefault(t.job, []).append(t)
+        else:
+            actors.append(RolloutActor(t.id, t.cpus, t.memory_mb, t.gpus))
+            names[t.id] = t.id
+    groups = []
+    for job, members in sorted(ranks.items()):
+        group = LearnerGroup(
+            job,
+            len(members),
+            max(t.gpus for t in members),
+            max(t.cpus for t in members),
+            max(t.memory_mb for t in members),
+        )
+        groups.append(group)
+        for r, t in enumerate(members):
+            names[group.rank_task(r)] = t.id
+    return groups, actors, names
+
+
+def _place_pending(inputs: Inputs, memory: Memory) -> list[Command]:
+    if not inputs.pending:
+        return []
+    groups, actors, names = _requests(inputs)
+    plan = place(inputs.topology, inputs.placements, groups, actors)
+    commands: list[Command] = []
+    by_group: dict[str, list[Placement]] = {}
+    for p in plan.placements:
+        by_group.setdefault(f"group:{p.group}" if p.group else f"actor:{p.task}", []).append(p)
+    islands = {(n.name, g.index): g.island for n in inputs.topology.nodes for g in n.gpus}
+    domains = {n.name: n.domain for n in inputs.topology.nodes}
+    for members in by_group.values():
+        tasks = [inputs.tasks[names[p.task]] for p in members]
+        placements = [{"task_id": t.id, "node_id": p.node} for t, p in zip(tasks, members)]
+        place_id = op_id([(t.id, t.generation, p.node) for t, p in zip(tasks, members)])
+        commands.append(Command("place_tasks", {"placements": placements}, place_id))
+        for t, p in zip(tasks, members):
+            memory.gpus[t.id] = (p.node, t.generation + 1, p.gpus)
+            memory.said.pop(t.id, None)
+        where = _where(members, islands, domains)
+        for t, p in zip(tasks, members):
+            kind, reason = _placement_reason(t, p, where)
+            fields = {"task": t.id, "job": t.job, "node": p.node, "generation": t.generation + 1}
+            commands.append(_event(kind, reason, (kind, t.id, t.generation), fields, place_id))
+    for refusal in plan.refused:
+        members_ids = [task_id for n, task_id in names.items() if _rank_of(n, refusal.task)]
+        for task_id in members_ids or [names.get(refusal.task, refusal.task)]:
+            if memory.said.get(task_id) == refusal.reason:
+                continue
+            memory.said[task_id] = refusal.reason
+            info = inputs.tasks[task_id]
+            fields = {"task": task_id, "job": info.job}
+            reason = f"{task_id} stays pending: {refusal.reason}"
+            key = ("refused", task_id, info.generation, reason)
+            commands.append(_event("refused", reason, key, fields))
+    return commands
+
+
+def _rank_of(name: str, group: str) -> bool:
+    return name.startswith(f"{group}/rank") and name[len(group) + 5 :].isdigit()
+
+
+def _where(
+    members: list[Placement], islands: dict[tuple[str, int], str], domains: dict[str, str]
+) -> str:
+    if members[0].kind != "learner":
+        return ""
+    used = {islands[(p.node, g)] for p in members for g in p.gpus}
+    if len(used) == 1:
+        return f"gang-placed on NVLink island {used.pop()}"
+    doms = {domains[p.node] for p in members}
+    why = "no single NVLink island had room; " if used else ""
+    return f"gang-placed in RDMA domain {doms.pop()} ({why}{len(members)} ranks)"
+
+
+def _placement_reason(t: TaskInfo, p: Placement, where: str) -> tuple[str, str]:
+    what = (
+        f"learner rank {t.id} of job {t.job}: {where}"
+        if t.learner
+        else f"rollout actor {t.id} spread to the least loaded ready node"
+    )
+    if t.node is not None:
+        return "replace", f"{t.id} was on dead node {t.node}; re-placed on {p.node} ({what})"
+    return "placement", f"{t.id} -> {p.node} ({what})"
+
+
+def _event(
+    kind: str, message: str, key: Iterable[object], fields: dict[str, Any], needs: str = ""
+) -> Command:
+    args = {"kind": kind, "message": message[:4096], "fields": {**fields, "reason": message}}
+    return Command("add_event", args, op_id("event", *key), needs)
+
+
+def _balance(inputs: Inputs, memory: Memory, now: float, config: BalancerConfig) -> list[Command]:
+    if not inputs.health:
+        return []
+    plan = balance(
+        inputs.topology,
+        inputs.placements,
+        inputs.health,
+        memory.balancer,
+        now,
+        config,
+        inputs.checkpoint_groups,
+    )
+    memory.balancer = plan.state
+    commands: list[Command] = []
+    stamp = inputs.health_stamp
+    for d in plan.decisions:
+        if d.action == "drain":
+            drain_id = op_id(d, stamp)
+            commands.append(
+                Command("set_draining", {"node_id": d.node, "draining": True}, drain_id)
+            )
+            commands.append(_event("cordon", d.reason, (d, stamp), {"node": d.node}, drain_id))
+            continue
+        key = f"{d.action}:{d.node}:{d.task}"
+        if d.action in ("hold", "stuck"):
+            if memory.said.get(key) == d.reason:
+                continue
+            memory.said[key] = d.reason
+        fields = {"node": d.node, "task": d.task, "action": d.action}
+        commands.append(_event("balance", d.reason, (d, stamp), fields))
+    for mig in plan.migrations:
+        t = inputs.tasks[mig.task]
+        move = [{"task_id": mig.task, "node_id": mig.target}]
+        move_id = op_id(mig.task, t.generation, mig.target)
+        commands.append(Command("place_tasks", {"placements": move}, move_id))
+        memory.gpus[mig.task] = (mig.target, t.generation + 1, mig.gpus)
+        fields = {"task": mig.task, "source": mig.source, "target": mig.target}
+        event_key = ("migration", mig.task, t.generation)
+        commands.append(_event("migration", mig.reason, event_key, fields, move_id))
+    return commands
+
+
+# -- the loop ------------------------------------------------------------------------------------
+
+
+class SchedulerLoop:
+    """Runs rounds every `config.scheduling.period` while this replica leads (event loop)."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self._ctx = ctx
+        self.memory = Memory()
+
+    async def run(self) -> None:
+        period = self._ctx.config.scheduling.period
+        while True:
+            try:
+                await self.round(time.time())
+            except RaftError as exc:
+                log.warning("scheduling round not committed, retrying: %s", exc)
+            except SchedulerError as exc:
+                log.error("scheduling round refused its inputs: %s", exc)
+            except Exception:  # a bug here must not end the leader's other duties (liveness)
+                log.exception("scheduling round failed; retrying next period")
+            await asyncio.sleep(period)
+
+    async def round(self, now: float) -> Round:
+        ctx = self._ctx
+        gpus = dict(self.memory.gpus)
+        inputs = ctx.read(lambda m: read_inputs(m, gpus))
+        self._forget(inputs)
+        decision = decide(inputs, self.memory, now, ctx.config.scheduling.balancer)
+        if decision.commands:
+            await self._commit(decision.commands)
+        return decision
+
+    def _forget(self, inputs: Inputs) -> None:
+        """Drop the memory of tasks that ended, so it does not grow without bound."""
+        for task_id in set(self.memory.gpus) - set(inputs.tasks):
+            del self.memory.gpus[task_id]
+
+    async def _commit(self, commands: tuple[Command, ...]) -> None:
+        """Actions first, in one batch; then, in a second, the events of those that applied."""
+        actions = [c for c in commands if c.op != "add_event"]
+        applied = {""}
+        for command, outcome in zip(actions, await self._batch(actions)):
+            if outcome["ok"]:
+                applied.add(command.op_id)
+                continue
+            log.warning("scheduler %s refused: %s", command.op, outcome["message"])
+            for p in command.args.get("placements", ()):
+                self.memory.gpus.pop(p["task_id"], None)
+        await self._batch([c for c in commands if c.op == "add_event" and c.needs in applied])
+
+    async def _batch(self, commands: list[Command]) -> list[dict[str, Any]]:
+        if not commands:
+            return []
+        at = time.time()
+        members = [{"op": c.op, "op_id": c.op_id, "at": at, "args": c.args} for c in commands]
+        batch_id = op_id("batch", [c.op_id for c in commands])
+        result = await self._ctx.write("batch", {"commands": members}, batch_id)
+        return list(result["results"])
