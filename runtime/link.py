@@ -12,6 +12,7 @@ Any bytes the peer gets wrong close that link, never the process.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections import deque
@@ -80,7 +81,6 @@ class Link:
         self._outbox: deque[wire.Buffer] = deque()
         self._writing = False
         self._burst = False
-        self._asks_starting = False
         self._inbox: deque[list[Any]] = deque()
         self._wake_delivery = asyncio.Event()
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -258,15 +258,9 @@ class Link:
         kind = envelope[0]
         if kind in ("t", "a"):
             self._receive_credit.received(nbytes)
-        if (
-            kind == "t"
-            and not self._inbox
-            and not self._asks_starting
-            and self._deliver_now(envelope, nbytes)
-        ):
+        if kind == "t" and not self._inbox and self._deliver_now(envelope, nbytes):
             return
-        if kind == "a" and not self._inbox:
-            self._serve(envelope[1:], nbytes)
+        if kind == "a" and not self._inbox and self._ask_now(envelope, nbytes):
             return
         if kind in ("t", "a"):
             envelope.append(nbytes)
@@ -302,8 +296,7 @@ class Link:
                 await self._deliver_tell(target, method, tuple(args), kwargs)
                 self._consumed(nbytes)
             else:
-                self._serve(envelope[1:-1], envelope[-1])
-                await asyncio.sleep(0)  # let the ask reach its mailbox before what follows it
+                await self._ask_when_room(envelope)
             inbox.popleft()
 
     def _deliver_now(self, envelope: list[Any], nbytes: int) -> bool:
@@ -325,18 +318,29 @@ class Link:
         if self._dead_letters is not None:
             self._dead_letters.record(target, method, f"{type(error).__name__} (from {self.peer})")
 
-    def _serve(self, fields: list[Any], nbytes: int) -> None:
-        """Start an ask in its own task. Its first step (which puts it into the mailbox) runs
-        on the next loop turn, so until then tells take the inbox, behind it."""
-        task = asyncio.create_task(self._serve_ask(fields, nbytes))
-        self._serving.add(task)
-        task.add_done_callback(self._serving.discard)
-        if not self._asks_starting:
-            self._asks_starting = True
-            asyncio.get_running_loop().call_soon(self._asks_started)
+    def _ask_now(self, envelope: list[Any], nbytes: int) -> bool:
+        """The fast path: an ask that finds room is queued into the mailbox on the spot, and
+        its reply is written by a callback on the reply future; no task per ask. False when
+        the mailbox is full, so the ask must wait its turn in the inbox."""
+        _, request, target, method, args, kwargs, timeout = envelope
+        try:
+            reply = self._lookup(target)._ask_nowait(method, tuple(args), kwargs, timeout)
+        except MailboxFull:
+            return False
+        except Exception as exc:
+            self._answer_failed(request, nbytes, exc)
+            return True
+        reply.add_done_callback(functools.partial(self._answer, request, nbytes))
+        return True
 
-    def _asks_started(self) -> None:
-        self._asks_starting = False
+    async def _ask_when_room(self, envelope: list[Any]) -> None:
+        _, request, target, method, args, kwargs, timeout, nbytes = envelope
+        try:
+            reply = await self._lookup(target)._ask_queued(method, tuple(args), kwargs, timeout)
+        except Exception as exc:
+            self._answer_failed(request, nbytes, exc)
+            return
+        reply.add_done_callback(functools.partial(self._answer, request, nbytes))
 
     async def _deliver_tell(
         self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -346,27 +350,28 @@ class Link:
         except ActorError as exc:
             self._undelivered(target, method, exc)
 
-    async def _serve_ask(self, fields: list[Any], nbytes: int) -> None:
-        request, target, method, args, kwargs, timeout = fields
+    def _answer(self, request: int, nbytes: int, reply: asyncio.Future[Any]) -> None:
+        """The reply future's done-callback: give the credit back and write the answer."""
+        if reply.cancelled():
+            self._answer_failed(request, nbytes, AskTimeout("the ask was cancelled"))
+            return
+        error = reply.exception()
+        if error is not None:
+            self._answer_failed(request, nbytes, error)
+            return
+        self._consumed(nbytes)
+        if self.error is not None:
+            return
         try:
-            result = await self._lookup(target)._ask(method, tuple(args), kwargs, timeout)
-            frame = wire.encode(["r", request, result], self._config.max_frame_bytes)
-        except RemoteError as exc:
-            frame = self._fail_frame(request, False, exc.type_name, exc.message)
-        except (ActorError, WireError) as exc:
-            runtime = type(exc).__name__ in _RUNTIME_ERRORS
-            frame = self._fail_frame(request, runtime, type(exc).__name__, str(exc))
-        except Exception as exc:
-            frame = self._fail_frame(request, False, type(exc).__name__, str(exc))
-        finally:
-            self._consumed(nbytes)
-        if self.error is None:
-            await self._send(frame)
+            frame = wire.encode(["r", request, reply.result()], self._config.max_frame_bytes)
+        except WireError as exc:
+            frame = _fail_frame(request, exc)
+        self._write(frame)
 
-    def _fail_frame(
-        self, request: int, runtime: bool, type_name: str, message: str
-    ) -> wire.EncodedFrame:
-        return wire.encode(["f", request, runtime, type_name, message])
+    def _answer_failed(self, request: int, nbytes: int, error: BaseException) -> None:
+        self._consumed(nbytes)
+        if self.error is None:
+            self._write(_fail_frame(request, error))
 
     def _consumed(self, nbytes: int) -> None:
         grant = self._receive_credit.consumed(nbytes)
@@ -467,6 +472,18 @@ def _envelope(value: Any) -> list[Any]:
     if value[0] == "a" and not 0 < value[6] <= _MAX_ASK_TIMEOUT:
         raise MalformedFrame(f"an ask timeout must be in (0, {_MAX_ASK_TIMEOUT}] seconds")
     return value
+
+
+def _fail_frame(request: int, error: BaseException) -> wire.EncodedFrame:
+    """A served ask's error as a `fail` frame: runtime errors keep their type at the asker,
+    anything else arrives as `RemoteError` naming the type."""
+    if isinstance(error, RemoteError):
+        fields = [False, error.type_name, error.message]
+    else:
+        name = type(error).__name__
+        runtime = isinstance(error, ActorError | WireError) and name in _RUNTIME_ERRORS
+        fields = [runtime, name, str(error)]
+    return wire.encode(["f", request, *fields])
 
 
 def _failure(runtime: bool, type_name: str, message: str) -> Exception:

@@ -28,6 +28,11 @@ def _expire(reply: asyncio.Future[Any], ref: ActorRef, method: str, timeout: flo
         )
 
 
+def _arm(reply: asyncio.Future[Any], timer: asyncio.TimerHandle) -> None:
+    """Cancel the ask's timer as soon as it is answered, so timers do not pile up in the loop."""
+    reply.add_done_callback(lambda _: timer.cancel())
+
+
 class LocalActorRef(ActorRef):
     """Equal to another local ref when both point at the same actor (not merely the same name)."""
 
@@ -94,15 +99,23 @@ class LocalActorRef(ActorRef):
         except MailboxClosed:
             self._dead(method)
 
-    async def _ask(
-        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
-    ) -> Any:
+    def _check_ask(self, method: str) -> ActorCell:
         cell = self._cell
         if cell.dead:
             self._dead(method)
             raise ActorNotFound(f"actor {self.path} has stopped; look it up again or respawn it")
         if method not in cell.handlers:
             raise self._unknown(method)
+        return cell
+
+    def _stopped(self, method: str) -> ActorNotFound:
+        self._dead(method)
+        return ActorNotFound(f"actor {self.path} has stopped; look it up again")
+
+    async def _ask(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
+    ) -> Any:
+        cell = self._check_ask(method)
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()
         message = (method, args, kwargs, reply)
@@ -115,12 +128,41 @@ class LocalActorRef(ActorRef):
                 await self._put_until(deadline, message, timeout)
                 timer = loop.call_at(deadline, _expire, reply, self, method, timeout)
         except MailboxClosed:
-            self._dead(method)
-            raise ActorNotFound(f"actor {self.path} has stopped; look it up again") from None
+            raise self._stopped(method) from None
         try:
             return await reply
         finally:
             timer.cancel()
+
+    def _ask_nowait(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
+    ) -> asyncio.Future[Any]:
+        """One future and one timer, no task: the reply future is the mailbox message's own."""
+        cell = self._check_ask(method)
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Any] = loop.create_future()
+        mailbox = cell.mailbox
+        try:
+            if not mailbox.offer((method, args, kwargs, reply)):
+                raise mailbox.full_error()
+        except MailboxClosed:
+            raise self._stopped(method) from None
+        _arm(reply, loop.call_later(timeout, _expire, reply, self, method, timeout))
+        return reply
+
+    async def _ask_queued(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
+    ) -> asyncio.Future[Any]:
+        self._check_ask(method)
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Any] = loop.create_future()
+        deadline = loop.time() + timeout
+        try:
+            await self._put_until(deadline, (method, args, kwargs, reply), timeout)
+        except MailboxClosed:
+            raise self._stopped(method) from None
+        _arm(reply, loop.call_at(deadline, _expire, reply, self, method, timeout))
+        return reply
 
     async def _put_until(self, deadline: float, message: Any, timeout: float) -> None:
         """Wait for mailbox room, counting the wait against the ask's timeout."""

@@ -8,6 +8,7 @@ ref writes a frame on a link. Refs are used from tasks on the owning system's ev
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 from abc import ABC, abstractmethod
@@ -43,6 +44,22 @@ class ActorRef(ABC):
         self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
     ) -> Any:
         """Deliver and wait for the handler's result, raising `AskTimeout` after `timeout` s."""
+
+    def _ask_nowait(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
+    ) -> asyncio.Future[Any]:
+        """Start an ask now and return the future of its result; raise `MailboxFull` if it
+        cannot be queued at once. The transport serves every remote ask through this, from
+        its read loop: a local ref queues the message on the spot with no task per ask; this
+        default, for other refs, runs `_ask` in a task."""
+        return asyncio.ensure_future(self._ask(method, args, kwargs, timeout))
+
+    async def _ask_queued(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
+    ) -> asyncio.Future[Any]:
+        """`_ask_nowait` that waits for mailbox room (counted in `timeout`) instead of raising;
+        returns once the message is queued."""
+        return self._ask_nowait(method, args, kwargs, timeout)
 
     # Proxies are built once per ref and remember each method's sender, so the hot path
     # `ref.tell_nowait.push(x)` is two dictionary hits, not two allocations and a closure.
