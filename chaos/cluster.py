@@ -13,6 +13,9 @@ class ProcessSpec(Protocol):
     def name(self) -> str: ...
 
     @property
+    def kind(self) -> str: ...
+
+    @property
     def api_url(self) -> str | None: ...
 
     @property

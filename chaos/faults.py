@@ -19,6 +19,7 @@ All methods block (signals, mounts, file I/O); the runner calls them in a worker
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -114,6 +115,35 @@ class GpuXid:
 
     def heal(self) -> str:
         return "XID events are one-shot; the scheduler decides what the GPU is worth now"
+
+
+class XidStorm:
+    """A GPU that keeps raising XIDs: one every `period` seconds until stopped. A node reports
+    XIDs per collection window, so a storm is what the coordinator's health surely sees.
+    Coroutine methods, for the event loop."""
+
+    def __init__(self, fault: GpuXid, period: float = 0.5) -> None:
+        self.fault, self.period = fault, period
+        self.raised = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> str:
+        first = await asyncio.to_thread(self.fault.inject)
+        self.raised = 1
+        self._task = asyncio.create_task(self._repeat())
+        return f"{first}, again every {self.period:g} s"
+
+    async def _repeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            await asyncio.to_thread(self.fault.inject)
+            self.raised += 1
+
+    async def stop(self) -> str:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        return f"{self.raised} XIDs raised on {self.fault.target}"
 
 
 class OffsetClock:

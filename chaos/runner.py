@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from shoal.chaos import invariants
-from shoal.chaos.cluster import Cluster
+from shoal.chaos.cluster import Cluster, ProcessSpec
 from shoal.chaos.errors import ChaosError, FaultError
-from shoal.chaos.faults import Fault, KillProcess, PauseProcess
+from shoal.chaos.faults import Fault, GpuXid, KillProcess, PauseProcess, XidStorm
 from shoal.chaos.history import HistoryRecorder
 from shoal.chaos.proxy import FaultProxy
 from shoal.chaos.report import FaultRecord, RunReport
@@ -67,6 +67,7 @@ class ChaosRun:
         self.checkpoints = CheckpointLog()
         self.records: list[FaultRecord] = []
         self._faulted: Counter[str] = Counter()
+        self._healed_wall: dict[int, float] = {}
         self._t0 = 0.0
 
     async def run(self) -> RunReport:
@@ -86,13 +87,14 @@ class ChaosRun:
     # -- set-up and tear-down ----------------------------------------------------------------
 
     async def _start(self) -> list[int]:
-        specs = self.cluster.specs()
-        if len(specs) != self.scenario.replicas:
+        specs = self._coordinators()
+        shape = (len(specs), len(self._nodes()))
+        if shape != (self.scenario.replicas, self.scenario.nodes):
             raise ChaosError(
-                f"scenario {self.scenario.name} wants {self.scenario.replicas} replicas, "
-                f"the cluster in {self.run_dir} has {len(specs)}"
+                f"scenario {self.scenario.name} wants {self.scenario.replicas} replicas and "
+                f"{self.scenario.nodes} nodes, the cluster in {self.run_dir} has {shape}"
             )
-        self._log(f"starting {len(specs)} replicas in {self.run_dir}")
+        self._log(f"starting {shape[0]} replicas and {shape[1]} nodes in {self.run_dir}")
         await asyncio.to_thread(self.cluster.start_all)
         await asyncio.to_thread(self.cluster.wait_ready, None, 60.0)
         ports = []
@@ -103,7 +105,33 @@ class ChaosRun:
             proxy = await FaultProxy((host, int(port))).start()
             self.proxies[spec.name] = proxy
             ports += [int(port), int(spec.raft.rsplit(":", 1)[1]), proxy.port]
+        await self._nodes_alive(60.0)
         return ports
+
+    def _coordinators(self) -> list[ProcessSpec]:
+        return [s for s in self.cluster.specs() if s.kind == "coordinator"]
+
+    def _nodes(self) -> list[str]:
+        return [s.name for s in self.cluster.specs() if s.kind == "node"]
+
+    async def _nodes_alive(self, timeout: float) -> invariants.Verdict:
+        """Wait until every node daemon is registered and alive; the verdict says which not."""
+        wanted = set(self._nodes())
+        deadline = time.monotonic() + timeout
+        missing = sorted(wanted)
+        async with self._client() as client:
+            while wanted:
+                try:
+                    alive = {n["id"] for n in await client.nodes(liveness="alive")}
+                except (RaftError, OSError, TimeoutError):
+                    alive = set()
+                missing = sorted(wanted - alive)
+                if not missing or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.2)
+        if missing:
+            return invariants.Verdict(False, f"nodes not alive after {timeout:g} s: {missing}")
+        return invariants.Verdict(True, f"{len(wanted)} nodes alive")
 
     async def _stop(self) -> None:
         for proxy in self.proxies.values():
@@ -153,7 +181,7 @@ class ChaosRun:
         record.injected_at = round(injected - self._t0, 3)
         self._faulted.update(record.replicas)
         deadline = injected + spec.duration + spec.recover_within_s
-        probe = asyncio.create_task(self._probe(injected, deadline))
+        probe = asyncio.create_task(self._probe(injected, deadline, self._check(spec, record)))
         try:
             try:
                 record.detail = "; ".join([await f() for f in faults["inject"]])
@@ -166,6 +194,7 @@ class ChaosRun:
         finally:
             healed = [await f() for f in faults["heal"]]
             self._faulted.subtract(record.replicas)
+            self._healed_wall[id(spec)] = time.time()
             record.healed_at = round(time.monotonic() - self._t0, 3)
             record.detail += "; healed: " + "; ".join(healed)
             record.recovery_s = await probe
@@ -173,18 +202,45 @@ class ChaosRun:
             record.recovered = record.recovery_s is not None and record.recovery_s <= bound
 
     def _faults(self, spec: FaultSpec, names: list[str]) -> dict[str, list[Callable[[], Any]]]:
-        """Coroutine functions that inject and heal `spec` on the replicas `names`."""
+        """Coroutine functions that inject and heal `spec` on the processes `names`."""
+        if spec.kind == "gpu-xid":
+            storm = XidStorm(self._gpu_fault(spec, names[0]))
+            return {"inject": [storm.start], "heal": [storm.stop]}
         if spec.kind in NET_KINDS:
             proxies = [self.proxies[n] for n in names]
             return {"inject": [lambda: self._net(spec, proxies)], "heal": [lambda: _heal(proxies)]}
         made: list[Fault] = [
-            KillProcess(self.cluster, n) if spec.kind == "kill" else PauseProcess(self.cluster, n)
+            PauseProcess(self.cluster, n) if spec.kind == "pause" else KillProcess(self.cluster, n)
             for n in names
         ]
         return {
             "inject": [functools.partial(asyncio.to_thread, f.inject) for f in made],
             "heal": [functools.partial(asyncio.to_thread, f.heal) for f in made],
         }
+
+    def _gpu_fault(self, spec: FaultSpec, node: str) -> GpuXid:
+        state = self.run_dir / "nodes" / node / "simgpu.json"
+        gpu, xid = int(spec.params.get("gpu", 0)), int(spec.params.get("xid", 79))
+        return GpuXid(state, gpu, xid, target=f"{node} GPU {gpu}")
+
+    def _check(self, spec: FaultSpec, record: FaultRecord) -> Callable[[CoordinatorClient], Any]:
+        """What "recovered" means for this fault: the API takes writes again; a killed node
+        re-registered after its restart; a GPU fault shows in the node's replicated health."""
+
+        async def writable(client: CoordinatorClient) -> bool:
+            await client.add_event("chaos_probe", "probe write")
+            return True
+
+        async def node_back(client: CoordinatorClient) -> bool:
+            healed = self._healed_wall.get(id(spec))
+            node = await client.node(record.replicas[0])
+            return healed is not None and node["last_heartbeat"] >= healed
+
+        async def xid_seen(client: CoordinatorClient) -> bool:
+            node = await client.node(record.replicas[0])
+            return int(node["health"].get("summary", {}).get("xid_errors", 0)) > 0
+
+        return {"node-kill": node_back, "gpu-xid": xid_seen}.get(spec.kind, writable)
 
     async def _net(self, spec: FaultSpec, proxies: list[FaultProxy]) -> str:
         if spec.kind == "api-reset":
@@ -196,7 +252,7 @@ class ChaosRun:
         return f"proxies {[p.port for p in proxies]}: {faults.to_dict()}"
 
     async def _resolve(self, spec: FaultSpec) -> list[str]:
-        names = [s.name for s in self.cluster.specs()]
+        names = [s.name for s in self._coordinators()]
         if spec.target == "all":
             return names
         if spec.target not in ("leader", "follower"):
@@ -222,7 +278,7 @@ class ChaosRun:
     def _views(self, digest: bool = False) -> dict[str, dict[str, Any] | None]:
         """Each running replica's own GET /v1/cluster (None when down or silent)."""
         views: dict[str, dict[str, Any] | None] = {}
-        for spec in self.cluster.specs():
+        for spec in self._coordinators():
             views[spec.name] = None
             if spec.api_url and self.cluster.pid(spec.name):
                 query = "?digest=true" if digest else ""
@@ -230,15 +286,18 @@ class ChaosRun:
                     views[spec.name] = self.cluster.get(f"{spec.api_url}/v1/cluster{query}")
         return views
 
-    async def _probe(self, start: float, deadline: float) -> float | None:
-        """Seconds from `start` until a write through the proxies is acknowledged, or None."""
+    async def _probe(
+        self, start: float, deadline: float, check: Callable[[CoordinatorClient], Any]
+    ) -> float | None:
+        """Seconds from `start` until `check` (through the proxies) is true, or None."""
         async with make_client(self._urls(), self.cluster.token) as client:
             while time.monotonic() < deadline:
                 try:
-                    await client.add_event("chaos_probe", "probe write")
-                    return round(time.monotonic() - start, 3)
-                except (RaftError, OSError, TimeoutError):
-                    await asyncio.sleep(PROBE_PERIOD)
+                    if await check(client):
+                        return round(time.monotonic() - start, 3)
+                except (RaftError, OSError, TimeoutError, KeyError, TypeError, ValueError):
+                    pass
+                await asyncio.sleep(PROBE_PERIOD)
         return None
 
     # -- checks after the run ------------------------------------------------------------------
@@ -262,6 +321,8 @@ class ChaosRun:
             results["checkpoints_forward"] = invariants.checkpoints_forward(
                 self.checkpoints.acknowledged, self.checkpoints.observed, final
             )
+        if "nodes_alive" in wanted:
+            results["nodes_alive"] = await self._nodes_alive(30.0)
         if "recovered" in wanted:
             results["recovered"] = invariants.recovered([asdict(r) for r in self.records])
         return results

@@ -8,11 +8,13 @@ would be valid.
     clients = 4             # concurrent clients writing and reading registers
     keys = 4                # registers they share
     recover_within_s = 20   # default bound on each fault's recovery
+    nodes = 1               # node daemons n1..nN (0: none), each with sim_gpus simulated GPUs
+    sim_gpus = 4
     invariants = ["linearizable", "digests_equal", "checkpoints_forward", "no_leaks", "recovered"]
 
     [[faults]]
     kind = "kill"           # see FAULT_KINDS
-    target = "leader"       # leader | follower | c1..cN | all (api-* kinds only)
+    target = "leader"       # leader | follower | c1..cN | all (api-* kinds) | n1..nN (node kinds)
     at = 5.0                # seconds after the workload started
     duration = 3.0          # then healed (a killed process is restarted)
 """
@@ -29,11 +31,21 @@ from shoal.chaos.netfaults import NetFaults
 
 PROCESS_KINDS = ("kill", "pause")
 NET_KINDS = ("api-partition", "api-delay", "api-loss", "api-bandwidth", "api-reset")
-FAULT_KINDS = PROCESS_KINDS + NET_KINDS
-# Kinds with an implementation in chaos.faults that a coordinator-only local cluster cannot
-# host yet: they need node daemons (GPU state file, node clock, checkpoint writer).
-NEEDS_NODES = ("gpu-xid", "clock-skew", "disk-full")
-INVARIANTS = ("linearizable", "digests_equal", "checkpoints_forward", "no_leaks", "recovered")
+NODE_KINDS = ("node-kill", "gpu-xid")
+FAULT_KINDS = PROCESS_KINDS + NET_KINDS + NODE_KINDS
+# Kinds implemented in chaos.faults that a run cannot wire up yet, and why.
+NOT_WIRED = {
+    "clock-skew": "the node's ClockCollector takes no clock to skew yet",
+    "disk-full": "no process in a local cluster writes checkpoints to disk yet",
+}
+INVARIANTS = (
+    "linearizable",
+    "digests_equal",
+    "checkpoints_forward",
+    "no_leaks",
+    "recovered",
+    "nodes_alive",
+)
 # Extra keys each network kind takes, passed on to NetFaults.
 NET_PARAMS: dict[str, tuple[str, ...]] = {
     "api-partition": ("partition",),
@@ -42,6 +54,7 @@ NET_PARAMS: dict[str, tuple[str, ...]] = {
     "api-bandwidth": ("bandwidth_bps",),
     "api-reset": (),
 }
+NODE_PARAMS: dict[str, tuple[str, ...]] = {"node-kill": (), "gpu-xid": ("gpu", "xid")}
 _FAULT_KEYS = ("kind", "target", "at", "duration", "recover_within_s")
 _TOP_KEYS = (
     "name",
@@ -53,6 +66,8 @@ _TOP_KEYS = (
     "recover_within_s",
     "invariants",
     "faults",
+    "nodes",
+    "sim_gpus",
 )
 
 
@@ -83,6 +98,8 @@ class Scenario:
     invariants: tuple[str, ...]
     faults: tuple[FaultSpec, ...]
     description: str = ""
+    nodes: int = 0
+    sim_gpus: int = 4
 
 
 def parse(text: str, source: str = "scenario") -> Scenario:
@@ -108,8 +125,13 @@ def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
         raise ScenarioError(f"{source}: faults must be an array of tables ([[faults]])")
+    cluster = _Shape(
+        replicas,
+        _int(data, "nodes", 0, 0, 16, source),
+        _int(data, "sim_gpus", 4, 0, 64, source),
+    )
     faults = tuple(
-        _fault(item, f"{source}: faults[{i}]", replicas, duration, bound)
+        _fault(item, f"{source}: faults[{i}]", cluster, duration, bound)
         for i, item in enumerate(raw_faults)
     )
     name = data.get("name", "scenario")
@@ -126,24 +148,38 @@ def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
         invariants=tuple(dict.fromkeys(invariants)),
         faults=tuple(sorted(faults, key=lambda f: f.at)),
         description=description,
+        nodes=cluster.nodes,
+        sim_gpus=cluster.sim_gpus,
     )
 
 
-def _fault(item: Any, where: str, replicas: int, duration: float, bound: float) -> FaultSpec:
+@dataclass(frozen=True)
+class _Shape:
+    replicas: int
+    nodes: int
+    sim_gpus: int
+
+
+def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) -> FaultSpec:
     if not isinstance(item, dict):
         raise ScenarioError(f"{where} must be a table with kind, target, at, duration")
     kind = item.get("kind")
-    if kind in NEEDS_NODES:
+    if kind in NOT_WIRED:
         raise ScenarioError(
-            f"{where}.kind={kind!r} needs node daemons, which the local cluster does not start "
-            f"yet; the kinds a run can inject now are {list(FAULT_KINDS)}"
+            f"{where}.kind={kind!r} cannot run yet: {NOT_WIRED[kind]}; "
+            f"the kinds a run can inject now are {list(FAULT_KINDS)}"
         )
     if kind not in FAULT_KINDS:
         raise ScenarioError(f"{where}.kind={kind!r} is not one of {list(FAULT_KINDS)}")
-    params = NET_PARAMS.get(kind, ())
+    params = NET_PARAMS.get(kind, ()) + NODE_PARAMS.get(kind, ())
     _no_unknown(item, _FAULT_KEYS + params, where)
     target = item.get("target")
-    targets = ["leader", "follower", *(f"c{i + 1}" for i in range(replicas))]
+    if kind in NODE_KINDS:
+        if shape.nodes == 0:
+            raise ScenarioError(f"{where}.kind={kind!r} needs nodes >= 1 in the scenario")
+        targets = [f"n{i + 1}" for i in range(shape.nodes)]
+    else:
+        targets = ["leader", "follower", *(f"c{i + 1}" for i in range(shape.replicas))]
     if kind in NET_KINDS:
         targets.append("all")
     if target not in targets:
@@ -162,6 +198,11 @@ def _fault(item: Any, where: str, replicas: int, duration: float, bound: float) 
             spec.net_faults()
         except ProxyError as exc:
             raise ScenarioError(f"{where}: {exc}") from exc
+    if kind == "gpu-xid":
+        if shape.sim_gpus == 0:
+            raise ScenarioError(f"{where}.kind='gpu-xid' needs sim_gpus >= 1 in the scenario")
+        _int(item, "gpu", 0, 0, shape.sim_gpus - 1, where)
+        _int(item, "xid", 79, 1, 1000, where)
     return spec
 
 

@@ -63,7 +63,8 @@ def _once(scenario_arg: str, run_dir: Path | None, keep: bool, quiet: bool) -> d
     scenario = find_scenario(scenario_arg)
     own = run_dir is None
     cluster = LocalCluster(run_dir or Path(tempfile.mkdtemp(prefix="shoal-chaos-")))
-    cluster.create(coordinator_specs(cluster.run_dir, scenario.replicas))
+    specs = coordinator_specs(cluster.run_dir, scenario.replicas)
+    cluster.create(specs + _node_specs(cluster.run_dir, specs, scenario.nodes, scenario.sim_gpus))
     log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
     report = run_scenario(scenario, cluster, log)
     if own and report.ok and not keep:
@@ -71,6 +72,26 @@ def _once(scenario_arg: str, run_dir: Path | None, keep: bool, quiet: bool) -> d
     if not quiet:
         print(render_text(report))
     return report.to_dict()
+
+
+def _node_specs(run_dir: Path, coordinators: list[Any], count: int, gpus: int) -> list[Any]:
+    """Node daemons n1..nN on free loopback ports, each with its data dir under the run dir
+    (where chaos finds its simulated GPUs' state file)."""
+    import sys
+
+    from shoal.local import ProcessSpec
+
+    urls = ",".join(c.api_url for c in coordinators)
+    specs = []
+    for i in range(count):
+        name = f"n{i + 1}"
+        argv = [
+            sys.executable, "-m", "shoal", "node", "--coordinators", urls,
+            "--data-dir", str(run_dir / "nodes" / name), "--token-file", str(run_dir / "api-token"),
+            "--node-id", name, "--listen", "127.0.0.1:0", "--sim-gpus", str(gpus),
+        ]  # fmt: skip
+        specs.append(ProcessSpec(name, argv, "node"))
+    return specs
 
 
 def _run(args: argparse.Namespace) -> int:

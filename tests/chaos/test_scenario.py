@@ -54,7 +54,15 @@ def test_defaults_and_params() -> None:
             "[[faults]]\nkind = 'api-loss'\ntarget = 'all'\nat = 1\nloss = 2",
             "faults\\[0\\]: loss=2",
         ),
-        ("[[faults]]\nkind = 'gpu-xid'\ntarget = 'c1'\nat = 1", "needs node daemons"),
+        ("[[faults]]\nkind = 'disk-full'\ntarget = 'c1'\nat = 1", "cannot run yet"),
+        ("[[faults]]\nkind = 'gpu-xid'\ntarget = 'n1'\nat = 1", "needs nodes >= 1"),
+        ("nodes = 1\n[[faults]]\nkind = 'gpu-xid'\ntarget = 'c1'\nat = 1", "target='c1'"),
+        ("nodes = 1\n[[faults]]\nkind = 'gpu-xid'\ntarget = 'n1'\nat = 1\ngpu = 4", "gpu=4"),
+        (
+            "nodes = 1\nsim_gpus = 0\n[[faults]]\nkind = 'gpu-xid'\ntarget = 'n1'\nat = 1",
+            "needs sim_gpus",
+        ),
+        ("nodes = 17", "nodes=17"),
         ("name = ", "not valid TOML"),
     ],
 )
