@@ -1,8 +1,9 @@
 """`shoal completion bash|zsh`: print a shell completion script generated from the argparse tree.
 
 The script is generated, not written by hand, so a new verb or option completes the moment it is
-registered. zsh loads the same bash function through `bashcompinit`: one completion logic to
-test, and zsh ships `bashcompinit` with every install.
+registered. zsh loads the same bash function through `bashcompinit` (which runs it in sh emulation, and
+offers `compgen` but not bash's `mapfile`): one completion logic to test, and zsh ships
+`bashcompinit` with every install. Words never contain spaces, so `$(compgen ...)` splits safely.
 """
 
 from __future__ import annotations
@@ -93,14 +94,14 @@ def render_bash(root: CommandNode) -> str:
         "        *) words=__none__ ;;",
         "    esac",
         '    if [[ "$words" != __none__ ]]; then',
-        '        [[ -n "$words" ]] && mapfile -t COMPREPLY < <(compgen -W "$words" -- "$cur")',
+        '        COMPREPLY=($(compgen -W "$words" -- "$cur"))',
         "        return 0",
         "    fi",
         '    case "$path" in',
         *word_cases,
         '        *) words="" ;;',
         "    esac",
-        '    mapfile -t COMPREPLY < <(compgen -W "$words" -- "$cur")',
+        '    COMPREPLY=($(compgen -W "$words" -- "$cur"))',
         "}",
         f"complete -o default -F _{prog} {prog}",
         "",

@@ -99,7 +99,7 @@ def test_an_option_with_a_free_value_leaves_bash_to_complete_file_names(script: 
 
 
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed here")
-def test_zsh_loads_the_script_and_defines_the_completion() -> None:
+def test_zsh_runs_the_same_function_through_bashcompinit() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "shoal", "completion", "zsh"],
         capture_output=True,
@@ -107,14 +107,19 @@ def test_zsh_loads_the_script_and_defines_the_completion() -> None:
         timeout=30,
         check=True,
     )
+    # bashcompinit calls the function in sh emulation; zsh itself filters by the typed prefix.
+    probe = (
+        "t() { emulate -L sh; setopt kshglob noshglob braceexpand; "
+        'COMP_WORDS=(shoal chaos ""); COMP_CWORD=2; _shoal; printf "%s\\n" "${COMPREPLY[@]}"; }; t'
+    )
     out = subprocess.run(
-        ["zsh", "-f", "-c", proc.stdout + "\nwhence -w _shoal"],
+        ["zsh", "-f", "-c", proc.stdout + "\n" + probe],
         capture_output=True,
         text=True,
         timeout=30,
     )
     assert out.returncode == 0, out.stderr
-    assert "_shoal: function" in out.stdout
+    assert {"run", "soak", "inject"} <= set(out.stdout.split())
 
 
 def test_an_unknown_shell_is_refused_with_the_valid_ones() -> None:
