@@ -173,3 +173,19 @@ def test_standalone_proxy_refuses_a_bad_target() -> None:
     done = shoal("chaos", "proxy", "nowhere", timeout=30)
     assert done.returncode == 2
     assert "target='nowhere'" in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_soak_runs_until_its_time_is_up(tmp_path: Path) -> None:
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(
+        'name = "tiny"\nduration_s = 2\nclients = 1\nkeys = 1\n'
+        '[[faults]]\nkind = "api-reset"\ntarget = "all"\nat = 1\n'
+    )
+    done = shoal("chaos", "soak", "--hours", "0.0003", "--scenario", str(scenario), timeout=100)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "every invariant held" in done.stdout
+    assert "chaos scenario tiny: PASSED" in done.stdout
+    bad = shoal("chaos", "soak", "--hours", "0", timeout=30)
+    assert bad.returncode == 2
+    assert "--hours=0.0" in bad.stderr
