@@ -166,6 +166,11 @@ async def _submit_job_with_metrics(local: LocalCluster) -> str:
         return str(job["id"])
 
 
+async def _cordon(local: LocalCluster, node_id: str) -> None:
+    async with CoordinatorClient(local.api_urls(), local.token, timeout=20) as client:
+        await client.cordon(node_id)
+
+
 async def _wait_nodes_healthy(local: LocalCluster) -> None:
     async with CoordinatorClient(local.api_urls(), local.token, timeout=20) as client:
         deadline = time.monotonic() + 60
@@ -177,7 +182,7 @@ async def _wait_nodes_healthy(local: LocalCluster) -> None:
     raise AssertionError("the node daemons never reported health")
 
 
-def test_the_page_shows_nodes_jobs_and_curves_and_keeps_the_token_out_of_the_url(
+def test_the_page_shows_nodes_jobs_curves_live_and_keeps_the_token_out_of_the_url(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     async def body() -> bytes:
@@ -203,6 +208,11 @@ def test_the_page_shows_nodes_jobs_and_curves_and_keeps_the_token_out_of_the_url
             assert await page.evaluate("location.href") == f"{cluster.api_urls()[1]}/"
             assert await page.evaluate("document.getElementById('conn').textContent") == "live"
             shot = await page.call("Page.captureScreenshot", format="png")
+            await _cordon(cluster, NODES[1])  # the open page must redraw without a reload
+            await page.wait_for(
+                f"document.querySelector('[data-node=\"{NODES[1]}\"]').innerText"
+                ".includes('cordoned')"
+            )
         return base64.b64decode(shot["data"])
 
     png = asyncio.run(body())
