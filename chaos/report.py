@@ -13,7 +13,7 @@ from shoal.chaos.invariants import Verdict
 class FaultRecord:
     kind: str
     target: str
-    replicas: list[str]
+    processes: list[str]
     injected_at: float | None = None
     healed_at: float | None = None
     recovered: bool = False
@@ -53,7 +53,7 @@ def render_text(report: RunReport) -> str:
     for f in report.faults:
         took = "not recovered" if f.recovery_s is None else f"recovered in {f.recovery_s:.2f} s"
         at = "-" if f.injected_at is None else f"{f.injected_at:.1f}"
-        lines.append(f"    t={at:>6} s  {f.kind:<14} {f.target:<9} {f.replicas}  {took}")
+        lines.append(f"    t={at:>6} s  {f.kind:<14} {f.target:<9} {f.processes}  {took}")
     lines.append("  invariants:")
     for name, verdict in report.invariants.items():
         lines.append(f"    {'ok  ' if verdict.held else 'FAIL'} {name}: {verdict.detail}")

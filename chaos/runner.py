@@ -1,11 +1,12 @@
-"""Run a scenario: start a local coordinator cluster with a fault proxy in front of each
-replica's API, drive the client workload through the proxies, inject and heal the faults on
-schedule, then check the invariants and stop everything.
+"""Run a scenario: start a local cluster (coordinator replicas, node daemons) with a fault proxy
+in front of each replica's API, drive the client workload through the proxies, inject and heal
+the faults on schedule, then check the invariants and stop everything.
 
-Recovery of a fault is measured by a probe that writes an event through the same proxies from
-the moment of injection: `recovery_s` is the time until the first acknowledged write, and the
-fault counts as recovered if that came within `duration + recover_within_s`. For the event loop;
-process signals and the blocking local-cluster calls run in worker threads.
+Recovery of a fault is measured by a probe through the same proxies from the moment of
+injection: for control-plane faults until a write is acknowledged, for a killed node until it
+re-registered, for a GPU fault until the node's replicated health shows it. The fault counts as
+recovered if that came within `duration + recover_within_s`. For the event loop; signals and the
+blocking local-cluster calls run in worker threads.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ CONVERGE_TIMEOUT = 30.0
 
 class ChaosRun:
     """One run of one scenario on `cluster`, whose process specs are written but not started
-    (the caller makes them: `shoal.local.coordinator_specs(run_dir, scenario.replicas)`).
-    Everything it started is stopped when `run` returns or raises."""
+    (the caller makes them: `shoal.local.coordinator_specs` plus node daemon specs of kind
+    "node"). Everything it started is stopped when `run` returns or raises."""
 
     def __init__(
         self,
@@ -105,7 +106,9 @@ class ChaosRun:
             proxy = await FaultProxy((host, int(port))).start()
             self.proxies[spec.name] = proxy
             ports += [int(port), int(spec.raft.rsplit(":", 1)[1]), proxy.port]
-        await self._nodes_alive(60.0)
+        nodes = await self._nodes_alive(60.0)
+        if not nodes.held:
+            raise ChaosError(f"{nodes.detail}; see the node logs in {self.run_dir / 'logs'}")
         return ports
 
     def _coordinators(self) -> list[ProcessSpec]:
@@ -134,9 +137,11 @@ class ChaosRun:
         return invariants.Verdict(True, f"{len(wanted)} nodes alive")
 
     async def _stop(self) -> None:
-        for proxy in self.proxies.values():
-            await proxy.close()
-        await asyncio.to_thread(self.cluster.stop_all)
+        try:
+            for proxy in self.proxies.values():
+                await proxy.close()
+        finally:
+            await asyncio.to_thread(self.cluster.stop_all)
 
     def _urls(self) -> list[str]:
         return [f"http://127.0.0.1:{p.port}" for p in self.proxies.values()]
@@ -172,14 +177,14 @@ class ChaosRun:
         record = FaultRecord(spec.kind, spec.target, [])
         self.records.append(record)
         try:
-            record.replicas = await self._resolve(spec)
-            faults = self._faults(spec, record.replicas)
+            record.processes = await self._resolve(spec)
+            faults = self._faults(spec, record.processes)
         except ShoalError as exc:
             record.detail = f"not injected: {exc}"
             return
         injected = time.monotonic()
         record.injected_at = round(injected - self._t0, 3)
-        self._faulted.update(record.replicas)
+        self._faulted.update(record.processes)
         deadline = injected + spec.duration + spec.recover_within_s
         probe = asyncio.create_task(self._probe(injected, deadline, self._check(spec, record)))
         try:
@@ -188,12 +193,12 @@ class ChaosRun:
             except FaultError as exc:
                 record.detail = f"injection failed: {exc}"
             self._log(
-                f"t={record.injected_at:.1f} s {spec.kind} {record.replicas}: {record.detail}"
+                f"t={record.injected_at:.1f} s {spec.kind} {record.processes}: {record.detail}"
             )
             await asyncio.sleep(spec.duration)
         finally:
             healed = [await f() for f in faults["heal"]]
-            self._faulted.subtract(record.replicas)
+            self._faulted.subtract(record.processes)
             self._healed_wall[id(spec)] = time.time()
             record.healed_at = round(time.monotonic() - self._t0, 3)
             record.detail += "; healed: " + "; ".join(healed)
@@ -233,11 +238,11 @@ class ChaosRun:
 
         async def node_back(client: CoordinatorClient) -> bool:
             healed = self._healed_wall.get(id(spec))
-            node = await client.node(record.replicas[0])
+            node = await client.node(record.processes[0])
             return healed is not None and node["last_heartbeat"] >= healed
 
         async def xid_seen(client: CoordinatorClient) -> bool:
-            node = await client.node(record.replicas[0])
+            node = await client.node(record.processes[0])
             return int(node["health"].get("summary", {}).get("xid_errors", 0)) > 0
 
         return {"node-kill": node_back, "gpu-xid": xid_seen}.get(spec.kind, writable)
