@@ -59,6 +59,16 @@ def run(quick: bool) -> list[Row]:
                 higher_is_better=False,
             ),
             Row(
+                "CartPole-v1 time to 475 after start-up",
+                "s",
+                solve.solve_s - solve.startup_s
+                if solve.solve_s is not None and solve.startup_s is not None
+                else float("nan"),
+                base["solved_at_s"],
+                CLEANRL,
+                higher_is_better=False,
+            ),
+            Row(
                 "CartPole-v1 env steps to 475",
                 "steps",
                 float(solve.env_steps) if solve.solved else float("nan"),

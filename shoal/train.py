@@ -28,10 +28,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ShoalError
 from shoal.progress import ProgressLine, si
+
+if TYPE_CHECKING:
+    from shoal.learner.config import TrainConfig
 
 POLL_S = 0.05
 STOP_GRACE_S = 20.0
@@ -54,6 +57,9 @@ class TrainResult:
     env_steps: int
     wall_s: float
     solve_s: float | None
+    startup_s: float | None
+    """Seconds from the start until the first policy update (process start-up, imports, first
+    fragment)."""
     sps: float
     """Environment steps per second over the whole run, process start-up included."""
     learner_sps: float
@@ -132,7 +138,7 @@ class LocalRun:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: TrainConfig,
         env_id: str,
         run_dir: Path,
         progress: ProgressLine | None = None,
@@ -153,6 +159,7 @@ class LocalRun:
         self.started = 0.0
         self.solve_s: float | None = None
         self.stop_return: float | None = None
+        self.startup_s: float | None = None
 
     # -- layout ------------------------------------------------------------------------------
 
@@ -206,8 +213,6 @@ class LocalRun:
         return env
 
     def _prepare(self) -> None:
-        from shoal.learner.group import GroupSpec
-
         write_token(self.run_dir)
         ports = self._learner_ports()
         self._write_job(ports)
@@ -217,7 +222,7 @@ class LocalRun:
             argv = [py, "-m", "shoal.learner.learner_main", "--run-dir", str(self.run_dir)]
             argv += ["--port", str(ports[rank])]
             self.learners.append(_Child(f"learner-{rank}", argv, {}))
-        self._assign_group(GroupSpec)
+        self._assign_group()
         self.rollouts = [
             _Child(
                 f"rollout-{w}",
@@ -235,12 +240,14 @@ class LocalRun:
             for w in range(self.cfg.rollout.workers)
         ]
 
-    def _assign_group(self, spec_cls: Any) -> None:
+    def _assign_group(self) -> None:
         """Fresh rendezvous port for a (re-)formed learner group."""
+        from shoal.learner.group import GroupSpec
+
         port = free_port()
         world = self.cfg.learner.ranks
         for rank, child in enumerate(self.learners):
-            spec = spec_cls(
+            spec = GroupSpec(
                 rank=rank,
                 world_size=world,
                 port=port if world > 1 else 0,
@@ -286,20 +293,20 @@ class LocalRun:
             (self.run_dir / "pids" / f"{child.name}.pid").unlink(missing_ok=True)
 
     def _restart_learners(self, why: str) -> None:
-        from shoal.learner.group import GroupSpec
-
         self._count_restart(why)
         self._signal(self.learners, signal.SIGKILL)
         self._reap(self.learners, 0.0)
         for rank in range(len(self.learners)):
             (self.run_dir / f"learner-{rank}.addr").unlink(missing_ok=True)
-        self._assign_group(GroupSpec)
+        self._assign_group()
         for child in self.learners:
             self._start(child)
 
     def _count_restart(self, why: str) -> None:
+        from shoal.learner.learner_main import append_event
+
         self.restarts += 1
-        _event(self.run_dir, {"event": "restart", "why": why, "restarts": self.restarts})
+        append_event(self.run_dir, {"event": "restart", "why": why, "restarts": self.restarts})
         if self.restarts > self.max_restarts:
             raise TrainError(
                 f"gave up after {self.max_restarts} restarts ({why}); read the logs in "
@@ -386,6 +393,10 @@ class LocalRun:
                 self._check_children()
                 self._read_statuses()
                 elapsed = time.monotonic() - self.started
+                if self.startup_s is None and any(
+                    s.get("version", 0) for s in self.statuses.values()
+                ):
+                    self.startup_s = elapsed
                 self._draw(elapsed)
                 if self.on_poll is not None:
                     self.on_poll(self)
@@ -423,6 +434,7 @@ class LocalRun:
             env_steps=steps,
             wall_s=wall_s,
             solve_s=self.solve_s,
+            startup_s=self.startup_s,
             sps=steps / wall_s if wall_s > 0 else 0.0,
             learner_sps=float(sum(s.get("sps", 0.0) for s in self.statuses.values())),
             policy_lag_median=self.policy_lag(),
@@ -432,11 +444,6 @@ class LocalRun:
             checkpoint_step=lead.get("checkpoint_step"),
             intake={k: int(v) for k, v in lead.get("intake", {}).items()},
         )
-
-
-def _event(run_dir: Path, event: dict[str, Any]) -> None:
-    with (run_dir / "events.jsonl").open("a") as handle:
-        handle.write(json.dumps({"time": time.time(), **event}) + "\n")
 
 
 # -- checkpoints → policies → evaluation ------------------------------------------------------
@@ -510,7 +517,7 @@ def evaluate_checkpoint(
 
 
 def train(
-    cfg: Any,
+    cfg: TrainConfig,
     *,
     run_dir: Path | None = None,
     runs_root: Path = Path("runs"),
