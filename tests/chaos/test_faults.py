@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import resource
 import subprocess
@@ -23,6 +24,7 @@ from shoal.chaos.faults import (
     OffsetClock,
     PauseProcess,
     WriterFileLimit,
+    XidStorm,
 )
 from shoal.local import LocalCluster, ProcessSpec
 from shoal.scheduler.health.clock import measure, serve_clock
@@ -177,3 +179,21 @@ def test_writer_file_limit_on_a_gone_process() -> None:
     proc.wait()
     with pytest.raises(FaultError, match="cannot limit"):
         WriterFileLimit(proc.pid, 10).inject()
+
+
+def test_xid_storm_raises_until_stopped(tmp_path: Path) -> None:
+    state = tmp_path / "gpus.json"
+    SimGpuBackend(2, state_file=state)
+
+    async def main() -> tuple[str, int]:
+        storm = XidStorm(GpuXid(state, gpu=1, xid=48), period=0.01)
+        await storm.start()
+        await asyncio.sleep(0.5)
+        return await storm.stop(), storm.raised
+
+    line, raised = asyncio.run(main())
+    xids = json.loads(state.read_text())["xids"]
+    assert raised >= 2
+    assert len(xids) == raised
+    assert {(x["gpu"], x["xid"]) for x in xids} == {(1, 48)}
+    assert f"{raised} XIDs raised" in line
