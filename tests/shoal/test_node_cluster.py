@@ -91,7 +91,9 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("nodes")
     local = LocalCluster(tmp / "run")
-    local.create(coordinator_specs(local.run_dir, 3, ("--suspect-after", "1", "--dead-after", "3")))
+    local.create(
+        coordinator_specs(local.run_dir, 3, ("--suspect-after", "1.5", "--dead-after", "3.5"))
+    )
     nodes: dict[str, Node] = {}
     try:
         local.start_all()
@@ -147,6 +149,15 @@ async def task_in(client: CoordinatorClient, task_id: str, *states: str) -> dict
     async def check() -> dict[str, Any] | None:
         task = (await client.request("GET", f"/v1/tasks/{task_id}")) or {}
         return task if task.get("state") in states else None
+
+    return await eventually(check)
+
+
+async def alive(client: CoordinatorClient, node: str) -> bool:
+    """Eventually alive: on a loaded machine a heartbeat may be late now and then."""
+
+    async def check() -> bool:
+        return bool((await client.node(node))["liveness"] == "alive")
 
     return await eventually(check)
 
@@ -234,7 +245,7 @@ def test_a_slow_starting_actor_does_not_hold_up_the_heartbeats(cluster: Cluster)
         "task_id": "slow-1",
         "kind": "rollout",
         "actor": "test_node_tasks:SlowStart",
-        "args": {"seconds": 2.5},  # longer than --suspect-after (1 s)
+        "args": {"seconds": 3.0},  # longer than --suspect-after (1.5 s)
     }
 
     async def body(client: CoordinatorClient) -> list[str]:
@@ -279,8 +290,7 @@ def test_bad_tasks_fail_with_a_reason_and_the_node_stays_up(cluster: Cluster) ->
     for task_id, fragment in expected.items():
         assert fragment in messages[task_id]
     assert cluster.nodes["n1"].process.poll() is None
-    later = run(cluster, lambda c: c.node("n1"))
-    assert later["liveness"] == "alive"
+    assert run(cluster, lambda c: alive(c, "n1"))
 
 
 def test_a_learner_rank_gets_sigterm_when_its_job_stops(cluster: Cluster) -> None:
@@ -380,8 +390,7 @@ def test_the_node_follows_a_new_leader(cluster: Cluster) -> None:
             return await task_in(client, "after-failover", "running")
 
         assert run(cluster, body)["state"] == "running"
-        node = run(cluster, lambda c: c.node("n1"))
-        assert node["liveness"] == "alive"
+        assert run(cluster, lambda c: alive(c, "n1"))
     finally:
         local.start(leader)
         local.wait_ready()
@@ -420,7 +429,8 @@ def test_kill_9_makes_the_node_suspect_then_dead(cluster: Cluster) -> None:
 
         return await eventually(dead)
 
-    assert run(cluster, liveness_changes)[:2] == [("alive", "suspect"), ("suspect", "dead")]
+    changes = run(cluster, liveness_changes)
+    assert changes[-2:] == [("alive", "suspect"), ("suspect", "dead")]
     # The rank does not outlive its node: it got SIGTERM (checkpoint and exit) when the node died.
     assert wait_for_file(marker).startswith("terminated")
 
