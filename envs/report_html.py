@@ -38,8 +38,17 @@ def _esc(text: str) -> str:
     return html.escape(_CONTROL.sub("", text))
 
 
+# Beyond this magnitude the axis arithmetic (differences, padding) would overflow to inf; such
+# values stay in the JSON report but are left out of the plots.
+_PLOTTABLE = 1e300
+
+
+def _plottable(value: float) -> bool:
+    return math.isfinite(value) and abs(value) <= _PLOTTABLE
+
+
 def _finite(values: Sequence[float]) -> list[float]:
-    return [v for v in values if math.isfinite(v)]
+    return [v for v in values if _plottable(v)]
 
 
 def _span(lo: float, hi: float) -> tuple[float, float]:
@@ -134,7 +143,7 @@ def histogram_svg(values: Sequence[float], title: str, x_label: str, bins: int =
 
 def line_svg(points: Sequence[Point], title: str, x_label: str, y_label: str) -> str:
     """A polyline through the points' means with a vertical bar of ±spread at each."""
-    pts = [p for p in points if math.isfinite(p.x) and math.isfinite(p.y)]
+    pts = [p for p in points if _plottable(p.x) and _plottable(p.y)]
     if not pts:
         return _empty_svg(title)
     ys = [p.y - p.spread for p in pts] + [p.y + p.spread for p in pts]
@@ -156,7 +165,7 @@ def line_svg(points: Sequence[Point], title: str, x_label: str, y_label: str) ->
 
 def bar_svg(labels: Sequence[str], values: Sequence[float], title: str, y_label: str) -> str:
     """One labelled bar per value, for comparing environment variants side by side."""
-    pairs = [(name, v) for name, v in zip(labels, values) if math.isfinite(v)]
+    pairs = [(name, v) for name, v in zip(labels, values) if _plottable(v)]
     if not pairs:
         return _empty_svg(title)
     heights = [v for _, v in pairs]
