@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,7 +153,12 @@ def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int,
     bad = tuple(sorted((j, str(v)) for j, v in running.items() if v not in PLACEMENT_MODES))
     topology = Topology(tuple(_node(nodes[nid]) for nid in sorted(nodes)))
     placements = _reservations(topology, tasks, live, gpus_memo)
-    health = tuple(_health(nodes[nid]) for nid in sorted(live) if _has_health(nodes[nid]))
+    hosts = Counter(_host(n.address) for n in nodes.values())
+    health = tuple(
+        _health(nodes[nid], hosts[_host(nodes[nid].address)] > 1)
+        for nid in sorted(live)
+        if _has_health(nodes[nid])
+    )
     stamp = json.dumps([(nid, nodes[nid].last_heartbeat) for nid in sorted(live)])
     groups = frozenset(
         c.job_id for c in m.checkpoints.values() if c.complete and running.get(c.job_id) == "auto"
@@ -256,10 +262,22 @@ def _has_health(n: RaftNode) -> bool:
     return isinstance(n.health.get("summary"), dict)
 
 
-def _health(n: RaftNode) -> NodeHealth | None:
-    """The node's replicated summary as NodeHealth, or None when it cannot be read (logged)."""
+def _host(address: str) -> str:
+    return address.split("://", 1)[-1].rpartition(":")[0] or address
+
+
+def _health(n: RaftNode, shares_host: bool) -> NodeHealth | None:
+    """The node's replicated summary as NodeHealth, or None when it cannot be read (logged).
+
+    CPU and memory fractions are the host's: when several nodes share one host (a local
+    cluster), moving a task between them cannot change those, so only their own signals (GPUs,
+    errors, latency, clock, env steps) count, or every busy host would look overloaded on all
+    its nodes at once."""
+    summary = {**n.health["summary"], "node": n.id}
+    if shares_host:
+        summary.update(cpu=0.0, memory=0.0)
     try:
-        return NodeHealth.from_dict({**n.health["summary"], "node": n.id})
+        return NodeHealth.from_dict(summary)
     except (SchedulerError, TypeError, ValueError) as exc:
         log.warning("ignoring the health of node %s: %s", n.id, exc)
         return None

@@ -1,12 +1,12 @@
-"""The local cluster: coordinator replicas (and, later, node daemons) as background child
-processes of one run directory.
+"""The local cluster: coordinator replicas and node daemons (simulated GPUs) as background
+child processes of one run directory.
 
 Layout of a run directory (deleting it leaves nothing behind once `stop` ran):
   cluster.json          the process specs and addresses (what `status`, `logs`, `down` read)
   secret, api-token     the Raft secret and the API bearer token, mode 0600
   logs/NAME.log         each process's stdout and stderr
   pids/NAME.pid         each process's pid
-  data/NAME/            each replica's Raft journal and dump
+  data/NAME/            each replica's Raft journal and dump, each node's data directory
 A process is recognised by its pid AND its command line naming the run directory, so a reused
 pid is never signalled.
 """
@@ -48,8 +48,8 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    """One background process: its name, its command line and where it answers when ready.
-    `shoal up` will add node daemons as more specs of this kind."""
+    """One background process: its name, its command line and where it answers when ready
+    (a coordinator replica, or a node daemon: kind "node", no API of its own)."""
 
     name: str
     argv: list[str]
@@ -93,6 +93,29 @@ def coordinator_specs(
                 rafts[i],
             )
         )
+    return specs
+
+
+def node_specs(
+    run_dir: Path,
+    api_urls: list[str],
+    nodes: int,
+    sim_gpus: int,
+    island_size: int = 16,
+    extra_args: tuple[str, ...] = (),
+) -> list[ProcessSpec]:
+    """Specs for `nodes` node daemons `n1..nN`, each with `sim_gpus` simulated GPUs."""
+    specs = []
+    for i in range(nodes):
+        name = f"n{i + 1}"
+        argv = [
+            sys.executable, "-m", "shoal", "node",
+            "--coordinators", ",".join(api_urls), "--node-id", name,
+            "--data-dir", str(run_dir / "data" / name), "--token-file", str(run_dir / "api-token"),
+            "--sim-gpus", str(sim_gpus), "--island-size", str(island_size),
+            *extra_args,
+        ]  # fmt: skip
+        specs.append(ProcessSpec(name, argv, "node"))
     return specs
 
 
@@ -257,6 +280,32 @@ class LocalCluster:
             time.sleep(0.05)
         raise LocalClusterError(f"replicas {names} did not agree on a leader within {timeout:g} s")
 
+    def nodes(self) -> list[dict[str, Any]]:
+        """The registered nodes as the first answering replica lists them (empty if none does):
+        id, liveness, cordoned, GPU count and GPUs per NVLink island."""
+        for url in self.api_urls():
+            try:
+                listed = self.get(f"{url}/v1/nodes")["nodes"]
+            except (OSError, urllib.error.URLError, ValueError, KeyError):
+                continue
+            return [_node_row(n) for n in listed]
+        return []
+
+    def wait_nodes(self, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """Wait until `count` nodes are registered and alive."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = [n for n in self.nodes() if n["liveness"] == "alive"]
+            if len(rows) >= count:
+                return rows
+            for spec in self.specs():
+                if spec.kind == "node" and self.pid(spec.name) is None:
+                    raise LocalClusterError(
+                        f"{spec.name} exited; see {self.log_path(spec.name)}:\n{self.tail(spec.name, 15)}"
+                    )
+            time.sleep(0.1)
+        raise LocalClusterError(f"fewer than {count} nodes registered within {timeout:g} s")
+
     def tail(self, name: str, lines: int = 50) -> str:
         try:
             return "\n".join(self.log_path(name).read_text(errors="replace").splitlines()[-lines:])
@@ -267,6 +316,7 @@ class LocalCluster:
         rows = []
         for spec in self.specs():
             view = self.cluster_view(spec.name) if self.pid(spec.name) else None
+            running = "running" if self.pid(spec.name) else "down"
             rows.append(
                 {
                     "name": spec.name,
@@ -274,13 +324,26 @@ class LocalCluster:
                     "pid": self.pid(spec.name),
                     "api": spec.api_url,
                     "raft": spec.raft,
-                    "state": view["state"] if view else "down",
+                    "state": view["state"] if view else running if spec.kind == "node" else "down",
                     "term": view["term"] if view else None,
                     "commit_index": view["commit_index"] if view else None,
                     "leader": view["leader_id"] if view else None,
                 }
             )
         return rows
+
+
+def _node_row(node: dict[str, Any]) -> dict[str, Any]:
+    islands: dict[str, int] = {}
+    for gpu in node["resources"].get("gpus", []):
+        islands[gpu.get("island", "")] = islands.get(gpu.get("island", ""), 0) + 1
+    return {
+        "id": node["id"],
+        "liveness": node["liveness"],
+        "cordoned": node["cordoned"],
+        "gpus": sum(islands.values()),
+        "islands": dict(sorted(islands.items())),
+    }
 
 
 def _alive(pid: int) -> bool:

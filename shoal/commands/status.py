@@ -1,4 +1,5 @@
-"""`shoal status [--json]`: the local cluster's processes, their Raft state and the leader."""
+"""`shoal status [--json]`: the local cluster's processes, their Raft state and the leader, and
+the registered nodes with their GPUs and NVLink islands."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def run(args: argparse.Namespace) -> int:
 
     local = LocalCluster(args.run_dir or default_run_dir())
     rows = local.status()
+    nodes = local.nodes()
     if args.json:
-        print(json.dumps({"run_dir": str(local.run_dir), "processes": rows}))
+        print(json.dumps({"run_dir": str(local.run_dir), "processes": rows, "nodes": nodes}))
         return 0
     header = ("name", "kind", "pid", "state", "term", "commit", "leader", "api")
     cells = [header] + [
@@ -36,4 +38,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"run dir {local.run_dir}")
     for line in cells:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+    if nodes:
+        gpus = sum(n["gpus"] for n in nodes)
+        print(f"nodes {len(nodes)}, GPUs {gpus}")
+        for n in nodes:
+            islands = ", ".join(f"{label} ({count})" for label, count in n["islands"].items())
+            flag = " cordoned" if n["cordoned"] else ""
+            print(f"  {n['id']}  {n['liveness']}{flag}  {n['gpus']} GPUs  {islands or '-'}")
     return 0

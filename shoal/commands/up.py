@@ -1,4 +1,5 @@
-"""`shoal up`: start a local cluster of coordinator replicas in the background."""
+"""`shoal up`: start a local cluster of coordinator replicas (and node daemons with simulated
+GPUs) in the background."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--replicas", type=int, default=3, help="coordinator replicas (odd: 1, 3, 5)"
     )
+    parser.add_argument("--nodes", type=int, default=0, help="node daemons to start beside them")
+    parser.add_argument("--sim-gpus", type=int, default=0, help="simulated GPUs per node")
+    parser.add_argument("--island-size", type=int, default=16, help="GPUs per NVLink island")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a leader")
     add_run_dir(parser)
     parser.set_defaults(func=run)
@@ -27,31 +31,56 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from shoal.errors import ConfigError
-    from shoal.local import LocalCluster, LocalClusterError, coordinator_specs, default_run_dir
+    from shoal.local import (
+        LocalCluster,
+        LocalClusterError,
+        coordinator_specs,
+        default_run_dir,
+        node_specs,
+    )
 
     if args.replicas < 1 or args.replicas % 2 == 0 or args.replicas > 9:
         raise ConfigError(
             f"--replicas={args.replicas} must be odd, between 1 and 9 (a majority must survive)"
         )
+    if not 0 <= args.nodes <= 64 or not 0 <= args.sim_gpus <= 1024 or args.island_size < 1:
+        raise ConfigError(
+            f"--nodes={args.nodes}, --sim-gpus={args.sim_gpus}, --island-size={args.island_size}: "
+            "use 0-64 nodes, 0-1024 GPUs per node and an island size >= 1"
+        )
     local = LocalCluster(args.run_dir or default_run_dir())
     if (local.run_dir / "cluster.json").exists():  # bring the same cluster back, data and all
         specs = local.specs()
-        if sum(s.kind == "coordinator" for s in specs) != args.replicas:
+        counts = (sum(s.kind == "coordinator" for s in specs), sum(s.kind == "node" for s in specs))
+        if counts != (args.replicas, args.nodes):
             raise ConfigError(
-                f"--replicas={args.replicas} differs from the cluster in {local.run_dir}; "
+                f"--replicas={args.replicas} --nodes={args.nodes} differ from the cluster in "
+                f"{local.run_dir} ({counts[0]} replicas, {counts[1]} nodes); "
                 "use another --run-dir or delete that one"
             )
     else:
         specs = coordinator_specs(local.run_dir, args.replicas)
+        urls = [s.api_url for s in specs if s.api_url]
+        specs += node_specs(local.run_dir, urls, args.nodes, args.sim_gpus, args.island_size)
     local.create(specs)
     try:
         local.start_all()
         leader = local.wait_ready(timeout=args.timeout)
+        nodes = local.wait_nodes(args.nodes, timeout=args.timeout)
     except LocalClusterError:
         local.stop_all()
         raise
     print(f"shoal: local cluster up in {local.run_dir}")
     for spec in local.specs():
-        print(f"  {spec.name}  pid {local.pid(spec.name)}  api {spec.api_url}  raft {spec.raft}")
+        if spec.kind == "node":
+            print(f"  {spec.name}  pid {local.pid(spec.name)}  node")
+        else:
+            print(
+                f"  {spec.name}  pid {local.pid(spec.name)}  api {spec.api_url}  raft {spec.raft}"
+            )
+    if nodes:
+        gpus = sum(n["gpus"] for n in nodes)
+        islands = sum(len(n["islands"]) for n in nodes)
+        print(f"  {len(nodes)} nodes, {gpus} GPUs in {islands} NVLink islands")
     print(f"  leader {leader}; API token in {local.run_dir / 'api-token'}")
     return 0

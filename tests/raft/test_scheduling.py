@@ -37,14 +37,19 @@ def apply_round(m: StateMachine, rnd: Round, at: float = 1000.0) -> list[dict[st
 
 
 def add_node(
-    m: StateMachine, name: str, gpus: int = 8, island_size: int = 8, cpus: float = 16
+    m: StateMachine,
+    name: str,
+    gpus: int = 8,
+    island_size: int = 8,
+    cpus: float = 16,
+    host: str = "",
 ) -> None:
     run(
         m,
         "register_node",
         {
             "node_id": name,
-            "address": f"{name}:1",
+            "address": f"shoal://{host or name}:1",
             "resources": {
                 "cpus": cpus,
                 "memory": 64 * GIB,
@@ -302,3 +307,16 @@ def test_manual_jobs_are_left_alone_and_a_bad_mode_is_reported_once() -> None:
     assert "spec.placement='atuo'" in events[0]["message"]
     assert all(t.node is None for t in m.tasks.values())
     assert one_round(m, memory) == []
+
+
+def test_nodes_sharing_a_host_are_judged_on_their_own_signals_not_the_hosts_cpu() -> None:
+    m = StateMachine()
+    add_node(m, "a", host="box")
+    add_node(m, "b", host="box")
+    add_node(m, "c")
+    hot = {"cpu": 1.0, "memory": 0.9, "gpu_util": 0.2}
+    health(m, 1001.0, a=hot, b=hot, c=hot)
+    by_node = {h.node: h for h in read_inputs(m, {}).health}
+    assert (by_node["a"].cpu, by_node["a"].memory, by_node["a"].gpu_util) == (0.0, 0.0, 0.2)
+    assert by_node["b"].cpu == 0.0
+    assert by_node["c"].cpu == 1.0  # alone on its host: the host's CPU is its own

@@ -1,0 +1,252 @@
+"""Real processes on 127.0.0.1: a coordinator and five node daemons with eight simulated GPUs
+each, scheduled by the leader's loop. In order: a job's tasks are placed and run; one node's
+GPU load is raised through its sim GPU state file and a task migrates with the reason; a node
+is killed with SIGKILL and its tasks run elsewhere; an XID raised on a node cordons it and
+moves its tasks. Plus `shoal up --nodes 4 --sim-gpus 8` and `shoal status` through the CLI.
+
+Node health includes the host's real CPU fraction (all nodes share this host), so a busy
+machine can delay a migration: the waits are generous, nothing asserts on a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from shoal.local import LocalCluster, coordinator_specs, node_specs
+from shoal.scheduler.health.simgpu import SimGpuBackend
+
+pytestmark = [pytest.mark.slow]
+
+T = TypeVar("T")
+ACTOR = "shoal.runtime.actor:Actor"
+NODES = 5
+ROLLOUTS = 10
+
+
+class Cluster:
+    def __init__(self, local: LocalCluster, api: str) -> None:
+        self.local, self.api = local, api
+
+    def get(self, path: str) -> Any:
+        return self.local.get(f"{self.api}{path}")
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        request = urllib.request.Request(
+            f"{self.api}{path}",
+            data=json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {self.local.token}",
+                "Content-Type": "application/json",
+            },
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def tasks(self, job: str) -> dict[str, dict[str, Any]]:
+        return {t["id"]: t for t in self.get(f"/v1/tasks?job={job}")["tasks"]}
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.get("/v1/events?limit=1000")["events"] if e["kind"] == kind]
+
+    def sim(self, node: str) -> SimGpuBackend:
+        return SimGpuBackend.attach(self.local.run_dir / "data" / node / "simgpu.json")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float, cluster: Cluster) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.2)
+    logs = "\n".join(f"--- {n}\n{cluster.local.tail(n, 20)}" for n in ("c1", "n1"))
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n{logs}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    run_dir = tmp_path_factory.mktemp("sched")
+    local = LocalCluster(run_dir)
+    coordinators = coordinator_specs(
+        local.run_dir, 1, ("--suspect-after", "1", "--dead-after", "3")
+    )
+    nodes = node_specs(
+        local.run_dir,
+        [s.api_url for s in coordinators if s.api_url],
+        NODES,
+        8,
+        8,
+        # Health every 2.5 s: an XID counts in one summary only, and the leader replicates the
+        # latest summary every 2 s, so a shorter period could let the XID slip between batches.
+        ("--heartbeat", "0.3", "--health-period", "2.5", "--stop-timeout", "5"),
+    )
+    local.create(coordinators + nodes)
+    try:
+        local.start_all()
+        api = local.wait_ready(timeout=60)
+        local.wait_nodes(NODES, timeout=60)
+        yield Cluster(local, api)
+    finally:
+        local.stop_all()
+
+
+def running_on(tasks: dict[str, dict[str, Any]]) -> dict[str, str] | None:
+    """task -> node when every task runs, else None."""
+    if all(t["state"] == "running" and t["node"] for t in tasks.values()):
+        return {t["id"]: t["node"] for t in tasks.values()}
+    return None
+
+
+@pytest.mark.timeout(120)
+def test_submitted_tasks_are_placed_spread_and_running(cluster: Cluster) -> None:
+    tasks = [
+        {
+            "task_id": f"r{i}",
+            "kind": "rollout",
+            "actor": ACTOR,
+            "resources": {"cpus": 0.25, "gpus": 1},
+        }
+        for i in range(ROLLOUTS)
+    ]
+    cluster.post("/v1/jobs", {"job_id": "job", "spec": {"placement": "auto"}, "tasks": tasks})
+    where = wait_for("every task running", lambda: running_on(cluster.tasks("job")), 60, cluster)
+    per_node = {n: list(where.values()).count(n) for n in set(where.values())}
+    assert per_node == {f"n{i}": 2 for i in range(1, NODES + 1)}
+    placed = cluster.events("placement")
+    assert {e["fields"]["task"] for e in placed} == set(where)
+    assert all("least loaded ready node" in e["message"] for e in placed)
+
+
+@pytest.mark.timeout(120)
+def test_an_overloaded_node_sheds_a_task_with_the_reason(cluster: Cluster) -> None:
+    before = cluster.tasks("job")
+    sim = cluster.sim("n1")
+    started = time.monotonic()
+    for gpu in range(8):
+        sim.set_load(gpu, 1.0, 0.95)
+    try:
+        moved = wait_for(
+            "a migration off n1",
+            lambda: [e for e in cluster.events("migration") if e["fields"]["source"] == "n1"],
+            90,
+            cluster,
+        )
+        decided = time.monotonic() - started
+    finally:
+        for gpu in range(8):
+            sim.set_load(gpu, 0.0, 0.0)
+    task, target = moved[0]["fields"]["task"], moved[0]["fields"]["target"]
+    assert before[task]["node"] == "n1"
+    assert "relieve n1" in moved[0]["message"]
+    overloaded = [e for e in cluster.events("balance") if e["fields"]["action"] == "overloaded"]
+    assert any(e["fields"]["node"] == "n1" and "gpu_util" in e["message"] for e in overloaded)
+    after = wait_for(
+        "the moved task running on its target",
+        lambda: running_on(cluster.tasks("job")),
+        30,
+        cluster,
+    )
+    assert after[task] == target
+    assert cluster.tasks("job")[task]["generation"] == before[task]["generation"] + 1
+    print(f"\nmigration decided {decided:.1f} s after n1's GPUs went to 100%")
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_node_goes_dead_and_its_tasks_run_elsewhere(cluster: Cluster) -> None:
+    victim = "n3"
+    before = cluster.tasks("job")
+    lost = {t for t, rec in before.items() if rec["node"] == victim}
+    assert lost
+    started = time.monotonic()
+    cluster.local.signal(victim, signal.SIGKILL)
+
+    def replaced() -> bool:
+        tasks = cluster.tasks("job")
+        return all(tasks[t]["node"] != victim and tasks[t]["state"] == "running" for t in lost)
+
+    wait_for("the victim's tasks running elsewhere", replaced, 60, cluster)
+    took = time.monotonic() - started
+    liveness = [
+        e for e in cluster.get("/v1/events?limit=1000")["events"] if e["kind"] == "node_liveness"
+    ]
+    changes = [e["fields"]["new"] for e in liveness if e["fields"]["node"] == victim]
+    assert changes[-2:] == ["suspect", "dead"]
+    replace = [e for e in cluster.events("replace") if e["fields"]["task"] in lost]
+    assert {e["fields"]["task"] for e in replace} == lost
+    assert all(f"was on dead node {victim}" in e["message"] for e in replace)
+    print(f"\nkill -9 of {victim} to its tasks running elsewhere: {took:.1f} s")
+
+
+@pytest.mark.timeout(120)
+def test_an_xid_cordons_the_node_and_moves_its_tasks(cluster: Cluster) -> None:
+    node = "n4"
+    before = cluster.tasks("job")
+    on_node = {t for t, rec in before.items() if rec["node"] == node}
+    assert on_node
+    cluster.sim(node).raise_xid(2, 79)
+    cordon = wait_for(
+        "the cordon event",
+        lambda: [e for e in cluster.events("cordon") if e["fields"]["node"] == node],
+        60,
+        cluster,
+    )
+    assert "XID" in cordon[0]["message"]
+    record = cluster.get(f"/v1/nodes/{node}")
+    assert record["cordoned"]
+    assert record["draining"]
+
+    def moved() -> bool:
+        tasks = cluster.tasks("job")
+        return all(tasks[t]["node"] != node and tasks[t]["state"] == "running" for t in on_node)
+
+    wait_for(f"{node}'s tasks running elsewhere", moved, 90, cluster)
+    reasons = [e["message"] for e in cluster.events("migration") if e["fields"]["source"] == node]
+    assert reasons
+    assert all(f"drain {node}" in r and "XID" in r for r in reasons)
+
+
+@pytest.mark.timeout(120)
+def test_shoal_up_with_nodes_and_status_show_nodes_gpus_and_islands(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "SHOAL_RUN_DIR": str(run_dir)}
+
+    def shoal(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "shoal", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+
+    try:
+        up = shoal("up", "--replicas", "1", "--nodes", "4", "--sim-gpus", "8", "--timeout", "60")
+        assert up.returncode == 0, up.stderr
+        assert "4 nodes, 32 GPUs in 4 NVLink islands" in up.stdout
+        status = shoal("status", "--json")
+        assert status.returncode == 0, status.stderr
+        nodes = json.loads(status.stdout)["nodes"]
+        assert sorted(n["id"] for n in nodes) == ["n1", "n2", "n3", "n4"]
+        assert sum(n["gpus"] for n in nodes) == 32
+        assert all(n["islands"] == {f"{n['id']}/nvl0": 8} for n in nodes)
+        table = shoal("status")
+        assert "nodes 4, GPUs 32" in table.stdout
+        assert "n1/nvl0 (8)" in table.stdout
+        bad = shoal("up", "--nodes", "-1")
+        assert bad.returncode != 0
+        assert "--nodes=-1" in bad.stderr
+    finally:
+        down = shoal("down")
+        assert down.returncode == 0, down.stderr
