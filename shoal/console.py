@@ -75,20 +75,25 @@ class _Wrapper:
         self._client = client
 
     def __repr__(self) -> str:
-        lines = [f"{type(self).__name__.lower()}: {_first_line(type(self).__doc__)}"]
+        owner = type(self).__name__.lower()
+        lines = [f"{owner}: {_first_line(type(self).__doc__)}"]
         for name, fn in inspect.getmembers(type(self), inspect.isfunction):
             if not name.startswith("_"):
-                lines.append(
-                    f"  await {type(self).__name__.lower()}.{name}{inspect.signature(fn)}".replace(
-                        "(self, ", "("
-                    ).replace("(self)", "()")
-                )
+                lines.append(f"  {_usage(owner, name, fn)}")
                 lines.append(f"      {_first_line(fn.__doc__)}")
         return "\n".join(lines)
 
 
+def _usage(owner: str, name: str, fn: Any) -> str:
+    """`await nodes.list(liveness=None)`: how to call it, without the type noise."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    shown = [p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params]
+    return f"await {owner}.{name}({', '.join(shown)})"
+
+
 def _first_line(doc: str | None) -> str:
-    return (doc or "").strip().splitlines()[0] if doc and doc.strip() else ""
+    lines = (doc or "").strip().splitlines()
+    return lines[0] if lines else ""
 
 
 class Cluster(_Wrapper):
