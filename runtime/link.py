@@ -207,6 +207,9 @@ class Link:
                         outbox.appendleft(view[chunk:])
                     await send(view[:chunk])
                     continue
+                if not outbox:  # a lone small frame (a single ask or reply): no copy
+                    await send(first)
+                    continue
                 batch = bytearray(first)
                 while outbox and len(batch) < chunk:
                     size = len(outbox[0])
@@ -464,9 +467,8 @@ def _envelope(value: Any) -> list[Any]:
         raise UnknownMessageType(f"unknown link frame kind {value[0]!r}")
     if len(value) != len(shape) + 1:
         raise MalformedFrame(f"a {value[0]!r} frame has the wrong fields")
-    for index, kind in enumerate(shape, 1):
-        if not isinstance(value[index], kind):
-            raise MalformedFrame(f"a {value[0]!r} frame has the wrong fields")
+    if not all(map(isinstance, value[1:], shape)):
+        raise MalformedFrame(f"a {value[0]!r} frame has the wrong fields")
     if value[0] == "c" and (value[1] < 0 or value[2] < 0):
         raise MalformedFrame("a credit grant cannot be negative")
     if value[0] == "a" and not 0 < value[6] <= _MAX_ASK_TIMEOUT:

@@ -80,6 +80,12 @@ class Peer:
                 ) from None
         return self.link_nowait()
 
+    def open_link(self) -> Link | None:
+        """The link when it is open, else None: the senders' fast path, with no coroutine to
+        await when nothing needs waiting for."""
+        link = self._link
+        return None if link is None or link.closed or self._closed else link
+
     def link_nowait(self) -> Link:
         if self._closed:
             raise LinkClosed(f"the transport was closed; no more sends to {self.address}")
@@ -111,7 +117,9 @@ class RemoteRef(ActorRef):
         self.name = name
 
     async def _tell(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        link = await self._peer.link()
+        link = self._peer.open_link()
+        if link is None:
+            link = await self._peer.link()
         await link.tell(self.name, method, args, kwargs)
 
     def _tell_nowait(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -120,5 +128,7 @@ class RemoteRef(ActorRef):
     async def _ask(
         self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
     ) -> Any:
-        link = await self._peer.link()
+        link = self._peer.open_link()
+        if link is None:
+            link = await self._peer.link()
         return await link.ask(self.name, method, args, kwargs, timeout)

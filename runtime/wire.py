@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import struct
 import sys
+import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import msgpack
 import numpy as np
@@ -79,11 +80,17 @@ _MESSAGES: dict[str, type] = {}
 _MESSAGE_NAMES: dict[type, str] = {}
 
 
-class EncodedFrame(NamedTuple):
-    """The pieces to write in order (the arrays' own memory among them) and their total size."""
+class EncodedFrame:
+    """The pieces to write in order (the arrays' own memory among them) and their total size.
 
-    parts: list[Buffer]
-    nbytes: int
+    A slotted class, not a NamedTuple: one is built per message sent, and a NamedTuple costs
+    twice as much to build."""
+
+    __slots__ = ("nbytes", "parts")
+
+    def __init__(self, parts: list[Buffer], nbytes: int) -> None:
+        self.parts = parts
+        self.nbytes = nbytes
 
 
 def message(name: str) -> Callable[[type[T]], type[T]]:
@@ -118,10 +125,20 @@ def _raw_bytes(array: np.ndarray) -> memoryview:
 
 
 class _Encoder:
-    """Collects the out-of-band buffers while msgpack walks the value."""
+    """Collects the out-of-band buffers while msgpack walks the value.
+
+    One per thread is kept and reused (`_encoder()`): building a msgpack Packer per message
+    costs several times packing a small one. The reusable Packer packs the top-level value
+    only; ext payloads (arrays, tuples, messages) are packed inside its `default` callback,
+    while it is busy, so they use `packb`."""
 
     def __init__(self) -> None:
         self.buffers: list[memoryview] = []
+        self.busy = False
+        self._packer = msgpack.Packer(default=self.default, use_bin_type=True, strict_types=True)
+
+    def pack_top(self, value: Any) -> bytes:
+        return self._packer.pack(value)
 
     def pack(self, value: Any) -> bytes:
         return msgpack.packb(value, default=self.default, use_bin_type=True, strict_types=True)
@@ -190,17 +207,38 @@ def _checked_numpy_dtype(dtype: np.dtype) -> str:
     return dtype.str
 
 
+_local = threading.local()
+
+
+def _encoder() -> _Encoder:
+    """This thread's reusable encoder, or a fresh one if encoding re-entered (a message field
+    whose getter sends something)."""
+    encoder: _Encoder | None = getattr(_local, "encoder", None)
+    if encoder is None or encoder.busy:
+        encoder = _Encoder()
+        if getattr(_local, "encoder", None) is None:
+            _local.encoder = encoder
+    return encoder
+
+
 def encode(value: Any, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> EncodedFrame:
     """Encode `value` into frame parts; raises `UnknownMessageType` or `FrameTooLarge` before
     anything is written, so a sender learns of its own mistake and the link stays healthy."""
-    encoder = _Encoder()
+    encoder = _encoder()
+    encoder.busy = True
     try:
-        header = encoder.pack(value)
+        header = encoder.pack_top(value)
     except WireError:
+        _local.encoder = None  # a packer that failed mid-value is not trusted again
         raise
     except (OverflowError, ValueError, TypeError, RecursionError) as exc:
+        _local.encoder = None
         raise UnknownMessageType(f"cannot encode the value: {exc}") from exc
-    buffers = encoder.buffers
+    finally:
+        encoder.busy = False
+        buffers = encoder.buffers
+        if buffers:
+            encoder.buffers = []
     if not buffers:  # the common small message: one part, no table, no padding
         total = PREFIX_SIZE + len(header)
         if total > max_frame_bytes:

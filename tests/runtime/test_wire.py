@@ -331,3 +331,24 @@ def test_a_state_dict_and_parameters_cross_as_plain_tensors() -> None:
     assert torch.equal(back["weights"]["bias"], layer.bias.detach())
     assert type(back["param"]) is torch.Tensor
     assert torch.equal(back["param"], layer.weight.detach())
+
+
+def test_the_reused_encoder_recovers_from_a_value_it_could_not_encode() -> None:
+    with pytest.raises(UnknownMessageType):
+        wire.encode(["ok", np.zeros(3), object()])
+    value = ["after", (1, 2), np.arange(4, dtype=np.int32)]
+    assert same(roundtrip(value), value)
+    assert len(wire.encode(["small"]).parts) == 1  # no buffers left over from the failure
+
+
+def test_threads_encoding_at_once_get_their_own_frames() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def encode_decode(n: int) -> Any:
+        value = [n, np.full(n + 1, n, dtype=np.int64), ("t", n)]
+        return roundtrip(value)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(encode_decode, range(200)))
+    for n, result in enumerate(results):
+        assert same(result, [n, np.full(n + 1, n, dtype=np.int64), ("t", n)])
