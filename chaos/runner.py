@@ -180,11 +180,11 @@ class ChaosRun:
             record.processes = await self._resolve(spec)
             faults = self._faults(spec, record.processes)
         except ShoalError as exc:
+            self._faulted.subtract(record.processes)
             record.detail = f"not injected: {exc}"
             return
         injected = time.monotonic()
         record.injected_at = round(injected - self._t0, 3)
-        self._faulted.update(record.processes)
         deadline = injected + spec.duration + spec.recover_within_s
         probe = asyncio.create_task(self._probe(injected, deadline, self._check(spec, record)))
         try:
@@ -257,18 +257,28 @@ class ChaosRun:
         return f"proxies {[p.port for p in proxies]}: {faults.to_dict()}"
 
     async def _resolve(self, spec: FaultSpec) -> list[str]:
+        """The processes `spec` hits, marked as faulted before anything else can run, so two
+        faults injected at the same moment never pick the same follower."""
         names = [s.name for s in self._coordinators()]
         if spec.target == "all":
-            return names
-        if spec.target not in ("leader", "follower"):
-            return [spec.target]
-        leader = await self._leader()
-        if spec.target == "leader":
-            return [leader]
-        healthy = [n for n in names if n != leader and not self._faulted[n]]
-        if not healthy:
-            raise FaultError("no healthy follower to fault")
-        return [healthy[0]]
+            chosen = names
+        elif spec.target not in ("leader", "follower"):
+            chosen = [spec.target]
+        else:
+            leader = await self._leader()
+            healthy = [
+                n
+                for n in names
+                if n != leader and not self._faulted[n] and self.cluster.pid(n) is not None
+            ]
+            if spec.target == "leader":
+                chosen = [leader]
+            elif healthy:
+                chosen = [healthy[0]]
+            else:
+                raise FaultError("no healthy follower to fault")
+        self._faulted.update(chosen)
+        return chosen
 
     async def _leader(self) -> str:
         deadline = time.monotonic() + 10.0

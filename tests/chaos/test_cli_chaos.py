@@ -83,6 +83,8 @@ def test_a_broken_bound_fails_the_run(tmp_path: Path) -> None:
         stop_leftovers(run_dir)
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(done.stdout)
+    assert [f["detail"].startswith("SIGKILL") for f in report["faults"]] == [True, True]
+    assert len({p for f in report["faults"] for p in f["processes"]}) == 2
     assert report["invariants"]["recovered"]["held"] is False
     assert "not recovered" in report["invariants"]["recovered"]["detail"]
     assert report["invariants"]["linearizable"]["held"] is True
