@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from shoal.chaos import invariants
 from shoal.chaos.history import Operation
 
@@ -71,3 +74,18 @@ def test_leaks_are_found(tmp_path: Path) -> None:
     assert invariants.leaked_processes(tmp_path) == []
     assert invariants.busy_ports([port]) == []
     assert invariants.no_leaks([], []).held
+
+
+@given(st.lists(st.integers(0, 10_000), max_size=30))
+def test_checkpoints_forward_holds_exactly_for_non_decreasing_watches(observed: list[int]) -> None:
+    final = max(observed, default=0)
+    verdict = invariants.checkpoints_forward(observed, observed, final)
+    assert verdict.held == (observed == sorted(observed))
+
+
+@given(
+    st.dictionaries(st.sampled_from(["c1", "c2", "c3"]), st.sampled_from(["a", "b"]), min_size=1)
+)
+def test_digests_equal_holds_exactly_when_all_digests_agree(digests: dict[str, str]) -> None:
+    views = {n: {"digest": d * 64, "commit_index": 1} for n, d in digests.items()}
+    assert invariants.digests_equal(views).held == (len(set(digests.values())) == 1)
