@@ -109,8 +109,9 @@ def running_on(tasks: dict[str, dict[str, Any]]) -> dict[str, str] | None:
     return None
 
 
-@pytest.mark.timeout(120)
-def test_submitted_tasks_are_placed_spread_and_running(cluster: Cluster) -> None:
+@pytest.fixture(scope="module")
+def job(cluster: Cluster) -> dict[str, str]:
+    """A job of ROLLOUTS rollout actors (1 GPU each), submitted once; task -> node once running."""
     tasks = [
         {
             "task_id": f"r{i}",
@@ -121,7 +122,14 @@ def test_submitted_tasks_are_placed_spread_and_running(cluster: Cluster) -> None
         for i in range(ROLLOUTS)
     ]
     cluster.post("/v1/jobs", {"job_id": "job", "spec": {"placement": "auto"}, "tasks": tasks})
-    where = wait_for("every task running", lambda: running_on(cluster.tasks("job")), 60, cluster)
+    return wait_for("every task running", lambda: running_on(cluster.tasks("job")), 60, cluster)
+
+
+@pytest.mark.timeout(120)
+def test_submitted_tasks_are_placed_spread_and_running(
+    cluster: Cluster, job: dict[str, str]
+) -> None:
+    where = job
     per_node = {n: list(where.values()).count(n) for n in set(where.values())}
     assert per_node == {f"n{i}": 2 for i in range(1, NODES + 1)}
     placed = cluster.events("placement")
@@ -130,7 +138,9 @@ def test_submitted_tasks_are_placed_spread_and_running(cluster: Cluster) -> None
 
 
 @pytest.mark.timeout(120)
-def test_an_overloaded_node_sheds_a_task_with_the_reason(cluster: Cluster) -> None:
+def test_an_overloaded_node_sheds_a_task_with_the_reason(
+    cluster: Cluster, job: dict[str, str]
+) -> None:
     before = cluster.tasks("job")
     sim = cluster.sim("n1")
     started = time.monotonic()
@@ -164,7 +174,9 @@ def test_an_overloaded_node_sheds_a_task_with_the_reason(cluster: Cluster) -> No
 
 
 @pytest.mark.timeout(120)
-def test_a_killed_node_goes_dead_and_its_tasks_run_elsewhere(cluster: Cluster) -> None:
+def test_a_killed_node_goes_dead_and_its_tasks_run_elsewhere(
+    cluster: Cluster, job: dict[str, str]
+) -> None:
     victim = "n3"
     before = cluster.tasks("job")
     lost = {t for t, rec in before.items() if rec["node"] == victim}
@@ -190,7 +202,7 @@ def test_a_killed_node_goes_dead_and_its_tasks_run_elsewhere(cluster: Cluster) -
 
 
 @pytest.mark.timeout(120)
-def test_an_xid_cordons_the_node_and_moves_its_tasks(cluster: Cluster) -> None:
+def test_an_xid_cordons_the_node_and_moves_its_tasks(cluster: Cluster, job: dict[str, str]) -> None:
     node = "n4"
     before = cluster.tasks("job")
     on_node = {t for t, rec in before.items() if rec["node"] == node}
