@@ -191,8 +191,10 @@ class LocalCluster:
     def pid(self, name: str) -> int | None:
         """The pid of `name` if that process is alive and really ours, else None."""
         child = self._children.get(name)
-        if child is not None:  # started here: trust the handle (it may not have exec'd yet)
-            return child.pid if child.poll() is None else None
+        if child is not None and child.poll() is None:
+            # Started here and alive: trust the handle (it may not have exec'd yet).
+            return child.pid
+        # Not ours, or ours but dead: another process may have started a newer one since.
         path = self.run_dir / "pids" / f"{name}.pid"
         try:
             pid = int(path.read_text())
