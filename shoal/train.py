@@ -84,6 +84,10 @@ class _Child:
     starts: int = 0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def free_port() -> int:
     """A port nothing listens on right now (a child binds it a moment later)."""
     with socket.socket() as sock:
@@ -382,9 +386,11 @@ class LocalRun:
     # -- the run -----------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
+        """Run to a stop; SIGTERM to this process is handled like Ctrl-C (an orderly stop)."""
         self._prepare()
         self.started = time.monotonic()
         stopped_by = "error"
+        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             for child in (*self.learners, *self.rollouts):
                 self._start(child)
@@ -411,6 +417,7 @@ class LocalRun:
             stopped_by = "interrupted"
         finally:
             self.shutdown()
+            signal.signal(signal.SIGTERM, previous)
         self._read_statuses()
         return self._result(stopped_by, time.monotonic() - self.started)
 
@@ -516,6 +523,23 @@ def evaluate_checkpoint(
     return result, json_path, html_path
 
 
+def _check_env(env_id: str, cfg: TrainConfig) -> None:
+    """Make one copy here, so bad env_kwargs are one clear error, not a crash-looping worker."""
+    from shoal.envs.vector import make_vector
+
+    try:
+        env = make_vector(env_id, 1, seed=cfg.seed, **cfg.env_kwargs)
+    except TypeError as exc:
+        raise TrainError(f"env_kwargs {cfg.env_kwargs!r} don't fit {env_id}: {exc}") from None
+    try:
+        if env.single_observation_space.shape is None:
+            raise TrainError(
+                f"{env_id} has no fixed observation shape; shoal's MLP policy needs one"
+            )
+    finally:
+        env.close()
+
+
 def train(
     cfg: TrainConfig,
     *,
@@ -531,6 +555,7 @@ def train(
     from shoal.envs import registry
 
     env_id = registry.spec(cfg.env_id).id  # unknown ids fail here, before any process starts
+    _check_env(env_id, cfg)
     # Small batches on many threads spin more than they compute; the children do the same.
     torch.set_num_threads(1)
     if cfg.learner.backend == "nccl" and not torch.cuda.is_available():
