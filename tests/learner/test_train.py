@@ -116,3 +116,39 @@ def test_environment_overrides_reach_the_config(monkeypatch: pytest.MonkeyPatch)
     assert cfg.ppo.lr == 0.001
     assert cfg.ppo.num_minibatches == 2  # the job's tuned default survives a partial override
     assert (cfg.rollout.horizon, cfg.rollout.num_envs, cfg.seed) == (8, 4, 3)
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_to_shoal_train_stops_every_process_and_keeps_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "shoal", "train", "cartpole", "--quiet", "--no-eval"]
+    argv += ["--time-limit", "150", "--target-return", "1000", "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        status = run_dir / "status-0.json"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if status.exists() and json.loads(status.read_text())["version"] >= 2:
+                break
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.1)
+        proc.send_signal(15)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out
+    assert b"not solved (interrupted)" in out
+    events = _events(run_dir)
+    starts = [e for e in events if e["event"] == "start"]
+    _assert_all_gone([int(e["pid"]) for e in starts])  # type: ignore[call-overload]
+    stop = [e for e in events if e["event"] == "stop"]
+    assert len(stop) == 1
+    assert (run_dir / "checkpoints" / f"ckpt-{int(stop[0]['step']):012d}.json").is_file()  # type: ignore[call-overload]
