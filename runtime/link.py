@@ -112,10 +112,41 @@ class Link:
         return wire.encode(envelope, self._config.max_frame_bytes)
 
     def _write(self, frame: wire.EncodedFrame) -> None:
-        """Queue a frame from synchronous code; a task writes it on the next loop turn."""
+        """Send a frame from synchronous code (a reply's done-callback, a credit grant).
+
+        Like `_send`, the first small frame of a loop turn goes to the socket at once, so a
+        lone reply costs no task and no extra loop turn; the rest queue for a task that
+        writes them, coalesced, on the next turn."""
         self._outbox.extend(frame.parts)
-        if not self._writing:
+        if self._writing:
+            return
+        first = self._outbox[0]
+        if self._burst or len(self._outbox) > 1 or len(first) >= self._config.chunk_bytes // 2:
             self._flush_soon()
+            return
+        self._burst = True
+        asyncio.get_running_loop().call_soon(self._end_burst)
+        self._outbox.popleft()
+        self._write_at_once(first)
+
+    def _write_at_once(self, data: wire.Buffer) -> None:
+        """Run the websocket's send up to its first suspension. Uncompressed, aiohttp puts the
+        frame into the socket's buffer before it can suspend, and suspends only to wait for
+        that buffer to drain; that wait is dropped here (the next flush waits instead)."""
+        # aiohttp writes any bytes-like object, though its annotation says bytes.
+        sending = self._ws.send_bytes(data)  # type: ignore[arg-type]
+        try:
+            sending.send(None)
+        except StopIteration:
+            return
+        except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
+            task = asyncio.create_task(
+                self.close(LinkClosed(f"writing to {self.peer} failed: {exc}"), tell_peer=False)
+            )
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
+            return
+        sending.close()
 
     async def _send(self, frame: wire.EncodedFrame) -> None:
         """Send a frame with the least latency that still batches.
