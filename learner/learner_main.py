@@ -274,9 +274,8 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
         if fragments is None:
             if core.group.world_size == 1:
                 return
-            # Peers may already be in this update's all-reduce: keep going until fragments
-            # arrive, then stop together after it.
-            await stopping.wait()
+            # Peers may already be in this update's all-reduce: wait for fragments (the
+            # rollout workers stop after the learners), train, and stop together after it.
             fragments = await core.intake.get(core.cfg.intake.fragments_per_update)
         agreed = await asyncio.to_thread(core.train_step, fragments, stopping.is_set())
         core.publish()
