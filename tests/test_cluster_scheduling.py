@@ -2,7 +2,8 @@
 each, scheduled by the leader's loop. In order: a job's tasks are placed and run; one node's
 GPU load is raised through its sim GPU state file and a task migrates with the reason; a node
 is killed with SIGKILL and its tasks run elsewhere; an XID raised on a node cordons it and
-moves its tasks. Plus `shoal up --nodes 4 --sim-gpus 8` and `shoal status` through the CLI.
+moves its tasks. A leader killed mid-round hands over without placing twice. Plus
+`shoal up --nodes 4 --sim-gpus 8` and `shoal status` through the CLI.
 
 Node health includes the host's real CPU fraction (all nodes share this host), so a busy
 machine can delay a migration: the waits are generous, nothing asserts on a timing.
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from shoal.local import LocalCluster, coordinator_specs, node_specs
+from shoal.local import LocalCluster, LocalClusterError, coordinator_specs, node_specs
 from shoal.scheduler.health.simgpu import SimGpuBackend
 
 pytestmark = [pytest.mark.slow]
@@ -262,3 +263,53 @@ def test_shoal_up_with_nodes_and_status_show_nodes_gpus_and_islands(tmp_path: Pa
     finally:
         down = shoal("down")
         assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture
+def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three replicas and two nodes with four GPUs each."""
+    local = LocalCluster(tmp_path_factory.mktemp("failover"))
+    coordinators = coordinator_specs(local.run_dir, 3)
+    urls = [s.api_url for s in coordinators if s.api_url]
+    local.create(coordinators + node_specs(local.run_dir, urls, 2, 4, 4, ("--heartbeat", "0.3")))
+    try:
+        local.start_all()
+        api = local.wait_ready(timeout=60)
+        local.wait_nodes(2, timeout=60)
+        yield Cluster(local, api)
+    finally:
+        local.stop_all()
+
+
+@pytest.mark.timeout(150)
+def test_a_new_leader_takes_over_scheduling_without_placing_twice(replicated: Cluster) -> None:
+    """The leader is killed right after the submit, while its loop may be mid-round."""
+    local = replicated.local
+    old = next(s for s in local.specs() if s.api_url == replicated.api)
+    tasks = [
+        {"task_id": f"f{i}", "kind": "rollout", "actor": ACTOR, "resources": {"cpus": 0.1}}
+        for i in range(6)
+    ]
+    body = {"job_id": "fo", "spec": {"placement": "auto"}, "tasks": tasks}
+    replicated.post("/v1/jobs", body)
+    local.signal(old.name, signal.SIGKILL)
+    survivors = [s.name for s in local.specs() if s.kind == "coordinator" and s != old]
+    replicated.api = wait_for(
+        "a new leader", lambda: _leader_of(local, survivors, old.api_url), 60, replicated
+    )
+    assert replicated.api != old.api_url
+    where = wait_for(
+        "every task running", lambda: running_on(replicated.tasks("fo")), 60, replicated
+    )
+    assert sorted(where) == [f"f{i}" for i in range(6)]
+    assert all(t["generation"] == 1 for t in replicated.tasks("fo").values())
+    assert set(where.values()) == {"n1", "n2"}
+
+
+def _leader_of(local: LocalCluster, names: list[str], old: str | None) -> str | None:
+    """The API of a leader other than `old` that `names` agree on, or None while electing."""
+    try:
+        api = local.wait_ready(names, timeout=2)
+    except LocalClusterError:
+        return None
+    return None if api == old else api
