@@ -126,12 +126,17 @@ class CoordinatorConfig:
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     write_timeout: float = 5.0
+    raft_bind: str | None = None
+    """Where Raft listens when peers reach this replica through another address (`raft`), such
+    as a proxy in front of it; None binds `raft` itself."""
 
     def __post_init__(self) -> None:
         if not self.replica_id or not self.replica_id.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"--id={self.replica_id!r} must be letters, digits, '-' or '_'")
         hosts = [parse_address("--raft", self.raft)[0], parse_address("--api", self.api)[0]]
         hosts += [parse_address("--peers", peer)[0] for peer in self.peers]
+        if self.raft_bind is not None:
+            hosts.append(parse_address("--raft-bind", self.raft_bind)[0])
         if self.raft in self.peers:
             raise ConfigError(
                 f"--peers lists this replica's own --raft address {self.raft}; list only the others"

@@ -49,6 +49,7 @@ def syncobj_conf(config: CoordinatorConfig, bridge: RaftBridge) -> SyncObjConf:
         autoTickPeriod=t.tick_period,
         onStateChanged=bridge.on_state_changed,
         commandsWaitLeader=True,
+        bindAddress=config.raft_bind,
     )
 
 
@@ -67,7 +68,10 @@ class Coordinator:
     async def _serve(self, stop: asyncio.Event) -> None:
         config = self.config
         # pysyncobj retries a failed bind forever in silence: find out now, with a clear error.
-        _check_bindable("--raft", config.raft)
+        if config.raft_bind is None:
+            _check_bindable("--raft", config.raft)
+        else:
+            _check_bindable("--raft-bind", config.raft_bind)
         _check_bindable("--api", config.api)
         state = ClusterState()
         bridge = RaftBridge(state, asyncio.get_running_loop())
@@ -88,9 +92,10 @@ class Coordinator:
             host, port = parse_address("--api", config.api)
             await web.TCPSite(runner, host, port).start()
             log.info(
-                "replica %s: raft %s, api %s, peers %s",
+                "replica %s: raft %s (bound to %s), api %s, peers %s",
                 config.replica_id,
                 config.raft,
+                config.raft_bind or config.raft,
                 config.api_url,
                 config.peers,
             )

@@ -16,6 +16,11 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--raft", required=True, metavar="HOST:PORT", help="this replica's Raft address"
     )
     parser.add_argument(
+        "--raft-bind",
+        metavar="HOST:PORT",
+        help="where Raft listens, when peers reach it through --raft (e.g. a proxy); default --raft",
+    )
+    parser.add_argument(
         "--peers", default="", metavar="HOST:PORT,...", help="the other replicas' Raft addresses"
     )
     parser.add_argument(
@@ -77,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     config = CoordinatorConfig(
         replica_id=args.id,
         raft=args.raft,
+        raft_bind=args.raft_bind,
         peers=tuple(p for p in args.peers.split(",") if p),
         api=args.api,
         data_dir=args.data_dir,
