@@ -57,6 +57,8 @@ PLACEMENT_MODES = ("auto", "manual")
 """A job's `spec.placement`: "auto" jobs are the scheduler's; "manual" ones (the default, so a
 task placed by hand through /v1/placements stays where it was put) are never moved by it."""
 MB = 1 << 20
+BATCH_SIZE = 256
+"""Commands per committed batch: a placement event is under 1 KB, the limit is 1 MiB."""
 
 
 @dataclass(frozen=True)
@@ -502,10 +504,13 @@ class SchedulerLoop:
         await self._batch([c for c in commands if c.op == "add_event" and c.needs in applied])
 
     async def _batch(self, commands: list[Command]) -> list[dict[str, Any]]:
-        if not commands:
-            return []
-        at = time.time()
-        members = [{"op": c.op, "op_id": c.op_id, "at": at, "args": c.args} for c in commands]
-        batch_id = op_id("batch", [c.op_id for c in commands])
-        result = await self._ctx.write("batch", {"commands": members}, batch_id)
-        return list(result["results"])
+        """Commit in batches of BATCH_SIZE, so a large job stays under the command size limit."""
+        results: list[dict[str, Any]] = []
+        for start in range(0, len(commands), BATCH_SIZE):
+            chunk = commands[start : start + BATCH_SIZE]
+            at = time.time()
+            members = [{"op": c.op, "op_id": c.op_id, "at": at, "args": c.args} for c in chunk]
+            batch_id = op_id("batch", [c.op_id for c in chunk])
+            result = await self._ctx.write("batch", {"commands": members}, batch_id)
+            results.extend(result["results"])
+        return results
