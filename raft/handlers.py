@@ -22,7 +22,7 @@ from shoal.raft import commands as cmd
 from shoal.raft.context import ApiContext
 from shoal.raft.errors import NotFound, NotLeader, ValidationError
 from shoal.raft.machine import StateMachine
-from shoal.raft.metrics import Labels
+from shoal.raft.metrics import Gauges, cluster_gauges
 from shoal.raft.model import LIVENESS, TASK_STATES
 from shoal.raft.routes import Call, Param
 
@@ -300,11 +300,16 @@ async def metrics(ctx: ApiContext, call: Call) -> web.Response:
     tasks = ctx.read(
         lambda m: {s: sum(t.state == s for t in m.tasks.values()) for s in TASK_STATES}
     )
-    gauges: dict[str, tuple[str, dict[Labels, float]]] = {
+    gauges: Gauges = {
         "shoal_raft_term": ("current Raft term", {(): status["term"]}),
         "shoal_raft_commit_index": ("Raft commit index", {(): status["commit_index"]}),
         "shoal_raft_is_leader": ("1 on the leader", {(): float(status["state"] == "leader")}),
         "shoal_nodes": ("nodes by liveness", {(("liveness", k),): v for k, v in counts.items()}),
         "shoal_tasks": ("tasks by state", {(("state", k),): v for k, v in tasks.items()}),
     }
-    return web.Response(text=ctx.metrics.render(gauges), content_type="text/plain", charset="utf-8")
+    now = time.time()
+    gauges.update(ctx.read(lambda m: cluster_gauges(m.nodes.values(), m.tasks.values(), now)))
+    return web.Response(
+        text=ctx.metrics.render(gauges),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )

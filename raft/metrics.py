@@ -1,18 +1,31 @@
-"""Counters and summaries rendered in the Prometheus text format, for `/metrics`.
+"""Counters and summaries rendered in the Prometheus text format (0.0.4), for `/metrics`.
 
 Event-loop only. Names follow Prometheus conventions: `shoal_<what>_total` for counters,
-`shoal_<what>_seconds` (sum and count) for durations, plain names for gauges.
+`shoal_<what>_seconds` (sum and count) for durations, base units in gauge names (`_ratio`,
+`_bytes`, `_seconds`, `_celsius`, `_watts`). The node daemon's exporter renders with this
+module too, so both scrape targets share one format.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shoal.raft.model import TASK_STATES, Node, Task
 
 Labels = tuple[tuple[str, str], ...]
+Gauges = dict[str, tuple[str, dict[Labels, float]]]
+"""gauge name -> (HELP text, label set -> value)."""
 
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 def _labels(labels: Labels) -> str:
@@ -20,6 +33,30 @@ def _labels(labels: Labels) -> str:
         return ""
     inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
     return "{" + inner + "}"
+
+
+def format_value(value: float) -> str:
+    """Exact for integers up to 2**53 (a commit index must not print as 1.23457e+06),
+    shortest round-trip text otherwise, and Prometheus's spelling of NaN and infinities."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if float(value).is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(float(value))
+
+
+def _family(name: str, kind: str, help_text: str) -> list[str]:
+    return [f"# HELP {name} {_escape_help(help_text)}", f"# TYPE {name} {kind}"]
+
+
+def render_gauges(gauges: Gauges) -> list[str]:
+    lines: list[str] = []
+    for name, (help_text, cells) in sorted(gauges.items()):
+        lines += _family(name, "gauge", help_text)
+        lines += [f"{name}{_labels(k)} {format_value(v)}" for k, v in sorted(cells.items())]
+    return lines
 
 
 class Metrics:
@@ -43,19 +80,65 @@ class Metrics:
     def counter(self, name: str, **labels: str) -> float:
         return self._counters[name][tuple(sorted(labels.items()))]
 
-    def render(self, gauges: dict[str, tuple[str, dict[Labels, float]]]) -> str:
+    def render(self, gauges: Gauges) -> str:
         lines: list[str] = []
         for name, cells in sorted(self._counters.items()):
-            lines += [f"# HELP {name} {self._help[name]}", f"# TYPE {name} counter"]
-            lines += [f"{name}{_labels(k)} {v:g}" for k, v in sorted(cells.items())]
+            lines += _family(name, "counter", self._help[name])
+            lines += [f"{name}{_labels(k)} {format_value(v)}" for k, v in sorted(cells.items())]
         for name, summaries in sorted(self._durations.items()):
-            lines += [f"# HELP {name} {self._help[name]}", f"# TYPE {name} summary"]
+            lines += _family(name, "summary", self._help[name])
             for k, (total, count) in sorted(summaries.items()):
                 lines += [
-                    f"{name}_sum{_labels(k)} {total:.6f}",
-                    f"{name}_count{_labels(k)} {count:g}",
+                    f"{name}_sum{_labels(k)} {format_value(total)}",
+                    f"{name}_count{_labels(k)} {format_value(count)}",
                 ]
-        for name, (help_text, cells) in sorted(gauges.items()):
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-            lines += [f"{name}{_labels(k)} {v:g}" for k, v in sorted(cells.items())]
+        lines += render_gauges(gauges)
         return "\n".join(lines) + "\n"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def cluster_gauges(nodes: Iterable[Node], tasks: Iterable[Task], now: float) -> Gauges:
+    """Per-node, per-GPU and per-job gauges from the replicated state (pure: tests feed it
+    plain records). A node's health is whatever its last heartbeat said, so a GPU value
+    appears only for GPUs the node reported."""
+    age: dict[Labels, float] = {}
+    gpus: dict[Labels, float] = {}
+    util: dict[Labels, float] = {}
+    for node in nodes:
+        key: Labels = (("node", node.id),)
+        gpus[key] = float(len(node.resources.gpus))
+        if node.last_heartbeat:
+            age[key] = max(0.0, now - node.last_heartbeat)
+        for gpu in _reported_gpus(node.health):
+            value = _number(gpu.get("utilisation"))
+            index = gpu.get("index")
+            if value is not None and isinstance(index, int):
+                util[(("gpu", str(index)), ("node", node.id))] = value
+    jobs: dict[Labels, float] = {}
+    for task in tasks:
+        cell: Labels = (("job", task.job_id), ("state", task.state))
+        jobs[cell] = jobs.get(cell, 0.0) + 1
+    return {
+        "shoal_node_heartbeat_age_seconds": (
+            "seconds since the node's last heartbeat reached the replicated state",
+            age,
+        ),
+        "shoal_node_gpus": ("GPUs the node registered", gpus),
+        "shoal_gpu_utilisation_ratio": (
+            "GPU utilisation (0..1) from the node's last heartbeat, like DCGM_FI_DEV_GPU_UTIL",
+            util,
+        ),
+        "shoal_job_tasks": (f"tasks of each job by state ({', '.join(TASK_STATES)})", jobs),
+    }
+
+
+def _reported_gpus(health: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    listed = health.get("gpus") if isinstance(health, Mapping) else None
+    if not isinstance(listed, list):
+        return []
+    return [g for g in listed if isinstance(g, Mapping)]
