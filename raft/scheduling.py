@@ -109,6 +109,9 @@ class Memory:
     """Key of a repeating decision (refusal, hold, stuck) -> the reason last posted."""
     health_stamp: str = ""
     """The health batch the balancer last ran on: it runs once per batch (once per report)."""
+    applied: int = -1
+    """The state's applied-command count at the last round: an unchanged state is not re-read
+    (the conversion holds the state's lock), since only a change can alter a decision."""
 
 
 @dataclass(frozen=True)
@@ -468,17 +471,21 @@ class SchedulerLoop:
             try:
                 await self.round(time.time())
             except RaftError as exc:
+                self.memory.applied = -1
                 log.warning("scheduling round not committed, retrying: %s", exc)
             except SchedulerError as exc:
                 log.error("scheduling round refused its inputs: %s", exc)
             except Exception:  # a bug here must not end the leader's other duties (liveness)
+                self.memory.applied = -1
                 log.exception("scheduling round failed; retrying next period")
             await asyncio.sleep(period)
 
     async def round(self, now: float) -> Round:
         ctx = self._ctx
+        if ctx.read(lambda m: m.applied_count) == self.memory.applied:
+            return Round(())
         gpus = dict(self.memory.gpus)
-        inputs = ctx.read(lambda m: read_inputs(m, gpus))
+        self.memory.applied, inputs = ctx.read(lambda m: (m.applied_count, read_inputs(m, gpus)))
         self._forget(inputs)
         decision = decide(inputs, self.memory, now, ctx.config.scheduling.balancer)
         if decision.commands:
