@@ -17,6 +17,7 @@ from shoal.runtime.actor import Actor, ActorContext, call_hook, handler_names
 from shoal.runtime.errors import ActorInterrupted, ActorNotFound, NotAnActor, UnknownMethod
 from shoal.runtime.local_ref import LocalActorRef
 from shoal.runtime.mailbox import Mailbox, MailboxClosed
+from shoal.runtime.ref import Reply
 from shoal.runtime.supervision import SupervisorNode, SupervisorSpec
 
 if TYPE_CHECKING:
@@ -30,8 +31,8 @@ T = TypeVar("T")
 # that keeps telling itself cannot starve every other task.
 YIELD_EVERY = 256
 
-# (method, args, kwargs, reply future or None for a tell)
-Message = tuple[str, tuple[Any, ...], dict[str, Any], "asyncio.Future[Any] | None"]
+# (method, args, kwargs, reply future or slot, or None for a tell)
+Message = tuple[str, tuple[Any, ...], dict[str, Any], "Reply | None"]
 
 
 class ActorCell(SupervisorNode):
@@ -254,7 +255,7 @@ class ActorCell(SupervisorNode):
             if task is not None:
                 guardian.consumers.pop(task, None)
 
-    def _reject(self, method: str, reply: asyncio.Future[Any] | None) -> None:
+    def _reject(self, method: str, reply: Reply | None) -> None:
         """A message queued for a handler the current incarnation's class lacks."""
         self.system.dead_letters.record(self.path, method, "unknown method after restart")
         if reply is not None and not reply.done():
@@ -267,7 +268,7 @@ class ActorCell(SupervisorNode):
         error.__cause__ = cancelled
         return error
 
-    def _fail(self, reply: asyncio.Future[Any] | None, error: Exception) -> None:
+    def _fail(self, reply: Reply | None, error: Exception) -> None:
         if reply is not None and not reply.done():
             reply.set_exception(error)
         self.system._guardian.failed(self, error)

@@ -12,7 +12,6 @@ Any bytes the peer gets wrong close that link, never the process.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 from collections import deque
@@ -353,28 +352,30 @@ class Link:
             self._dead_letters.record(target, method, f"{type(error).__name__} (from {self.peer})")
 
     def _ask_now(self, envelope: list[Any], nbytes: int) -> bool:
-        """The fast path: an ask that finds room is queued into the mailbox on the spot, and
-        its reply is written by a callback on the reply future; no task per ask. False when
-        the mailbox is full, so the ask must wait its turn in the inbox."""
+        """The fast path: an ask that finds room is queued into the mailbox on the spot with a
+        reply slot that writes the answer when the handler returns; no task, no future. False
+        when the mailbox is full, so the ask must wait its turn in the inbox."""
         _, request, target, method, args, kwargs, timeout = envelope
+        slot = _Served(self, request, nbytes)
         try:
-            reply = self._lookup(target)._ask_nowait(method, tuple(args), kwargs, timeout)
+            self._lookup(target)._ask_nowait(method, tuple(args), kwargs, timeout, slot)
         except MailboxFull:
             return False
         except Exception as exc:
-            self._answer_failed(request, nbytes, exc)
+            slot.set_exception(exc)
             return True
-        reply.add_done_callback(functools.partial(self._answer, request, nbytes))
+        slot.start(f"{target}.{method}", timeout)
         return True
 
     async def _ask_when_room(self, envelope: list[Any]) -> None:
         _, request, target, method, args, kwargs, timeout, nbytes = envelope
+        slot = _Served(self, request, nbytes)
         try:
-            reply = await self._lookup(target)._ask_queued(method, tuple(args), kwargs, timeout)
+            await self._lookup(target)._ask_queued(method, tuple(args), kwargs, timeout, slot)
         except Exception as exc:
-            self._answer_failed(request, nbytes, exc)
+            slot.set_exception(exc)
             return
-        reply.add_done_callback(functools.partial(self._answer, request, nbytes))
+        slot.start(f"{target}.{method}", timeout)
 
     async def _deliver_tell(
         self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -384,20 +385,13 @@ class Link:
         except ActorError as exc:
             self._undelivered(target, method, exc)
 
-    def _answer(self, request: int, nbytes: int, reply: asyncio.Future[Any]) -> None:
-        """The reply future's done-callback: give the credit back and write the answer."""
-        if reply.cancelled():
-            self._answer_failed(request, nbytes, AskTimeout("the ask was cancelled"))
-            return
-        error = reply.exception()
-        if error is not None:
-            self._answer_failed(request, nbytes, error)
-            return
+    def _answer(self, request: int, nbytes: int, result: Any) -> None:
+        """Give the credit back and write the reply (a `fail` if the result cannot cross)."""
         self._consumed(nbytes)
         if self.error is not None:
             return
         try:
-            frame = wire.encode(["r", request, reply.result()], self._config.max_frame_bytes)
+            frame = wire.encode(["r", request, result], self._config.max_frame_bytes)
         except WireError as exc:
             frame = _fail_frame(request, exc)
         self._write(frame)
@@ -465,6 +459,62 @@ async def _first(wait: Awaitable[None], reply: asyncio.Future[Any]) -> None:
     if reply.done():
         reply.result()
     waiting.result()
+
+
+class _Served:
+    """The reply slot of one ask served to a local actor (a `Reply`). The actor's consumer
+    settles it directly, so the answer is written in the same loop turn as the handler
+    returns, one turn sooner than a future's done-callbacks would run. It times itself out
+    like a local ask, so a stuck handler still gives its credit back."""
+
+    __slots__ = ("_done", "_link", "_nbytes", "_request", "_timer")
+
+    def __init__(self, link: Link, request: int, nbytes: int) -> None:
+        self._link = link
+        self._request = request
+        self._nbytes = nbytes
+        self._done = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, call: str, timeout: float) -> None:
+        if not self._done:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(timeout, self._expire, call, timeout)
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any, /) -> None:
+        if self._settle():
+            self._guarded(self._link._answer, result)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        if self._settle():
+            self._guarded(self._link._answer_failed, exception)
+
+    def _guarded(self, answer: Callable[[int, int, Any], None], outcome: Any) -> None:
+        """This runs inside the actor's consumer task: a failure to answer is the link's
+        problem, never the actor's."""
+        try:
+            answer(self._request, self._nbytes, outcome)
+        except Exception:
+            logger.exception("answering ask %d from %s failed", self._request, self._link.peer)
+
+    def _settle(self) -> bool:
+        if self._done:
+            return False
+        self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
+        return True
+
+    def _expire(self, call: str, timeout: float) -> None:
+        self.set_exception(
+            AskTimeout(
+                f"ask {call} got no reply within {timeout}s; the actor is busy or stuck (it "
+                "may still handle it); pass a longer ref.ask(timeout=...)"
+            )
+        )
 
 
 class _Broken(Exception):

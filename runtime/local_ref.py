@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.runtime.errors import ActorNotFound, AskTimeout, UnknownMethod
 from shoal.runtime.mailbox import MailboxClosed
-from shoal.runtime.ref import ActorRef
+from shoal.runtime.ref import ActorRef, Reply
 
 if TYPE_CHECKING:
     from shoal.runtime.cell import ActorCell
@@ -26,11 +26,6 @@ def _expire(reply: asyncio.Future[Any], ref: ActorRef, method: str, timeout: flo
                 "stuck (it may still handle it); pass a longer ref.ask(timeout=...)"
             )
         )
-
-
-def _arm(reply: asyncio.Future[Any], timer: asyncio.TimerHandle) -> None:
-    """Cancel the ask's timer as soon as it is answered, so timers do not pile up in the loop."""
-    reply.add_done_callback(lambda _: timer.cancel())
 
 
 class LocalActorRef(ActorRef):
@@ -135,34 +130,35 @@ class LocalActorRef(ActorRef):
             timer.cancel()
 
     def _ask_nowait(
-        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
-    ) -> asyncio.Future[Any]:
-        """One future and one timer, no task: the reply future is the mailbox message's own."""
-        cell = self._check_ask(method)
-        loop = asyncio.get_running_loop()
-        reply: asyncio.Future[Any] = loop.create_future()
-        mailbox = cell.mailbox
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float,
+        reply: Reply,
+    ) -> None:
+        """One mailbox append, no task, no future, no timer: `reply`'s owner times it out."""
+        mailbox = self._check_ask(method).mailbox
         try:
             if not mailbox.offer((method, args, kwargs, reply)):
                 raise mailbox.full_error()
         except MailboxClosed:
             raise self._stopped(method) from None
-        _arm(reply, loop.call_later(timeout, _expire, reply, self, method, timeout))
-        return reply
 
     async def _ask_queued(
-        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
-    ) -> asyncio.Future[Any]:
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float,
+        reply: Reply,
+    ) -> None:
         self._check_ask(method)
-        loop = asyncio.get_running_loop()
-        reply: asyncio.Future[Any] = loop.create_future()
-        deadline = loop.time() + timeout
+        deadline = asyncio.get_running_loop().time() + timeout
         try:
             await self._put_until(deadline, (method, args, kwargs, reply), timeout)
         except MailboxClosed:
             raise self._stopped(method) from None
-        _arm(reply, loop.call_at(deadline, _expire, reply, self, method, timeout))
-        return reply
 
     async def _put_until(self, deadline: float, message: Any, timeout: float) -> None:
         """Wait for mailbox room, counting the wait against the ask's timeout."""

@@ -13,11 +13,38 @@ import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from shoal.runtime.errors import InvalidTimeout
 
 DEFAULT_ASK_TIMEOUT = 10.0
+
+
+class Reply(Protocol):
+    """Where an ask's outcome goes: an asyncio future for a local ask, or the transport's
+    reply slot. The actor's consumer settles it once; later settlements are ignored by
+    checking `done()` first."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+_running: set[asyncio.Future[Any]] = set()
+
+
+def _settle(reply: Reply, task: asyncio.Future[Any]) -> None:
+    _running.discard(task)
+    if reply.done():
+        return
+    if task.cancelled():
+        reply.set_exception(asyncio.CancelledError())
+    elif (error := task.exception()) is not None:
+        reply.set_exception(error)
+    else:
+        reply.set_result(task.result())
 
 
 class ActorRef(ABC):
@@ -46,20 +73,33 @@ class ActorRef(ABC):
         """Deliver and wait for the handler's result, raising `AskTimeout` after `timeout` s."""
 
     def _ask_nowait(
-        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
-    ) -> asyncio.Future[Any]:
-        """Start an ask now and return the future of its result; raise `MailboxFull` if it
-        cannot be queued at once. The transport serves every remote ask through this, from
-        its read loop: a local ref queues the message on the spot with no task per ask; this
-        default, for other refs, runs `_ask` in a task."""
-        return asyncio.ensure_future(self._ask(method, args, kwargs, timeout))
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float,
+        reply: Reply,
+    ) -> None:
+        """Start an ask now whose outcome goes to `reply`; raise `MailboxFull` if it cannot be
+        queued at once. The transport serves every remote ask through this, from its read
+        loop, with a reply slot that writes the answer the moment the handler returns and
+        that times itself out. A local ref queues the message on the spot, with no task and
+        no future; this default, for other refs, runs `_ask` in a task."""
+        task = asyncio.ensure_future(self._ask(method, args, kwargs, timeout))
+        _running.add(task)
+        task.add_done_callback(functools.partial(_settle, reply))
 
     async def _ask_queued(
-        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
-    ) -> asyncio.Future[Any]:
-        """`_ask_nowait` that waits for mailbox room (counted in `timeout`) instead of raising;
-        returns once the message is queued."""
-        return self._ask_nowait(method, args, kwargs, timeout)
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float,
+        reply: Reply,
+    ) -> None:
+        """`_ask_nowait` that waits for mailbox room (at most `timeout`, then `AskTimeout`)
+        instead of raising; returns once the message is queued."""
+        self._ask_nowait(method, args, kwargs, timeout, reply)
 
     # Proxies are built once per ref and remember each method's sender, so the hot path
     # `ref.tell_nowait.push(x)` is two dictionary hits, not two allocations and a closure.

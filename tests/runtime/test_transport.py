@@ -311,3 +311,23 @@ def test_a_taken_port_raises_os_error_and_leaves_nothing_running() -> None:
                 assert system.address is None
 
     run(main())
+
+
+@pytest.mark.timeout(30)
+def test_any_ref_can_serve_an_ask_into_a_reply_slot() -> None:
+    """The default `_ask_nowait` (a task running `_ask`), here on a remote ref, settles the
+    slot once with the result or the error."""
+
+    async def main() -> None:
+        async with pair() as (_, client, address):
+            ref = client.ref(f"{address}/echo")
+            loop = asyncio.get_running_loop()
+            ok: asyncio.Future[Any] = loop.create_future()
+            ref._ask_nowait("echo", ([1, 2],), {}, 5.0, ok)
+            assert await ok == [1, 2]
+            failed: asyncio.Future[Any] = loop.create_future()
+            ref._ask_nowait("boom", (), {}, 5.0, failed)
+            with pytest.raises(RemoteError, match="ValueError"):
+                await failed
+
+    run(main())
