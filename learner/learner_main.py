@@ -37,7 +37,7 @@ import torch
 from shoal.learner.buffer import Intake
 from shoal.learner.checkpoint import CheckpointInfo, CheckpointManager
 from shoal.learner.config import TrainConfig
-from shoal.learner.errors import BadFragment
+from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
 from shoal.learner.group import GroupSpec, LearnerGroup
 from shoal.learner.policy import ActorCritic
@@ -73,7 +73,8 @@ class LearnerCore:
         torch.manual_seed(cfg.seed)
         self.device = _device(group)
         self.model = ActorCritic(obs_shape or (), action_space, cfg.hidden).to(self.device)
-        self.ppo = PPOLearner(self.model, cfg.ppo)
+        self._ppo: PPOLearner | None = None
+        self._optimizer_state: dict[str, Any] | None = None
         self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness)
         self.checkpoints = CheckpointManager(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
         self.schedule = self.checkpoints.periodic(cfg.checkpoint.interval_s)
@@ -101,7 +102,7 @@ class LearnerCore:
             return None
         state = self.checkpoints.load(info)
         self.model.load_state_dict(state["model"])
-        self.ppo.optimizer.load_state_dict(state["optimizer"])
+        self._optimizer_state = state["optimizer"]
         self.version = int(state["version"])
         self.env_steps = self.base_env_steps = int(state["env_steps"])
         self.trained_steps = int(state["trained_steps"])
@@ -115,6 +116,22 @@ class LearnerCore:
     def request_checkpoint(self) -> None:
         """On demand (SIGUSR1): rank 0 saves after the update in progress."""
         self.checkpoint_requested = True
+
+    def make_optimizer(self) -> None:
+        """Build the PPO learner (and restore its optimiser state). Its first torch optimiser
+        imports torch._dynamo (≈1.5 s here), so `serve` runs this in a thread while the
+        transport comes up and the first fragments arrive."""
+        ppo = PPOLearner(self.model, self.cfg.ppo)
+        if self._optimizer_state is not None:
+            ppo.optimizer.load_state_dict(self._optimizer_state)
+            self._optimizer_state = None
+        self._ppo = ppo
+
+    @property
+    def ppo(self) -> PPOLearner:
+        if self._ppo is None:
+            raise LearnerError("the PPO learner is not built yet; await make_optimizer first")
+        return self._ppo
 
     def save_checkpoint(self, block: bool = False) -> CheckpointInfo:
         state = {
@@ -302,6 +319,7 @@ async def serve(cfg: TrainConfig, env_id: str, run_dir: Path, port: int, spec: G
     group = LearnerGroup(spec)
     core = LearnerCore(cfg, env_id, group, run_dir)
     resumed = core.restore()
+    optimizer_ready = asyncio.ensure_future(asyncio.to_thread(core.make_optimizer))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -312,6 +330,7 @@ async def serve(cfg: TrainConfig, env_id: str, run_dir: Path, port: int, spec: G
         try:
             await system.spawn(LearnerActor, core, name=LEARNER_NAME, mailbox_size=4096)
             await asyncio.to_thread(_join, group, core)
+            await optimizer_ready
             write_json_atomically(
                 run_dir / f"learner-{group.rank}.addr", {"address": transport.address}
             )

@@ -387,8 +387,11 @@ class LocalRun:
 
     def run(self) -> TrainResult:
         """Run to a stop; SIGTERM to this process is handled like Ctrl-C (an orderly stop)."""
+        from shoal.learner.learner_main import append_event
+
         self._prepare()
         self.started = time.monotonic()
+        append_event(self.run_dir, {"event": "run", "pid": os.getpid(), "env_id": self.env_id})
         stopped_by = "error"
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:

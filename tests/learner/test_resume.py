@@ -19,7 +19,8 @@ from shoal.train import LocalRun, train
 def test_sigkilled_learner_resumes_from_its_newest_checkpoint(tmp_path: Path) -> None:
     cfg = replace(
         TrainConfig(),
-        target_return=160.0,
+        target_return=1e9,
+        max_env_steps=40_000,
         time_limit_s=150.0,
         checkpoint=CheckpointConfig(interval_s=1.0),
         eval=EvalConfig(episodes=1),
@@ -49,7 +50,7 @@ def test_sigkilled_learner_resumes_from_its_newest_checkpoint(tmp_path: Path) ->
 
     assert len(killed) == 2, "the learner never wrote a checkpoint, or never resumed"
     assert result.restarts == 2
-    assert result.solved
+    assert result.stopped_by == "max_env_steps"  # training went on to its budget
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     starts = [e for e in events if e["event"] == "start" and e["process"] == "learner"]
     assert len(starts) == 2
