@@ -13,6 +13,7 @@ SUITES: dict[str, str] = {
     "runtime": "runtime",
     "sandbox": "sandbox",
     "scheduler": "scheduler",
+    "schedloop": "schedloop",
     "train": "train",
 }
 

@@ -75,3 +75,12 @@ def placement_events(replica: InProcessReplica) -> list[str]:
             return seen
         seen += [e["fields"]["task"] for e in page["events"] if e["kind"] == "placement"]
         since = page["events"][-1]["seq"]
+
+
+def test_the_schedloop_bench_gives_rows_beside_their_baselines() -> None:
+    from shoal.bench.schedloop import run
+
+    rows = run(quick=True)
+    assert [r.unit for r in rows] == ["ms", "ms"]
+    assert all(r.shoal > 0 and r.baseline and r.baseline > 0 for r in rows)
+    assert all(r.baseline_name for r in rows)
