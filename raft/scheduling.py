@@ -105,8 +105,9 @@ class Memory:
     balancer: BalancerState = field(default_factory=BalancerState)
     gpus: dict[str, tuple[str, int, tuple[int, ...]]] = field(default_factory=dict)
     """task -> (node, generation, GPU indices) chosen by this leader."""
-    said: dict[str, str] = field(default_factory=dict)
-    """Key of a repeating decision (refusal, hold, stuck) -> the reason last posted."""
+    said: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    """(what, node or job, task) of a repeating decision (refusal, bad mode, hold, stuck) ->
+    the reason last posted."""
     health_stamp: str = ""
     """The health batch the balancer last ran on: it runs once per batch (once per report)."""
     applied: int = -1
@@ -307,8 +308,8 @@ def _bad_modes(inputs: Inputs, memory: Memory) -> list[Command]:
             f"job {job}: spec.placement={mode!r} is neither 'auto' nor 'manual'; its tasks are "
             "left where they are: resubmit with 'auto' (the scheduler places them) or 'manual'"
         )
-        if memory.said.get(f"mode:{job}") != reason:
-            memory.said[f"mode:{job}"] = reason
+        if memory.said.get(("mode", job, "")) != reason:
+            memory.said[("mode", job, "")] = reason
             out.append(_event("refused", reason, ("mode", job, mode), {"job": job}))
     return out
 
@@ -358,7 +359,7 @@ def _place_pending(inputs: Inputs, memory: Memory) -> list[Command]:
         commands.append(Command("place_tasks", {"placements": placements}, place_id))
         for t, p in zip(tasks, members):
             memory.gpus[t.id] = (p.node, t.generation + 1, p.gpus)
-            memory.said.pop(t.id, None)
+            memory.said.pop(("refused", "", t.id), None)
         where = _where(members, islands, domains)
         for t, p in zip(tasks, members):
             kind, reason = _placement_reason(t, p, where)
@@ -367,9 +368,9 @@ def _place_pending(inputs: Inputs, memory: Memory) -> list[Command]:
     for refusal in plan.refused:
         members_ids = [task_id for n, task_id in names.items() if _rank_of(n, refusal.task)]
         for task_id in members_ids or [names.get(refusal.task, refusal.task)]:
-            if memory.said.get(task_id) == refusal.reason:
+            if memory.said.get(("refused", "", task_id)) == refusal.reason:
                 continue
-            memory.said[task_id] = refusal.reason
+            memory.said[("refused", "", task_id)] = refusal.reason
             info = inputs.tasks[task_id]
             fields = {"task": task_id, "job": info.job}
             reason = f"{task_id} stays pending: {refusal.reason}"
@@ -436,7 +437,7 @@ def _balance(inputs: Inputs, memory: Memory, now: float, config: BalancerConfig)
             )
             commands.append(_event("cordon", d.reason, (d, stamp), {"node": d.node}, drain_id))
             continue
-        key = f"{d.action}:{d.node}:{d.task}"
+        key = (d.action, d.node, d.task)
         if d.action in ("hold", "stuck"):
             if memory.said.get(key) == d.reason:
                 continue
@@ -496,6 +497,11 @@ class SchedulerLoop:
         """Drop the memory of tasks that ended, so it does not grow without bound."""
         for task_id in set(self.memory.gpus) - set(inputs.tasks):
             del self.memory.gpus[task_id]
+        bad = {job for job, _ in inputs.bad_modes}
+        for key in list(self.memory.said):
+            what, where, task = key
+            if (task and task not in inputs.tasks) or (what == "mode" and where not in bad):
+                del self.memory.said[key]
 
     async def _commit(self, commands: tuple[Command, ...]) -> None:
         """Actions first, in one batch; then, in a second, the events of those that applied."""
