@@ -370,12 +370,15 @@ class Link:
     async def _ask_when_room(self, envelope: list[Any]) -> None:
         _, request, target, method, args, kwargs, timeout, nbytes = envelope
         slot = _Served(self, request, nbytes)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
             await self._lookup(target)._ask_queued(method, tuple(args), kwargs, timeout, slot)
         except Exception as exc:
             slot.set_exception(exc)
             return
-        slot.start(f"{target}.{method}", timeout)
+        # The wait for room counts against the ask's timeout, as for a local ask.
+        slot.start(f"{target}.{method}", timeout, max(deadline - loop.time(), 0.0))
 
     async def _deliver_tell(
         self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -476,10 +479,12 @@ class _Served:
         self._done = False
         self._timer: asyncio.TimerHandle | None = None
 
-    def start(self, call: str, timeout: float) -> None:
+    def start(self, call: str, timeout: float, delay: float | None = None) -> None:
+        """Arm the ask's timeout: `delay` seconds from now, `timeout` unless part of it passed."""
         if not self._done:
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(timeout, self._expire, call, timeout)
+            wait = timeout if delay is None else delay
+            self._timer = loop.call_later(wait, self._expire, call, timeout)
 
     def done(self) -> bool:
         return self._done
