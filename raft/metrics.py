@@ -51,10 +51,12 @@ def _family(name: str, kind: str, help_text: str) -> list[str]:
     return [f"# HELP {name} {_escape_help(help_text)}", f"# TYPE {name} {kind}"]
 
 
-def render_gauges(gauges: Gauges) -> list[str]:
+def render_gauges(gauges: Gauges, kind: str = "gauge") -> list[str]:
+    """`kind="counter"` renders values counted elsewhere (a GPU's ECC counters, which the
+    driver keeps); their names must end in `_total`."""
     lines: list[str] = []
     for name, (help_text, cells) in sorted(gauges.items()):
-        lines += _family(name, "gauge", help_text)
+        lines += _family(name, kind, help_text)
         lines += [f"{name}{_labels(k)} {format_value(v)}" for k, v in sorted(cells.items())]
     return lines
 
@@ -80,8 +82,9 @@ class Metrics:
     def counter(self, name: str, **labels: str) -> float:
         return self._counters[name][tuple(sorted(labels.items()))]
 
-    def render(self, gauges: Gauges) -> str:
-        lines: list[str] = []
+    def render(self, gauges: Gauges, counted: Gauges | None = None) -> str:
+        """`counted`: counters kept outside this registry, rendered beside its own."""
+        lines: list[str] = render_gauges(counted or {}, "counter")
         for name, cells in sorted(self._counters.items()):
             lines += _family(name, "counter", self._help[name])
             lines += [f"{name}{_labels(k)} {format_value(v)}" for k, v in sorted(cells.items())]

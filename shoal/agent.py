@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from shoal.raft.errors import (
     Unauthorized,
     ValidationError,
 )
+from shoal.raft.metrics import Metrics
 from shoal.runtime.system import ActorSystem
 from shoal.tasks import PROCESS_KIND, ActorTask, ProcessTask, TaskError, TaskSpec
 
@@ -153,6 +155,13 @@ class NodeAgent:
         self._assigned: list[TaskSpec] = []
         self._assigned_fresh = asyncio.Event()
         self._watchers: set[asyncio.Task[None]] = set()
+        self.metrics = Metrics()
+        """Heartbeat and task counters for the node's `/metrics` (shoal/node_metrics.py)."""
+
+    @property
+    def assigned(self) -> list[TaskSpec]:
+        """The tasks the coordinator placed here, as its last heartbeat reply listed them."""
+        return list(self._assigned)
 
     def __repr__(self) -> str:
         state = "accepting" if self.accepting else "draining"
@@ -220,7 +229,7 @@ class NodeAgent:
         backoff = Backoff(self.config.heartbeat_s, self.config.backoff_max_s)
         while True:
             try:
-                reply = await self.client.heartbeat(self.node_id, self._health())
+                reply = await self._timed_heartbeat()
             except NotFound:
                 log.warning("the coordinator forgot node %s; registering again", self.node_id)
                 await self.register()
@@ -243,6 +252,25 @@ class NodeAgent:
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("a heartbeat reply without a valid task list (%r): %s", exc, reply)
             await asyncio.sleep(self.config.heartbeat_s)
+
+    async def _timed_heartbeat(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            reply = await self.client.heartbeat(self.node_id, self._health())
+        except RaftError as exc:
+            self.metrics.inc(
+                "shoal_node_heartbeats_failed_total",
+                "heartbeats no coordinator accepted, by error",
+                error=type(exc).__name__,
+            )
+            raise
+        self.metrics.inc("shoal_node_heartbeats_sent_total", "heartbeats a coordinator accepted")
+        self.metrics.observe(
+            "shoal_node_heartbeat_seconds",
+            "time from sending a heartbeat to its accepted reply",
+            time.perf_counter() - started,
+        )
+        return reply
 
     async def _reconcile_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -307,6 +335,12 @@ class NodeAgent:
 
     def _finished(self, spec: TaskSpec, state: str, message: str) -> None:
         self.done.add(spec.key)
+        self.metrics.inc(
+            "shoal_node_tasks_finished_total",
+            "tasks that ended on this node, by the state reported",
+            state=state,
+            kind=spec.kind,
+        )
         self._report(spec, state, message)
 
     # -- reports -----------------------------------------------------------------------------

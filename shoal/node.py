@@ -20,13 +20,14 @@ import re
 import secrets
 import signal
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shoal.agent import AgentConfig, NodeAgent, Registration
 from shoal.errors import ConfigError
+from shoal.node_metrics import add_xids, node_gauges
 from shoal.scheduler.health.collector import Collector, Report, summarise
 
 log = logging.getLogger("shoal.node")
@@ -62,6 +63,8 @@ class NodeConfig:
     clock: str | None = None
     """HOST:PORT of a clock responder (shoal.scheduler.health.clock) to measure the offset."""
     health_s: float = 2.0
+    metrics: str | None = None
+    """HOST:PORT of the Prometheus scrape server (`/metrics`); None serves none."""
     request_timeout_s: float = 2.0
     agent: AgentConfig = field(default_factory=AgentConfig)
 
@@ -99,6 +102,8 @@ class NodeConfig:
                 )
         if self.clock is not None:
             parse_listen(self.clock, "--clock")
+        if self.metrics is not None:
+            parse_listen(self.metrics, "--metrics")
         _positive("--health-period", self.health_s)
         _positive("request_timeout_s", self.request_timeout_s)
 
@@ -158,11 +163,32 @@ def gpu_topology(
 
 
 def health_summary(node_id: str, reports: Sequence[Report]) -> dict[str, Any]:
-    """The heartbeat's health object: the balancer's NodeHealth, plus why a source is missing."""
+    """The heartbeat's health object: the balancer's NodeHealth, each GPU on its own (the
+    summary keeps only the mean utilisation; the dashboard's heat map shows every GPU), and
+    why a source is missing."""
     return {
         "summary": summarise(node_id, reports).to_dict(),
+        "gpus": gpu_health(reports),
         "unavailable": {r.source: r.reason for r in reports if not r.available},
     }
+
+
+def gpu_health(reports: Sequence[Report]) -> list[dict[str, Any]]:
+    """One entry per GPU, by index: fractions, degrees, watts and this collection's errors;
+    None where the device cannot say."""
+    samples = sorted((g for r in reports if r.available for g in r.gpus), key=lambda g: g.index)
+    return [
+        {
+            "index": g.index,
+            "utilisation": g.utilisation,
+            "memory": g.memory_fraction,
+            "temperature_c": g.temperature_c,
+            "power_w": g.power_w,
+            "xid_errors": len(g.xid_events),
+            "ecc_errors": g.ecc_uncorrected_new,
+        }
+        for g in samples
+    ]
 
 
 def host_resources() -> tuple[float, int]:
@@ -182,6 +208,9 @@ class HealthMonitor:
         self.node_id = node_id
         self.collectors = collectors
         self._latest: dict[str, Any] = {}
+        self.reports: list[Report] = []
+        self.xid_totals: dict[int, int] = {}
+        """XID events per GPU since start: each is handed out by the collector only once."""
 
     def latest(self) -> dict[str, Any]:
         return self._latest
@@ -192,6 +221,8 @@ class HealthMonitor:
     async def collect(self) -> list[Report]:
         reports = await asyncio.to_thread(self._collect_all)
         self._latest = health_summary(self.node_id, reports)
+        self.reports = reports
+        add_xids(self.xid_totals, reports)
         return reports
 
     async def run(self, period: float) -> None:
@@ -282,7 +313,6 @@ async def _serve(
             registration = Registration(
                 node_id, transport.address, cpus, memory, gpus, dict(config.labels)
             )
-            _write_node_file(config.data_dir, registration)
             client = CoordinatorClient(
                 config.coordinators,
                 config.token,
@@ -298,19 +328,56 @@ async def _serve(
                     config.agent,
                     monitor.latest,
                 )
-                health = asyncio.create_task(monitor.run(config.health_s), name="shoal-health")
-                try:
-                    await agent.run(stop)
-                finally:
-                    health.cancel()
-                    await asyncio.gather(health, return_exceptions=True)
+                async with _scrape_server(config, monitor, agent) as metrics_url:
+                    _write_node_file(config.data_dir, registration, metrics_url)
+                    health = asyncio.create_task(monitor.run(config.health_s), name="shoal-health")
+                    try:
+                        await agent.run(stop)
+                    finally:
+                        health.cancel()
+                        await asyncio.gather(health, return_exceptions=True)
         finally:
             await transport.close()
     log.info("node %s stopped", node_id)
 
 
-def _write_node_file(data_dir: Path, reg: Registration) -> None:
-    info = {"pid": os.getpid(), "node_id": reg.node_id, "address": reg.address, "gpus": reg.gpus}
+@contextlib.asynccontextmanager
+async def _scrape_server(
+    config: NodeConfig, monitor: HealthMonitor, agent: NodeAgent
+) -> AsyncIterator[str | None]:
+    """The `/metrics` server while the node runs (its URL), or None without --metrics."""
+    if config.metrics is None:
+        yield None
+        return
+    from shoal.node_metrics import serve_metrics
+
+    def render() -> str:
+        gauges, counted = node_gauges(
+            monitor.node_id,
+            monitor.reports,
+            monitor.xid_totals,
+            [t.spec.kind for t in agent.running.values()],
+            [t.state for t in agent.assigned],
+        )
+        return agent.metrics.render(gauges, counted)
+
+    host, port = parse_listen(config.metrics, "--metrics")
+    runner, url = await serve_metrics(config.metrics, host, port, render)
+    log.info("serving metrics at %s", url)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+
+
+def _write_node_file(data_dir: Path, reg: Registration, metrics_url: str | None) -> None:
+    info = {
+        "pid": os.getpid(),
+        "node_id": reg.node_id,
+        "address": reg.address,
+        "gpus": reg.gpus,
+        "metrics": metrics_url,
+    }
     tmp = data_dir / "node.json.tmp"
     tmp.write_text(json.dumps(info, indent=1))
     os.replace(tmp, data_dir / "node.json")

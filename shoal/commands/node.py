@@ -36,6 +36,11 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--clock", metavar="HOST:PORT", help="clock responder to measure this host's offset"
     )
+    parser.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics here (port 0 picks one; node.json names it); default off",
+    )
     parser.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat period, seconds")
     parser.add_argument(
         "--health-period", type=float, default=2.0, help="health collection period, seconds"
@@ -87,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         domain=args.domain,
         labels=parse_labels(args.label),
         clock=args.clock,
+        metrics=args.metrics,
         health_s=args.health_period,
         agent=AgentConfig(heartbeat_s=args.heartbeat, stop_timeout_s=args.stop_timeout),
     )
