@@ -42,6 +42,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     diff = actions.add_parser("diff", help="name each field in which two environment hashes differ")
     diff.add_argument("first", metavar="H1")
     diff.add_argument("second", metavar="H2")
+    diff.add_argument("--json", action="store_true", help="print the differing fields as JSON")
     diff.set_defaults(func=run_diff)
 
 
@@ -145,6 +146,9 @@ def run_diff(args: argparse.Namespace) -> int:
     first, left = store.load(args.first)
     second, right = store.load(args.second)
     lines = diff_manifests(left, right)
+    if args.json:
+        print(json.dumps({"first": first, "second": second, "differences": lines}))
+        return 0
     if not lines:
         print(f"{first[:12]} and {second[:12]} describe the same environment")
     for line in lines:
