@@ -60,6 +60,16 @@ def test_train_cli_reaches_a_small_target_and_cleans_up(
     _assert_all_gone([int(e["pid"]) for e in starts])  # type: ignore[call-overload]
     assert list((run_dir / "pids").iterdir()) == []
 
+    # shoal eval on the same run: the newest complete checkpoint, a fresh report
+    out_dir = tmp_path / "eval"
+    assert main(["eval", str(run_dir), "--episodes", "3", "--out", str(out_dir), "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluated["env_id"] == "CartPole-v1"
+    assert evaluated["checkpoint"] == summary["checkpoint"]
+    assert Path(evaluated["report"]).parent == out_dir
+    assert Path(evaluated["report_html"]).is_file()
+    assert evaluated["mean_return"] > 0
+
 
 @pytest.mark.timeout(60)
 def test_eval_cli_reads_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
