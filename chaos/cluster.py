@@ -21,6 +21,9 @@ class ProcessSpec(Protocol):
     @property
     def raft(self) -> str | None: ...
 
+    @property
+    def raft_bind(self) -> str | None: ...
+
 
 class Cluster(Protocol):
     """Blocking methods over a run directory's processes; failures raise a ShoalError."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from shoal.chaos.errors import ProxyError
 from shoal.chaos.netfaults import NetFaults, TokenBucket, due_time
+from shoal.chaos.sockets import ConnectionFilter, Endpoint
 
 CHUNK = 64 * 1024
 QUEUE_CHUNKS = 64
@@ -55,6 +56,7 @@ def _rst_close(writer: asyncio.StreamWriter) -> None:
 @dataclass(eq=False)
 class _Link:
     client: asyncio.StreamWriter
+    ends: tuple[Endpoint, Endpoint]
     upstream: asyncio.StreamWriter | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closed: bool = False
@@ -85,6 +87,7 @@ class FaultProxy:
         self._buckets: dict[str, TokenBucket] = {}
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[object]] = set()
+        self._refused_from: ConnectionFilter | None = None
 
     def __repr__(self) -> str:
         return f"<FaultProxy :{self._listen_port} -> {self.target} {self.faults} links={len(self._links)}>"
@@ -146,15 +149,30 @@ class FaultProxy:
         self.stats.reset += len(links)
         return len(links)
 
+    def refuse_from(self, clients: ConnectionFilter | None) -> int:
+        """Cut (RST) the open connections `clients` matches and refuse its new ones, whatever
+        the faults; None accepts everyone again. Returns how many open connections were cut.
+        This is how one peer among several behind the same proxy is partitioned away."""
+        self._refused_from = clients
+        if clients is None:
+            return 0
+        links = [link for link in self._links if clients(*link.ends)]
+        for link in links:
+            link.reset()
+        self.stats.reset += len(links)
+        return len(links)
+
     # -- data path ---------------------------------------------------------------------------
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.faults.partition == "refuse":
+        ends = (writer.get_extra_info("peername")[:2], writer.get_extra_info("sockname")[:2])
+        refused_from = self._refused_from
+        if self.faults.partition == "refuse" or (refused_from is not None and refused_from(*ends)):
             self.stats.refused += 1
             _rst_close(writer)
             return
         self.stats.accepted += 1
-        link = _Link(writer)
+        link = _Link(writer, ends)
         self._links.add(link)
         self.stats.open += 1
         handler = asyncio.current_task()

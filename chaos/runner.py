@@ -27,8 +27,9 @@ from shoal.chaos.errors import ChaosError, FaultError
 from shoal.chaos.faults import Fault, GpuXid, KillProcess, PauseProcess, XidStorm
 from shoal.chaos.history import HistoryRecorder
 from shoal.chaos.proxy import FaultProxy
+from shoal.chaos.raftnet import RaftMesh
 from shoal.chaos.report import FaultRecord, RunReport
-from shoal.chaos.scenario import NET_KINDS, FaultSpec, Scenario, parse
+from shoal.chaos.scenario import NET_KINDS, RAFT_KINDS, FaultSpec, Scenario, parse
 from shoal.chaos.workload import (
     JOB,
     CheckpointLog,
@@ -63,6 +64,7 @@ class ChaosRun:
         self._log = log or (lambda line: None)
         self.cluster = cluster
         self.proxies: dict[str, FaultProxy] = {}
+        self.mesh = RaftMesh(cluster)
         self.history = HistoryRecorder()
         self.stats = WorkloadStats()
         self.checkpoints = CheckpointLog()
@@ -95,10 +97,18 @@ class ChaosRun:
                 f"scenario {self.scenario.name} wants {self.scenario.replicas} replicas and "
                 f"{self.scenario.nodes} nodes, the cluster in {self.run_dir} has {shape}"
             )
+        ports = []
+        if any(s.raft_bind is not None for s in specs):
+            ports += await self.mesh.start(specs)
+        elif any(f.kind in RAFT_KINDS for f in self.scenario.faults):
+            raise ChaosError(
+                f"scenario {self.scenario.name} partitions Raft links, but the replicas in "
+                f"{self.run_dir} bind their advertised Raft addresses; make the specs with "
+                "coordinator_specs(..., raft_bind=True)"
+            )
         self._log(f"starting {shape[0]} replicas and {shape[1]} nodes in {self.run_dir}")
         await asyncio.to_thread(self.cluster.start_all)
         await asyncio.to_thread(self.cluster.wait_ready, None, 60.0)
-        ports = []
         for spec in specs:
             if spec.api_url is None or spec.raft is None:
                 raise ChaosError(f"{spec.name} has no API or Raft address to put a proxy before")
@@ -140,6 +150,7 @@ class ChaosRun:
         try:
             for proxy in self.proxies.values():
                 await proxy.close()
+            await self.mesh.close()
         finally:
             await asyncio.to_thread(self.cluster.stop_all)
 
@@ -214,6 +225,11 @@ class ChaosRun:
         if spec.kind in NET_KINDS:
             proxies = [self.proxies[n] for n in names]
             return {"inject": [lambda: self._net(spec, proxies)], "heal": [lambda: _heal(proxies)]}
+        if spec.kind == "raft-partition":
+            return {
+                "inject": [functools.partial(_now, self.mesh.isolate, names[0])],
+                "heal": [functools.partial(_now, self.mesh.heal, names[0])],
+            }
         made: list[Fault] = [
             PauseProcess(self.cluster, n) if spec.kind == "pause" else KillProcess(self.cluster, n)
             for n in names
@@ -370,6 +386,11 @@ class ChaosRun:
                 "sample_errors": self.stats.errors[:5],
             },
         )
+
+
+async def _now(action: Callable[[str], str], name: str) -> str:
+    """A proxy action as an injector: proxies are touched only on the event loop's thread."""
+    return action(name)
 
 
 async def _heal(proxies: list[FaultProxy]) -> str:

@@ -13,7 +13,7 @@ would be valid.
     invariants = ["linearizable", "digests_equal", "checkpoints_forward", "no_leaks", "recovered"]
 
     [[faults]]
-    kind = "kill"           # see FAULT_KINDS
+    kind = "kill"           # see FAULT_KINDS; raft-partition cuts a replica's Raft links
     target = "leader"       # leader | follower | c1..cN | all (api-* kinds) | n1..nN (node kinds)
     at = 5.0                # seconds after the workload started
     duration = 3.0          # then healed (a killed process is restarted)
@@ -32,7 +32,8 @@ from shoal.chaos.netfaults import NetFaults
 PROCESS_KINDS = ("kill", "pause")
 NET_KINDS = ("api-partition", "api-delay", "api-loss", "api-bandwidth", "api-reset")
 NODE_KINDS = ("node-kill", "gpu-xid")
-FAULT_KINDS = PROCESS_KINDS + NET_KINDS + NODE_KINDS
+RAFT_KINDS = ("raft-partition",)
+FAULT_KINDS = PROCESS_KINDS + NET_KINDS + NODE_KINDS + RAFT_KINDS
 # Kinds implemented in chaos.faults that a run cannot wire up yet, and why.
 NOT_WIRED = {
     "clock-skew": "the node's ClockCollector takes no clock to skew yet",

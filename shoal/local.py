@@ -57,6 +57,8 @@ class ProcessSpec:
     health_url: str | None = None
     api_url: str | None = None
     raft: str | None = None
+    raft_bind: str | None = None
+    """Where the replica's Raft listens when `raft` (what peers dial) is a proxy in front of it."""
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -67,10 +69,13 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def coordinator_specs(
-    run_dir: Path, replicas: int, extra_args: tuple[str, ...] = ()
+    run_dir: Path, replicas: int, extra_args: tuple[str, ...] = (), raft_bind: bool = False
 ) -> list[ProcessSpec]:
-    """Specs for `replicas` coordinator replicas on free loopback ports."""
+    """Specs for `replicas` coordinator replicas on free loopback ports. With `raft_bind`, each
+    replica binds Raft on a port of its own and advertises another, where the caller must put
+    something that forwards to it (chaos puts a fault proxy there)."""
     rafts = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
+    binds = [f"127.0.0.1:{free_port()}" if raft_bind else None for _ in range(replicas)]
     apis = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
     specs = []
     for i in range(replicas):
@@ -81,6 +86,7 @@ def coordinator_specs(
             "--id", name, "--raft", rafts[i], "--peers", peers, "--api", apis[i],
             "--data-dir", str(run_dir / "data" / name),
             "--secret-file", str(run_dir / "secret"), "--token-file", str(run_dir / "api-token"),
+            *(("--raft-bind", binds[i]) if binds[i] else ()),
             *extra_args,
         ]  # fmt: skip
         specs.append(
@@ -91,6 +97,7 @@ def coordinator_specs(
                 f"http://{apis[i]}/healthz",
                 f"http://{apis[i]}",
                 rafts[i],
+                binds[i],
             )
         )
     return specs

@@ -1,0 +1,140 @@
+"""A replica partitioned on its Raft links, in a real 3-replica cluster whose replicas reach
+each other only through fault proxies: a partitioned leader loses leadership, the majority
+elects another and takes writes, and after healing the replica catches up to an equal digest."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal.chaos import invariants
+from shoal.chaos.raftnet import RaftMesh
+from shoal.chaos.workload import make_client
+from shoal.local import LocalCluster, coordinator_specs
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+def _views(cluster: LocalCluster, digest: bool = False) -> dict[str, dict[str, Any] | None]:
+    return {s.name: cluster.cluster_view(s.name, digest) for s in cluster.specs()}
+
+
+def _cut_off(cluster: LocalCluster, name: str) -> bool:
+    """`name` sees none of its peers connected and no peer sees `name` connected (each replica's
+    own pysyncobj view, in /v1/cluster), while the others still see each other."""
+    raft = {s.name: s.raft for s in cluster.specs()}
+    views = _views(cluster)
+    if any(v is None for v in views.values()):
+        return False
+    for other, view in views.items():
+        assert view is not None
+        for peer in view["replicas"]:
+            isolated_link = name in (other, _name_of(raft, peer["raft"]))
+            if peer["connected"] == isolated_link:
+                return False
+    return True
+
+
+def _name_of(raft: dict[str, str | None], address: str) -> str:
+    return next(name for name, adv in raft.items() if adv == address)
+
+
+def _all_connected(cluster: LocalCluster) -> bool:
+    views = _views(cluster)
+    return all(v is not None and all(p["connected"] for p in v["replicas"]) for v in views.values())
+
+
+async def _until(what: str, check: Callable[[], Any], within: float = 30.0) -> Any:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        value = await asyncio.to_thread(check)
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {within:g} s: {what}")
+
+
+def test_a_partitioned_leader_steps_down_and_catches_up_after_healing(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "run")
+    cluster.create(coordinator_specs(cluster.run_dir, 3, raft_bind=True))
+
+    async def main() -> None:
+        mesh = RaftMesh(cluster)
+        try:
+            await mesh.start(cluster.specs())
+            await asyncio.to_thread(cluster.start_all)
+            leader_api = await asyncio.to_thread(cluster.wait_ready, None, 60.0)
+            old = next(s.name for s in cluster.specs() if s.api_url == leader_api)
+            others = [s for s in cluster.specs() if s.name != old]
+
+            detail = mesh.isolate(old)
+            assert f"Raft links of {old}" in detail
+
+            def new_leader() -> str | None:
+                views = _views(cluster)
+                leaders = {v["leader_id"] for n, v in views.items() if v and n != old}
+                mine = views[old]
+                stepped_down = mine is not None and mine["state"] != "leader"
+                if (
+                    len(leaders) == 1
+                    and None not in leaders
+                    and old not in leaders
+                    and stepped_down
+                ):
+                    return str(leaders.pop())
+                return None
+
+            elected = await _until("the majority elects a new leader", new_leader)
+            await _until(f"{old} is cut off both ways", lambda: _cut_off(cluster, old))
+            urls = [s.api_url for s in others if s.api_url]
+            async with make_client(urls, cluster.token) as client:
+                for i in range(5):
+                    await client.add_event("partition", f"written by the majority {i}")
+            assert _views(cluster)[old]["leader_id"] != elected  # it never heard of the election
+
+            assert "healed" in mesh.heal(old)
+
+            def converged() -> bool:
+                return invariants.digests_equal(_views(cluster, digest=True)).held
+
+            await _until("the healed replica catches up", converged)
+            assert _views(cluster)[old]["leader_id"] == elected
+        finally:
+            await mesh.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.stop_all()
+
+
+def test_each_replica_whatever_its_address_is_cut_off_both_ways(tmp_path: Path) -> None:
+    """pysyncobj dials from the higher address to the lower, so the lowest, middle and highest
+    replica each have their links on different proxies; each must end up fully isolated."""
+    cluster = LocalCluster(tmp_path / "run")
+    cluster.create(coordinator_specs(cluster.run_dir, 3, raft_bind=True))
+
+    async def main() -> None:
+        mesh = RaftMesh(cluster)
+        try:
+            await mesh.start(cluster.specs())
+            await asyncio.to_thread(cluster.start_all)
+            await asyncio.to_thread(cluster.wait_ready, None, 60.0)
+            for name in [s.name for s in sorted(cluster.specs(), key=lambda s: str(s.raft))]:
+                mesh.isolate(name)
+                await _until(f"{name} is cut off", functools.partial(_cut_off, cluster, name))
+                mesh.heal(name)
+                await _until("every link is back", lambda: _all_connected(cluster))
+        finally:
+            await mesh.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.stop_all()
