@@ -22,6 +22,9 @@ class LivenessTable:
     def heartbeat(self, node_id: str, now: float, health: dict[str, Any] | None) -> None:
         self._seen[node_id] = now
         if health is not None:
+            pending = self._health.get(node_id)
+            if pending is not None:
+                health = _keep_errors(pending[0], health)
             self._health[node_id] = (health, now)
 
     def reset(self, now: float) -> None:
@@ -54,3 +57,19 @@ class LivenessTable:
         ]
         self._health.clear()
         return reports
+
+
+# Error counts a node reports as "new since its last collection". Only the newest report of a
+# node reaches the next replicated batch, so a fault seen in an earlier heartbeat of the same
+# batch would be overwritten by a clean one; keep the largest count seen in the batch. (A node
+# may repeat one collection in several heartbeats, so the counts are not added up.)
+_ERROR_COUNTS = ("xid_errors", "ecc_errors")
+
+
+def _keep_errors(pending: dict[str, Any], health: dict[str, Any]) -> dict[str, Any]:
+    kept = {
+        key: max(pending[key], health.get(key, 0))
+        for key in _ERROR_COUNTS
+        if isinstance(pending.get(key), int) and pending[key] > 0
+    }
+    return {**health, **kept} if kept else health

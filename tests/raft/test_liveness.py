@@ -56,6 +56,21 @@ def test_health_is_batched_and_taken_once() -> None:
     assert table.take_health() == []
 
 
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=12))
+def test_an_error_seen_in_any_heartbeat_of_a_batch_reaches_the_batch(
+    counts: list[tuple[int, int]],
+) -> None:
+    table = LivenessTable(CONFIG)
+    for n, (xid, ecc) in enumerate(counts):
+        table.heartbeat("n1", float(n), {"gpu_util": 0.5, "xid_errors": xid, "ecc_errors": ecc})
+    (report,) = table.take_health()
+    assert report["health"]["xid_errors"] == max(xid for xid, _ in counts)
+    assert report["health"]["ecc_errors"] == max(ecc for _, ecc in counts)
+    table.heartbeat("n1", 99.0, {"gpu_util": 0.5, "xid_errors": 0, "ecc_errors": 0})
+    assert table.take_health()[0]["health"]["xid_errors"] == 0
+
+
 @pytest.mark.timeout(60)
 def test_a_silent_node_turns_suspect_then_dead_and_recovers_on_heartbeat(tmp_path) -> None:
     replica = InProcessReplica(
