@@ -114,3 +114,63 @@ def no_leaks(processes: Sequence[int], ports: Sequence[int]) -> Verdict:
     if processes or ports:
         return Verdict(False, f"left behind: processes {list(processes)}, ports {list(ports)}")
     return Verdict(True, "no process or port left behind")
+
+
+ACCOUNT_PARTS = ("trained", "dropped_stale", "duplicates", "queued")
+
+
+def fragment_accounting(intakes: Sequence[dict[str, int]]) -> Verdict:
+    """Each learner rank's intake (status-<rank>.json) accounts for every fragment it received
+    exactly once: received == trained + dropped_stale + duplicates + queued, none negative.
+    A fragment trained on and also counted as dropped (or neither) breaks the sum."""
+    problems = []
+    for rank, intake in enumerate(intakes):
+        if not intake or "received" not in intake:
+            problems.append(f"rank {rank} recorded no intake counters")
+            continue
+        parts = {key: int(intake.get(key, 0)) for key in ACCOUNT_PARTS}
+        negative = sorted(k for k, v in {**parts, "received": intake["received"]}.items() if v < 0)
+        if negative:
+            problems.append(f"rank {rank} has negative counters {negative}")
+        elif sum(parts.values()) != int(intake["received"]):
+            problems.append(
+                f"rank {rank} received {intake['received']} fragments but accounts for "
+                f"{sum(parts.values())} ({parts})"
+            )
+    if problems:
+        return Verdict(False, "; ".join(problems))
+    received = sum(int(i["received"]) for i in intakes)
+    trained = sum(int(i.get("trained", 0)) for i in intakes)
+    dropped = sum(int(i.get("dropped_stale", 0)) for i in intakes)
+    return Verdict(
+        True,
+        f"{len(intakes)} ranks: {received} fragments received, each counted once "
+        f"({trained} trained, {dropped} dropped as stale)",
+    )
+
+
+def resumed_from_checkpoint(
+    events: Sequence[dict[str, Any]], ranks: int, checkpoint_step: int | None
+) -> Verdict:
+    """After a restart every rank started again from a checkpoint no older than the newest one
+    complete when the fault hit (a rank starting from scratch would retrain lost work)."""
+    restarts = [i for i, e in enumerate(events) if e.get("event") == "restart"]
+    if not restarts:
+        return Verdict(False, "the run recorded no learner restart")
+    later = [e for e in events[restarts[0] :] if e.get("event") == "start"]
+    by_rank = {int(e.get("rank", -1)): e for e in later if e.get("process") == "learner"}
+    missing = sorted(set(range(ranks)) - set(by_rank))
+    if missing:
+        return Verdict(False, f"ranks {missing} never started again after the restart")
+    floor = checkpoint_step if checkpoint_step is not None else 0
+    behind = {
+        rank: e.get("step")
+        for rank, e in by_rank.items()
+        if not e.get("resumed_from") or int(e.get("step", -1)) < floor
+    }
+    if behind:
+        return Verdict(
+            False, f"ranks restarted without the checkpoint at step {floor}: steps {behind}"
+        )
+    steps = sorted({int(e["step"]) for e in by_rank.values()})
+    return Verdict(True, f"{ranks} ranks resumed from checkpoint step(s) {steps} (>= {floor})")
