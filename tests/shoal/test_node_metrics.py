@@ -258,6 +258,13 @@ def test_a_node_daemon_serves_node_gpu_task_and_heartbeat_metrics(
     )
     assert by_gpu(coordinator["shoal_gpu_utilisation_ratio"]) == {"0": 0.0, "1": 0.6}
 
+    # with the only replica gone, failed heartbeats are counted by error
+    local.stop("c1")
+    found = scrape_until(url, lambda f: f.get("shoal_node_heartbeats_failed"))
+    failed = found["shoal_node_heartbeats_failed"]
+    assert sum(s.value for s in failed) >= 1
+    assert all(s.labels["error"] for s in failed)
+
 
 def _run_node(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     token = tmp / "token"
