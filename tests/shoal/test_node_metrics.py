@@ -28,6 +28,7 @@ from shoal.local import LocalCluster, coordinator_specs, free_port
 from shoal.node import gpu_health, health_summary
 from shoal.node_metrics import add_xids, node_gauges
 from shoal.raft.client import CoordinatorClient
+from shoal.raft.dashboard import node_gpus
 from shoal.raft.metrics import Metrics
 from shoal.scheduler.health.collector import GpuSample, Report, unavailable
 from shoal.scheduler.health.simgpu import SimGpuBackend
@@ -117,6 +118,36 @@ def test_the_heartbeat_health_lists_each_gpu_in_index_order(utils: list[float]) 
     assert [g["index"] for g in health["gpus"]] == list(range(len(utils)))
     assert [g["utilisation"] for g in health["gpus"]] == utils
     json.dumps(health, allow_nan=False)
+
+
+optional = st.none() | st.floats(0, 1000, allow_nan=False)
+gpu_samples = st.builds(
+    GpuSample,
+    index=st.integers(0, 15),
+    utilisation=st.none() | st.floats(0, 1),
+    memory_used_mb=st.none() | st.integers(0, 10**6),
+    memory_total_mb=st.none() | st.integers(1, 10**6),
+    temperature_c=optional,
+    power_w=optional,
+    ecc_corrected=st.none() | st.integers(0, 10**9),
+    ecc_uncorrected=st.none() | st.integers(0, 10**9),
+    xid_events=st.lists(st.sampled_from([13, 48, 79]), max_size=3).map(tuple),
+)
+
+
+@given(st.lists(gpu_samples, max_size=6, unique_by=lambda g: g.index))
+def test_each_gpu_series_lists_exactly_the_gpus_that_report_it(samples: list[GpuSample]) -> None:
+    reports = [Report("nvml", True, gpus=tuple(samples))]
+    totals: dict[int, int] = {}
+    add_xids(totals, reports)
+    gauges, counted = node_gauges(NODE, reports, totals, [], [])
+    found = families(Metrics().render(gauges, counted))
+    expected = {str(g.index): g.utilisation for g in samples if g.utilisation is not None}
+    assert by_gpu(found.get("shoal_gpu_utilisation_ratio", [])) == expected
+    power = {str(g.index): g.power_w for g in samples if g.power_w is not None}
+    assert by_gpu(found.get("shoal_gpu_power_watts", [])) == power
+    xids = {str(g.index): float(len(g.xid_events)) for g in samples}
+    assert by_gpu(found.get("shoal_gpu_xid_errors", [])) == xids
 
 
 def test_unavailable_sources_give_no_gpu_entries() -> None:
@@ -257,6 +288,13 @@ def test_a_node_daemon_serves_node_gpu_task_and_heartbeat_metrics(
         local.token,
     )
     assert by_gpu(coordinator["shoal_gpu_utilisation_ratio"]) == {"0": 0.0, "1": 0.6}
+
+    async def node_record() -> dict[str, Any]:
+        async with CoordinatorClient(local.api_urls(), local.token) as client:
+            return await client.node(NODE)
+
+    heat = node_gpus(asyncio.run(node_record()))  # what the dashboard's heat map draws
+    assert [(g["index"], g["util"]) for g in heat] == [(0, 0.0), (1, 0.6)]
 
     # with the only replica gone, failed heartbeats are counted by error
     local.stop("c1")
