@@ -63,7 +63,7 @@ def _once(scenario_arg: str, run_dir: Path | None, keep: bool, quiet: bool) -> d
     scenario = find_scenario(scenario_arg)
     own = run_dir is None
     cluster = LocalCluster(run_dir or Path(tempfile.mkdtemp(prefix="shoal-chaos-")))
-    specs = coordinator_specs(cluster.run_dir, scenario.replicas)
+    specs = coordinator_specs(cluster.run_dir, scenario.replicas, raft_bind=True)
     cluster.create(specs + _node_specs(cluster.run_dir, specs, scenario.nodes, scenario.sim_gpus))
     log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
     report = run_scenario(scenario, cluster, log)

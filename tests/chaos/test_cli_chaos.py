@@ -51,7 +51,9 @@ def test_smoke_scenario_holds_every_invariant(tmp_path: Path) -> None:
         assert set(report["invariants"]) == set(INVARIANTS)
         assert all(v["held"] for v in report["invariants"].values())
         kinds = [f["kind"] for f in report["faults"]]
-        assert kinds == ["kill", "node-kill", "pause", "api-partition", "gpu-xid", "api-delay"]
+        assert kinds == [
+            "kill", "node-kill", "pause", "api-partition", "gpu-xid", "api-delay", "raft-partition"
+        ]  # fmt: skip
         for fault in report["faults"]:
             assert fault["recovered"], fault
             assert fault["injected_at"] is not None
