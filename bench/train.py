@@ -38,6 +38,29 @@ def _throughput_config(workers: int, seconds: float) -> Any:
     )
 
 
+def _acrobot_rows(root: Path, limit: float) -> list[Row]:
+    """Acrobot-v1 to a mean return of −100, the same two trainers, same defaults."""
+    from shoal.bench import cleanrl_ppo
+    from shoal.learner.config import TrainConfig
+    from shoal.train import train
+
+    base = cleanrl_ppo.run(
+        seed=1, time_limit_s=limit, target=-100.0, args=cleanrl_ppo.Args(env_id="Acrobot-v1")
+    )
+    cfg = dataclasses.replace(TrainConfig(), env_id="Acrobot-v1", seed=1, time_limit_s=limit)
+    ours = train(cfg, runs_root=root, evaluate_at_end=False)
+    return [
+        Row(
+            "Acrobot-v1 time to -100",
+            "s",
+            ours.solve_s if ours.solve_s is not None else float("nan"),
+            base["solved_at_s"],
+            CLEANRL,
+            higher_is_better=False,
+        )
+    ]
+
+
 def run(quick: bool) -> list[Row]:
     from shoal.bench import cleanrl_ppo
     from shoal.learner.config import TrainConfig
@@ -85,6 +108,7 @@ def run(quick: bool) -> list[Row]:
                 higher_is_better=False,
             ),
         ]
+        rows.extend(_acrobot_rows(root, limit))
         seconds = 5.0 if quick else 20.0
         for workers in (1, 2, 4):
             cfg_t = _throughput_config(workers, seconds)

@@ -21,6 +21,7 @@ def test_quick_bench_train_rows_have_the_expected_shape() -> None:
         "CartPole-v1 env steps to 475",
         "median policy lag while solving",
     ]
+    assert "Acrobot-v1 time to -100" in metrics
     assert [m for m in metrics if "frames/s" in m] == [
         f"env frames/s trained, {n} rollout worker(s)" for n in (1, 2, 4)
     ]
