@@ -292,6 +292,10 @@ async def add_event(ctx: ApiContext, call: Call) -> web.Response:
     return reply(await ctx.write("add_event", call.body, call.op_id), 201)
 
 
+def _running(m: StateMachine) -> set[str]:
+    return {job.id for job in m.jobs.values() if job.state == "running"}
+
+
 async def metrics(ctx: ApiContext, call: Call) -> web.Response:
     status = ctx.bridge.status()
     counts = ctx.read(
@@ -308,7 +312,9 @@ async def metrics(ctx: ApiContext, call: Call) -> web.Response:
         "shoal_tasks": ("tasks by state", {(("state", k),): v for k, v in tasks.items()}),
     }
     now = time.time()
-    gauges.update(ctx.read(lambda m: cluster_gauges(m.nodes.values(), m.tasks.values(), now)))
+    gauges.update(
+        ctx.read(lambda m: cluster_gauges(m.nodes.values(), m.tasks.values(), _running(m), now))
+    )
     return web.Response(
         text=ctx.metrics.render(gauges),
         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},

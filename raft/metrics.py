@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
 from shoal.raft.model import TASK_STATES, Node, Task
@@ -105,10 +105,13 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def cluster_gauges(nodes: Iterable[Node], tasks: Iterable[Task], now: float) -> Gauges:
+def cluster_gauges(
+    nodes: Iterable[Node], tasks: Iterable[Task], running_jobs: Set[str], now: float
+) -> Gauges:
     """Per-node, per-GPU and per-job gauges from the replicated state (pure: tests feed it
     plain records). A node's health is whatever its last heartbeat said, so a GPU value
-    appears only for GPUs the node reported."""
+    appears only for GPUs the node reported. Only running jobs get series: one per job ever
+    submitted would grow without bound on a long-lived cluster."""
     age: dict[Labels, float] = {}
     gpus: dict[Labels, float] = {}
     util: dict[Labels, float] = {}
@@ -124,6 +127,8 @@ def cluster_gauges(nodes: Iterable[Node], tasks: Iterable[Task], now: float) -> 
                 util[(("gpu", str(index)), ("node", node.id))] = value
     jobs: dict[Labels, float] = {}
     for task in tasks:
+        if task.job_id not in running_jobs:
+            continue
         cell: Labels = (("job", task.job_id), ("state", task.state))
         jobs[cell] = jobs.get(cell, 0.0) + 1
     return {
@@ -136,7 +141,10 @@ def cluster_gauges(nodes: Iterable[Node], tasks: Iterable[Task], now: float) -> 
             "GPU utilisation (0..1) from the node's last heartbeat, like DCGM_FI_DEV_GPU_UTIL",
             util,
         ),
-        "shoal_job_tasks": (f"tasks of each job by state ({', '.join(TASK_STATES)})", jobs),
+        "shoal_job_tasks": (
+            f"tasks of each running job by state ({', '.join(TASK_STATES)})",
+            jobs,
+        ),
     }
 
 

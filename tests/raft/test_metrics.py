@@ -22,7 +22,7 @@ NODE = "metrics-n1"
 
 @pytest.fixture(scope="module")
 def busy_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessReplica]:
-    """A replica with one node (two GPUs, per-GPU health) and one job of two tasks."""
+    """A replica with one node (two GPUs, per-GPU health), a job of two tasks and a stopped job."""
     rep = InProcessReplica(tmp_path_factory.mktemp("metrics"))
     try:
         rep.start()
@@ -43,6 +43,12 @@ def busy_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess
         ]
         job = {"job_id": "metrics-job", "tasks": tasks}
         assert rep.request("POST", "/v1/jobs", job)[0] == 201
+        old = {
+            "job_id": "metrics-old",
+            "tasks": [{"task_id": "old-t", "kind": "r", "actor": "m:A"}],
+        }
+        assert rep.request("POST", "/v1/jobs", old)[0] == 201
+        assert rep.request("POST", "/v1/jobs/metrics-old/stop", {})[0] == 200
         yield rep
     finally:
         rep.close()
@@ -90,6 +96,7 @@ def test_coordinator_metrics_follow_prometheus_conventions(busy_replica: InProce
     assert gpus[NODE] == 2.0
     jobs = {(s.labels["job"], s.labels["state"]): s.value for s in samples["shoal_job_tasks"]}
     assert jobs[("metrics-job", "pending")] + jobs.get(("metrics-job", "running"), 0) == 2.0
+    assert {job for job, _ in jobs} == {"metrics-job"}  # a stopped job has no series
     ages = {s.labels["node"]: s.value for s in samples["shoal_node_heartbeat_age_seconds"]}
     assert ages[NODE] >= 0.0
     routes = {s.labels["route"] for s in samples["shoal_api_requests"]}
@@ -159,17 +166,18 @@ def _node(health: object) -> Node:
     ],
 )
 def test_malformed_gpu_health_is_left_out(health: object) -> None:
-    gauges = cluster_gauges([_node(health)], [], now=10.0)
+    gauges = cluster_gauges([_node(health)], [], set(), now=10.0)
     assert gauges["shoal_gpu_utilisation_ratio"][1] == {}
     assert gauges["shoal_node_gpus"][1] == {(("node", "n"),): 1.0}
 
 
-def test_job_tasks_are_counted_by_job_and_state() -> None:
+def test_tasks_of_running_jobs_are_counted_by_job_and_state() -> None:
+    jobs = [("a", "running"), ("a", "running"), ("b", "failed"), ("done", "stopped")]
     tasks = [
         Task(f"t{i}", job, "rollout", "m:A", {}, TaskResources(), state=state)
-        for i, (job, state) in enumerate([("a", "running"), ("a", "running"), ("b", "failed")])
+        for i, (job, state) in enumerate(jobs)
     ]
-    cells = cluster_gauges([], tasks, now=0.0)["shoal_job_tasks"][1]
+    cells = cluster_gauges([], tasks, {"a", "b"}, now=0.0)["shoal_job_tasks"][1]
     assert cells == {
         (("job", "a"), ("state", "running")): 2.0,
         (("job", "b"), ("state", "failed")): 1.0,
