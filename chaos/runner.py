@@ -29,7 +29,16 @@ from shoal.chaos.history import HistoryRecorder
 from shoal.chaos.proxy import FaultProxy
 from shoal.chaos.raftnet import RaftMesh
 from shoal.chaos.report import FaultRecord, RunReport
-from shoal.chaos.scenario import NET_KINDS, RAFT_KINDS, FaultSpec, Scenario, parse
+from shoal.chaos.scenario import (
+    NET_KINDS,
+    RAFT_KINDS,
+    TRAINING_INVARIANTS,
+    TRAINING_KINDS,
+    FaultSpec,
+    Scenario,
+    parse,
+)
+from shoal.chaos.training import LearnerKill, LearnerKillConfig
 from shoal.chaos.workload import (
     JOB,
     CheckpointLog,
@@ -72,6 +81,7 @@ class ChaosRun:
         self._faulted: Counter[str] = Counter()
         self._healed_wall: dict[int, float] = {}
         self._t0 = 0.0
+        self._training: dict[str, invariants.Verdict] = {}
 
     async def run(self) -> RunReport:
         results: dict[str, invariants.Verdict] = {}
@@ -185,6 +195,9 @@ class ChaosRun:
 
     async def _fault(self, spec: FaultSpec) -> None:
         await asyncio.sleep(max(0.0, self._t0 + spec.at - time.monotonic()))
+        if spec.kind in TRAINING_KINDS:
+            await self._learner_kill(spec)
+            return
         record = FaultRecord(spec.kind, spec.target, [])
         self.records.append(record)
         try:
@@ -216,6 +229,35 @@ class ChaosRun:
             record.recovery_s = await probe
             bound = spec.duration + spec.recover_within_s
             record.recovered = record.recovery_s is not None and record.recovery_s <= bound
+
+    async def _learner_kill(self, spec: FaultSpec) -> None:
+        """A training job of its own, started at `at` (in RUN/training-K): its rank is killed
+        after the first checkpoint, and the run restarts its learners itself."""
+        rank, ranks = int(spec.target.removeprefix("rank")), int(spec.params.get("ranks", 2))
+        record = FaultRecord(spec.kind, spec.target, [f"learner-{rank}"])
+        self.records.append(record)
+        cfg = LearnerKillConfig(
+            ranks=ranks,
+            rank=rank,
+            workers=ranks,
+            recover_within_s=spec.duration + spec.recover_within_s,
+        )
+        work_dir = self.run_dir / f"training-{len(self.records)}"
+        report = await asyncio.to_thread(LearnerKill(cfg, work_dir).run)
+        if report.killed_at is not None:
+            record.injected_at = round(report.killed_at - self._t0, 3)
+            record.healed_at = record.injected_at
+        record.recovery_s = report.recovery_s
+        record.recovered = report.invariants["learner_recovered"].held
+        details = [report.detail] if report.detail else []
+        details += [f"{k}: {v.detail}" for k, v in report.invariants.items()]
+        record.detail = "; ".join(details)
+        self._log(f"{spec.kind} {spec.target}: {record.detail}")
+        for name in TRAINING_INVARIANTS:
+            verdict = report.invariants[name]
+            earlier = self._training.get(name)
+            if earlier is None or (earlier.held and not verdict.held):
+                self._training[name] = verdict
 
     def _faults(self, spec: FaultSpec, names: list[str]) -> dict[str, list[Callable[[], Any]]]:
         """Coroutine functions that inject and heal `spec` on the processes `names`."""
@@ -354,6 +396,11 @@ class ChaosRun:
             )
         if "nodes_alive" in wanted:
             results["nodes_alive"] = await self._nodes_alive(30.0)
+        for name in TRAINING_INVARIANTS:
+            if name in wanted:
+                results[name] = self._training.get(
+                    name, invariants.Verdict(False, "no learner-kill fault ran")
+                )
         if "recovered" in wanted:
             results["recovered"] = invariants.recovered([asdict(r) for r in self.records])
         return results

@@ -13,7 +13,9 @@ would be valid.
     invariants = ["linearizable", "digests_equal", "checkpoints_forward", "no_leaks", "recovered"]
 
     [[faults]]
-    kind = "kill"           # see FAULT_KINDS; raft-partition cuts a replica's Raft links
+    kind = "kill"           # see FAULT_KINDS; raft-partition cuts a replica's Raft links;
+                            # learner-kill runs a short training job (ranks = 2) and SIGKILLs
+                            # target = "rank0".."rankN-1" after its first checkpoint
     target = "leader"       # leader | follower | c1..cN | all (api-* kinds) | n1..nN (node kinds)
     at = 5.0                # seconds after the workload started
     duration = 3.0          # then healed (a killed process is restarted)
@@ -33,13 +35,14 @@ PROCESS_KINDS = ("kill", "pause")
 NET_KINDS = ("api-partition", "api-delay", "api-loss", "api-bandwidth", "api-reset")
 NODE_KINDS = ("node-kill", "gpu-xid")
 RAFT_KINDS = ("raft-partition",)
-FAULT_KINDS = PROCESS_KINDS + NET_KINDS + NODE_KINDS + RAFT_KINDS
+TRAINING_KINDS = ("learner-kill",)
+FAULT_KINDS = PROCESS_KINDS + NET_KINDS + NODE_KINDS + RAFT_KINDS + TRAINING_KINDS
 # Kinds implemented in chaos.faults that a run cannot wire up yet, and why.
 NOT_WIRED = {
     "clock-skew": "the node's ClockCollector takes no clock to skew yet",
     "disk-full": "no process in a local cluster writes checkpoints to disk yet",
 }
-INVARIANTS = (
+BASE_INVARIANTS = (
     "linearizable",
     "digests_equal",
     "checkpoints_forward",
@@ -47,6 +50,9 @@ INVARIANTS = (
     "recovered",
     "nodes_alive",
 )
+# Checked on the training run of a learner-kill fault, so only with one.
+TRAINING_INVARIANTS = ("resumed_from_checkpoint", "fragment_accounting")
+INVARIANTS = BASE_INVARIANTS + TRAINING_INVARIANTS
 # Extra keys each network kind takes, passed on to NetFaults.
 NET_PARAMS: dict[str, tuple[str, ...]] = {
     "api-partition": ("partition",),
@@ -56,6 +62,8 @@ NET_PARAMS: dict[str, tuple[str, ...]] = {
     "api-reset": (),
 }
 NODE_PARAMS: dict[str, tuple[str, ...]] = {"node-kill": (), "gpu-xid": ("gpu", "xid")}
+TRAINING_PARAMS: dict[str, tuple[str, ...]] = {"learner-kill": ("ranks",)}
+MAX_RANKS = 4
 _FAULT_KEYS = ("kind", "target", "at", "duration", "recover_within_s")
 _TOP_KEYS = (
     "name",
@@ -118,8 +126,10 @@ def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
         raise ScenarioError(f"{source}: replicas={replicas} must be odd (1, 3, 5 or 7)")
     duration = _number(data, "duration_s", 30.0, 1.0, 86400.0 * 7, source)
     bound = _number(data, "recover_within_s", 20.0, 0.1, 3600.0, source)
-    invariants = data.get("invariants", list(INVARIANTS))
-    if not isinstance(invariants, list) or not all(i in INVARIANTS for i in invariants):
+    invariants = data.get("invariants")
+    if invariants is not None and (
+        not isinstance(invariants, list) or not all(i in INVARIANTS for i in invariants)
+    ):
         raise ScenarioError(
             f"{source}: invariants={invariants!r} must be a list drawn from {list(INVARIANTS)}"
         )
@@ -135,6 +145,15 @@ def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
         _fault(item, f"{source}: faults[{i}]", cluster, duration, bound)
         for i, item in enumerate(raw_faults)
     )
+    training = any(f.kind in TRAINING_KINDS for f in faults)
+    if invariants is None:
+        invariants = list(BASE_INVARIANTS + (TRAINING_INVARIANTS if training else ()))
+    needs_training = sorted(set(invariants) & set(TRAINING_INVARIANTS))
+    if needs_training and not training:
+        raise ScenarioError(
+            f"{source}: invariants {needs_training} are checked on a training run; "
+            "add a learner-kill fault or leave them out"
+        )
     name = data.get("name", "scenario")
     description = data.get("description", "")
     if not isinstance(name, str) or not isinstance(description, str):
@@ -172,13 +191,16 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
         )
     if kind not in FAULT_KINDS:
         raise ScenarioError(f"{where}.kind={kind!r} is not one of {list(FAULT_KINDS)}")
-    params = NET_PARAMS.get(kind, ()) + NODE_PARAMS.get(kind, ())
+    params = NET_PARAMS.get(kind, ()) + NODE_PARAMS.get(kind, ()) + TRAINING_PARAMS.get(kind, ())
     _no_unknown(item, _FAULT_KEYS + params, where)
     target = item.get("target")
     if kind in NODE_KINDS:
         if shape.nodes == 0:
             raise ScenarioError(f"{where}.kind={kind!r} needs nodes >= 1 in the scenario")
         targets = [f"n{i + 1}" for i in range(shape.nodes)]
+    elif kind in TRAINING_KINDS:
+        ranks = _int(item, "ranks", 2, 1, MAX_RANKS, where)
+        targets = [f"rank{i}" for i in range(ranks)]
     else:
         targets = ["leader", "follower", *(f"c{i + 1}" for i in range(shape.replicas))]
     if kind in NET_KINDS:

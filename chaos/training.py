@@ -72,6 +72,8 @@ class LearnerKillReport:
     """The newest complete checkpoint when the rank was killed."""
     step_at_kill: int | None = None
     resumed_step: int | None = None
+    killed_at: float | None = None
+    """time.monotonic() of the SIGKILL."""
     recovery_s: float | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     invariants: dict[str, invariants.Verdict] = field(default_factory=dict)
@@ -192,7 +194,7 @@ class LearnerKill:
         report.checkpoint_step = newest_checkpoint_step(self.run_dir)
         report.step_at_kill = int(self._status().get("version", before["version"]))
         os.kill(report.killed_pid, signal.SIGKILL)
-        killed_at = time.monotonic()
+        killed_at = report.killed_at = time.monotonic()
 
         def recovered() -> bool:
             status = self._status()

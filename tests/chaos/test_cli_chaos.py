@@ -52,7 +52,8 @@ def test_smoke_scenario_holds_every_invariant(tmp_path: Path) -> None:
         assert all(v["held"] for v in report["invariants"].values())
         kinds = [f["kind"] for f in report["faults"]]
         assert kinds == [
-            "kill", "node-kill", "pause", "api-partition", "gpu-xid", "api-delay", "raft-partition"
+            "learner-kill", "kill", "node-kill", "pause", "api-partition", "gpu-xid", "api-delay",
+            "raft-partition",
         ]  # fmt: skip
         for fault in report["faults"]:
             assert fault["recovered"], fault

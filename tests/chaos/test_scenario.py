@@ -57,6 +57,10 @@ def test_defaults_and_params() -> None:
         ("[[faults]]\nkind = 'disk-full'\ntarget = 'c1'\nat = 1", "cannot run yet"),
         ("[[faults]]\nkind = 'gpu-xid'\ntarget = 'n1'\nat = 1", "needs nodes >= 1"),
         ("nodes = 1\n[[faults]]\nkind = 'gpu-xid'\ntarget = 'c1'\nat = 1", "target='c1'"),
+        ("[[faults]]\nkind = 'learner-kill'\ntarget = 'rank2'\nat = 1", "target='rank2'"),
+        ("[[faults]]\nkind = 'learner-kill'\ntarget = 'rank0'\nat = 1\nranks = 9", "ranks=9"),
+        ("[[faults]]\nkind = 'raft-partition'\ntarget = 'all'\nat = 1", "target='all'"),
+        ("invariants = ['fragment_accounting']", "add a learner-kill fault"),
         ("nodes = 1\n[[faults]]\nkind = 'gpu-xid'\ntarget = 'n1'\nat = 1\ngpu = 4", "gpu=4"),
         (
             "nodes = 1\nsim_gpus = 0\n[[faults]]\nkind = 'gpu-xid'\ntarget = 'n1'\nat = 1",
@@ -89,3 +93,11 @@ def test_junk_is_refused_cleanly(data: dict[str, object]) -> None:
         from_dict(data)
     except ScenarioError:
         pass
+
+
+def test_training_invariants_are_checked_by_default_only_with_a_learner_kill() -> None:
+    plain = parse("[[faults]]\nkind = 'raft-partition'\ntarget = 'leader'\nat = 1")
+    assert "fragment_accounting" not in plain.invariants
+    trained = parse("[[faults]]\nkind = 'learner-kill'\ntarget = 'rank1'\nat = 1")
+    assert {"fragment_accounting", "resumed_from_checkpoint"} <= set(trained.invariants)
+    assert trained.faults[0].params == {}
