@@ -9,6 +9,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from shoal.errors import ShoalError
 from shoal.version import __version__
@@ -31,8 +32,16 @@ _COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage mistake ends in one line that names the fix, like every other user error;
+    sub-commands inherit this class through `add_subparsers`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="shoal",
         description="Asynchronous reinforcement-learning training on a cluster.",
     )
