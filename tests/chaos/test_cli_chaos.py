@@ -60,6 +60,10 @@ def test_smoke_scenario_holds_every_invariant(tmp_path: Path) -> None:
             assert fault["injected_at"] is not None
             assert fault["healed_at"] >= fault["injected_at"]
         assert report["operations"] > 100
+        learner = report["faults"][0]
+        assert learner["processes"] == ["learner-1"]
+        assert "trained past step" in learner["detail"]
+        assert "stopped by interrupted" in learner["detail"]
         assert invariants.leaked_processes(run_dir) == []
     finally:
         stop_leftovers(run_dir)
