@@ -138,6 +138,13 @@ ARG_SCHEMAS: dict[str, Schema] = {
         generation={"type": "integer", "minimum": 0},
         message=TEXT,
     ),
+    "migrate_task": _obj(["task_id", "node_id"], task_id=ID, node_id=ID),
+    "abandon_incoming": _obj(
+        ["task_id", "generation", "reason"],
+        task_id=ID,
+        generation={"type": "integer", "minimum": 0},
+        reason=TEXT,
+    ),
     "record_checkpoint": _obj(
         ["job_id", "path", "step", "sha256", "complete"],
         job_id=ID,

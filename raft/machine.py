@@ -20,6 +20,7 @@ from shoal.raft.model import (
     Checkpoint,
     Event,
     Gpu,
+    Incoming,
     Job,
     LeaderRecord,
     Node,
@@ -55,7 +56,8 @@ class StateMachine:
         self.applied: OrderedDict[str, Result] = OrderedDict()
         self.applied_count = 0
         # Derived index node -> task ids (an ordered set), kept so a heartbeat need not scan
-        # every task; it is rebuilt from nothing but placements and left out of the digest.
+        # every task; it is rebuilt from nothing but placements (current and incoming copies)
+        # and left out of the digest.
         self._by_node: dict[str, dict[str, None]] = {}
 
     # -- the one writer -------------------------------------------------------------------
@@ -118,7 +120,16 @@ class StateMachine:
                 old=old,
                 new=node.liveness,
             )
+            if node.liveness == "dead":
+                self._abandon_on(node.id, at)
         return ok(changed=changed)
+
+    def _abandon_on(self, node_id: str, at: float) -> None:
+        """Drop the incoming copies on a dead node: their tasks' current copies keep running."""
+        for task_id in list(self._by_node.get(node_id, ())):
+            task = self.tasks[task_id]
+            if task.incoming is not None and task.incoming.node == node_id:
+                self._abandon(task, task.incoming, at, f"node {node_id} is dead")
 
     def _report_health(self, args: dict[str, Any], at: float) -> Result:
         unknown = []
@@ -205,6 +216,8 @@ class StateMachine:
             for task in self.tasks.values():
                 if task.job_id == job.id and task.state in ("pending", "running"):
                     task.state = "stopped"
+                if task.job_id == job.id and task.incoming is not None:
+                    self._abandon(task, task.incoming, at, f"job {job.id} stopped")
             self._event(at, "job_stopped", f"job {job.id} stopped", job=job.id)
         return ok(job=asdict(job))
 
@@ -230,14 +243,14 @@ class StateMachine:
                 )
         for placement in args["placements"]:
             task = self.tasks[placement["task_id"]]
+            if task.incoming is not None:
+                self._abandon(task, task.incoming, at, "the task was placed anew")
             if task.state in ("failed", "stopped") or (task.node and task.state == "running"):
                 task.restarts += 1
-            if task.node is not None:
-                self._by_node[task.node].pop(task.id, None)
+            self._unindex(task.id, task.node)
             task.node, task.state = placement["node_id"], "pending"
-            if task.node is not None:
-                self._by_node.setdefault(task.node, {})[task.id] = None
-            task.generation += 1
+            self._index(task.id, task.node)
+            task.generation = self._next_generation(task)
             self._event(
                 at,
                 "task_placed",
@@ -248,11 +261,101 @@ class StateMachine:
             )
         return ok(placed=len(args["placements"]))
 
+    def _index(self, task_id: str, node_id: str | None) -> None:
+        if node_id is not None:
+            self._by_node.setdefault(node_id, {})[task_id] = None
+
+    def _unindex(self, task_id: str, node_id: str | None) -> None:
+        if node_id is not None:
+            self._by_node[node_id].pop(task_id, None)
+
+    @staticmethod
+    def _next_generation(task: Task) -> int:
+        task.issued = max(task.issued, task.generation) + 1
+        return task.issued
+
+    def _migrate_task(self, args: dict[str, Any], at: float) -> Result:
+        """Start an incoming copy of a running task on another node; the current copy keeps
+        running until the incoming one reports running (see `_set_task_state`)."""
+        task = self.tasks.get(args["task_id"])
+        if task is None:
+            return refused("not_found", f"no task {args['task_id']!r}", "task_id")
+        node = self.nodes.get(args["node_id"])
+        if node is None:
+            return refused("not_found", f"no node {args['node_id']!r}", "node_id")
+        if node.cordoned or node.liveness == "dead":
+            return refused("conflict", f"node {node.id!r} takes no tasks", "node_id")
+        if self.jobs[task.job_id].state == "stopped":
+            return refused("conflict", f"job {task.job_id!r} is stopped", "task_id")
+        if task.state != "running" or task.node is None:
+            return refused(
+                "conflict",
+                f"task {task.id!r} is {task.state}, not running on a node: place it instead",
+                "task_id",
+            )
+        if task.node == node.id:
+            return refused("conflict", f"task {task.id!r} already runs on {node.id!r}", "node_id")
+        if task.incoming is not None:
+            return refused(
+                "conflict",
+                f"task {task.id!r} is already migrating to {task.incoming.node!r}; wait for it",
+                "task_id",
+            )
+        task.incoming = Incoming(node.id, self._next_generation(task))
+        self._index(task.id, node.id)
+        message = f"started incoming copy on {node.id}"
+        self._migration_event(at, task, task.incoming, message, "started")
+        return ok(task=asdict(task))
+
+    def _abandon_incoming(self, args: dict[str, Any], at: float) -> Result:
+        task = self.tasks.get(args["task_id"])
+        if task is None:
+            return refused("not_found", f"no task {args['task_id']!r}", "task_id")
+        if task.incoming is None or task.incoming.generation != args["generation"]:
+            return refused(
+                "conflict",
+                f"task {task.id!r} has no incoming copy at generation {args['generation']}",
+                "generation",
+            )
+        self._abandon(task, task.incoming, at, args["reason"])
+        return ok(task=asdict(task))
+
+    def _abandon(self, task: Task, incoming: Incoming, at: float, reason: str) -> None:
+        self._migration_event(at, task, incoming, f"abandoned: {reason}", "abandoned")
+        if incoming.node != task.node:
+            self._unindex(task.id, incoming.node)
+        task.incoming = None
+
+    def _promote(self, task: Task, incoming: Incoming, at: float) -> None:
+        source = task.node
+        message = f"promoted (the copy on {source} stops)"
+        self._migration_event(at, task, incoming, message, "promoted")
+        self._unindex(task.id, source)
+        task.node, task.generation, task.incoming = incoming.node, incoming.generation, None
+        task.state, task.message = "running", ""
+        self._index(task.id, task.node)
+
+    def _migration_event(
+        self, at: float, task: Task, incoming: Incoming, message: str, phase: str
+    ) -> None:
+        self._event(
+            at,
+            "migration",
+            f"task {task.id}: {message}",
+            task=task.id,
+            phase=phase,
+            source=task.node,
+            target=incoming.node,
+            generation=incoming.generation,
+        )
+
     def _set_task_state(self, args: dict[str, Any], at: float) -> Result:
         task = self.tasks.get(args["task_id"])
         if task is None:
             return refused("not_found", f"no task {args['task_id']!r}", "task_id")
         generation = args.get("generation", task.generation)
+        if task.incoming is not None and generation == task.incoming.generation:
+            return self._incoming_state(task, task.incoming, args, at)
         if generation != task.generation:
             return refused(
                 "conflict",
@@ -263,6 +366,20 @@ class StateMachine:
         self._event(
             at, "task_state", f"task {task.id} {task.state}", task=task.id, state=task.state
         )
+        return ok(task=asdict(task))
+
+    def _incoming_state(
+        self, task: Task, incoming: Incoming, args: dict[str, Any], at: float
+    ) -> Result:
+        """A state report of the incoming copy: running promotes it, an end drops it."""
+        state = args["state"]
+        if state == "running":
+            self._promote(task, incoming, at)
+        elif state == "pending":
+            incoming.state = state
+        else:
+            why = args.get("message", "") or "no reason given"
+            self._abandon(task, incoming, at, f"the incoming copy {state}: {why}")
         return ok(task=asdict(task))
 
     # -- checkpoints, events, leadership ------------------------------------------------------
@@ -343,6 +460,8 @@ _HANDLERS: dict[str, Callable[[StateMachine, dict[str, Any], float], Result]] = 
     "add_tasks": StateMachine._add_tasks,
     "place_tasks": StateMachine._place_tasks,
     "set_task_state": StateMachine._set_task_state,
+    "migrate_task": StateMachine._migrate_task,
+    "abandon_incoming": StateMachine._abandon_incoming,
     "record_checkpoint": StateMachine._record_checkpoint,
     "add_event": StateMachine._add_event,
     "announce_leader": StateMachine._announce_leader,

@@ -1,8 +1,9 @@
 """The records ClusterState holds: plain typed data, JSON-able with `dataclasses.asdict`.
 
 Times are seconds since the epoch, stamped by the replica that proposed the command (never read
-from a clock while applying). Assignments are not stored as records: `Task.node` is the only
-placement, and the machine's node -> task ids index is derived from placements alone.
+from a clock while applying). Assignments are not stored as records: `Task.node` (the current
+copy) and `Task.incoming.node` (a make-before-break migration's new copy) are the placements,
+and the machine's node -> task ids index is derived from them alone.
 """
 
 from __future__ import annotations
@@ -52,6 +53,16 @@ class TaskResources:
 
 
 @dataclass
+class Incoming:
+    """The new copy of a task being migrated make-before-break: it runs beside the current
+    copy, under its own generation, until it reports running (promoted) or fails (dropped)."""
+
+    node: str
+    generation: int
+    state: str = "pending"
+
+
+@dataclass
 class Task:
     id: str
     job_id: str
@@ -64,6 +75,10 @@ class Task:
     restarts: int = 0
     generation: int = 0
     message: str = ""
+    incoming: Incoming | None = None
+    issued: int = 0
+    """The highest generation ever handed out, so an abandoned incoming copy's generation is
+    never reused and its late reports stay stale."""
 
 
 @dataclass

@@ -54,8 +54,9 @@ LEARNER_KIND = "learner-rank"
 """The task kind of a learner rank (shoal.tasks.PROCESS_KIND; raft/ may not import shoal/)."""
 ACTIVE = ("pending", "running")
 PLACEMENT_MODES = ("auto", "manual")
-"""A job's `spec.placement`: "auto" jobs are the scheduler's; "manual" ones (the default, so a
-task placed by hand through /v1/placements stays where it was put) are never moved by it."""
+"""A job's `spec.placement`: "auto" jobs (the default: a job submitted without the field is
+scheduled) are the scheduler's; "manual" ones, whose tasks are placed by hand through
+/v1/placements, are never placed or moved by it."""
 MB = 1 << 20
 BATCH_SIZE = 256
 """Commands per committed batch: a placement event is under 1 KB, the limit is 1 MiB."""
@@ -75,6 +76,12 @@ class TaskInfo:
     gpus: int
     auto: bool
     """The job's `spec.placement` is "auto": the scheduler places, moves and re-places it."""
+    running: bool = False
+    """Its current copy reported running: a move of a rollout actor is then make-before-break."""
+    migrating: bool = False
+    """An incoming copy is starting elsewhere: the task is not moved again until it resolves."""
+    next_generation: int = 1
+    """The generation the machine hands out next (to a re-placement or an incoming copy)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +153,7 @@ def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int,
     """Convert the machine's records (under its lock) into frozen scheduler inputs."""
     nodes = {n.id: n for n in m.nodes.values()}
     running = {
-        j.id: j.spec.get("placement", "manual") for j in m.jobs.values() if j.state != "stopped"
+        j.id: j.spec.get("placement", "auto") for j in m.jobs.values() if j.state != "stopped"
     }
     tasks = {
         t.id: _task_info(t, running[t.job_id] == "auto")
@@ -193,6 +200,9 @@ def _task_info(t: RaftTask, auto: bool) -> TaskInfo:
         math.ceil(t.resources.memory / MB),
         int(t.resources.gpus),
         auto,
+        t.state == "running",
+        t.incoming is not None,
+        max(t.issued, t.generation) + 1,
     )
 
 
@@ -258,7 +268,7 @@ def _reservations(
                     cpus=take_cpus,
                     memory_mb=take_mem,
                     group=t.job if t.learner else "",
-                    movable=t.auto and not t.learner,
+                    movable=t.auto and not t.learner and not t.migrating,
                 )
             )
     return tuple(out)
@@ -446,14 +456,25 @@ def _balance(inputs: Inputs, memory: Memory, now: float, config: BalancerConfig)
         commands.append(_event("balance", d.reason, (d, stamp), fields))
     for mig in plan.migrations:
         t = inputs.tasks[mig.task]
-        move = [{"task_id": mig.task, "node_id": mig.target}]
-        move_id = op_id(mig.task, t.generation, mig.target)
-        commands.append(Command("place_tasks", {"placements": move}, move_id))
-        memory.gpus[mig.task] = (mig.target, t.generation + 1, mig.gpus)
+        move_id, move = _move(t, mig.target)
+        commands.append(move)
+        memory.gpus[mig.task] = (mig.target, t.next_generation, mig.gpus)
         fields = {"task": mig.task, "source": mig.source, "target": mig.target}
         event_key = ("migration", mig.task, t.generation)
         commands.append(_event("migration", mig.reason, event_key, fields, move_id))
     return commands
+
+
+def _move(t: TaskInfo, target: str) -> tuple[str, Command]:
+    """A running rollout actor moves make-before-break (an incoming copy starts on `target`
+    and the current one stops once it runs); a learner rank, or a task not yet running, is
+    re-placed outright (a rank only moves at a checkpoint boundary, so it resumes from it)."""
+    if t.running and not t.learner:
+        move_id = op_id("migrate", t.id, t.next_generation, target)
+        return move_id, Command("migrate_task", {"task_id": t.id, "node_id": target}, move_id)
+    move_id = op_id(t.id, t.generation, target)
+    placements = [{"task_id": t.id, "node_id": target}]
+    return move_id, Command("place_tasks", {"placements": placements}, move_id)
 
 
 # -- the loop ------------------------------------------------------------------------------------
@@ -512,8 +533,8 @@ class SchedulerLoop:
                 applied.add(command.op_id)
                 continue
             log.warning("scheduler %s refused: %s", command.op, outcome["message"])
-            for p in command.args.get("placements", ()):
-                self.memory.gpus.pop(p["task_id"], None)
+            for p in command.args.get("placements", [command.args]):
+                self.memory.gpus.pop(p.get("task_id", ""), None)
         await self._batch([c for c in commands if c.op == "add_event" and c.needs in applied])
 
     async def _batch(self, commands: list[Command]) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """The node agent: registers the node, heartbeats with its health, runs what the coordinator
 assigns, reports task states, and drains on request.
 
-The heartbeat reply lists every task placed on this node with its generation, so the agent's
-watch IS the heartbeat: each reply is reconciled against what runs here (`plan`, pure), so an
+The heartbeat reply lists every task placed on this node with its generation (for a task
+migrating here make-before-break, its incoming copy's generation), so the agent's watch IS
+the heartbeat: each reply is reconciled against what runs here (`plan`, pure), so an
 assignment starts within one heartbeat interval. Reports carry the generation the task was
 started under; the coordinator refuses a stale one (the task moved), which is then dropped.
 Coordinators that do not answer are retried with growing pauses and one log line per try;
@@ -247,7 +248,11 @@ class NodeAgent:
                 continue
             backoff.reset()
             try:
-                self._assigned = [TaskSpec.from_record(t) for t in reply["tasks"]]
+                self._assigned = [
+                    spec
+                    for record in reply["tasks"]
+                    for spec in TaskSpec.copies_for(record, self.node_id)
+                ]
                 self._assigned_fresh.set()
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("a heartbeat reply without a valid task list (%r): %s", exc, reply)

@@ -68,6 +68,20 @@ class TaskSpec:
             args=dict(record.get("args") or {}),
         )
 
+    @classmethod
+    def copies_for(cls, record: dict[str, Any], node_id: str) -> list[TaskSpec]:
+        """The copies of a listed task that `node_id` runs: the current one if it is placed
+        here, and a make-before-break migration's incoming one (its own generation, pending
+        until it reports) if that is here. The coordinator never puts both on one node."""
+        out = []
+        if record.get("node", node_id) == node_id:
+            out.append(cls.from_record(record))
+        incoming = record.get("incoming")
+        if isinstance(incoming, dict) and incoming.get("node") == node_id:
+            copy = {**record, "generation": incoming["generation"], "state": incoming["state"]}
+            out.append(cls.from_record(copy))
+        return out
+
     @property
     def active(self) -> bool:
         """Whether the coordinator wants this task to run (pending or running)."""

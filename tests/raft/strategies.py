@@ -102,6 +102,10 @@ args_by_op: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         {"task_id": task_ids, "state": st.sampled_from(TASK_STATES)},
         optional={"generation": st.integers(0, 3), "message": st.text(max_size=8)},
     ),
+    "migrate_task": st.fixed_dictionaries({"task_id": task_ids, "node_id": node_ids}),
+    "abandon_incoming": st.fixed_dictionaries(
+        {"task_id": task_ids, "generation": st.integers(0, 4), "reason": st.text(max_size=8)}
+    ),
     "record_checkpoint": st.fixed_dictionaries(
         {
             "job_id": job_ids,

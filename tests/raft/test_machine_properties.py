@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from shoal.raft.commands import ARG_SCHEMAS, validate_command
 from shoal.raft.errors import ValidationError
 from shoal.raft.machine import StateMachine
+from shoal.raft.model import Task
 
 from .strategies import any_command, args_by_op, json_value, op_ids, stamps
 
@@ -55,15 +56,21 @@ def test_derived_assignments_match_task_placements(log: list[dict[str, Any]]) ->
         machine.apply(entry)
     assignments = machine.assignments()
     for node_id in machine.nodes:
-        expected = {t.id for t in machine.tasks.values() if t.node == node_id}
+        expected = {t.id for t in machine.tasks.values() if node_id in _copies(t)}
         assert sorted(assignments[node_id]) == sorted(expected)
     placed = sorted(t for ids in assignments.values() for t in ids)
-    assert placed == sorted(t.id for t in machine.tasks.values() if t.node is not None)
+    assert placed == sorted(t.id for t in machine.tasks.values() for _ in _copies(t))
     assert all(t.node in machine.nodes for t in machine.tasks.values() if t.node is not None)
     assert all(t.job_id in machine.jobs for t in machine.tasks.values())
     seqs = [e.seq for e in machine.events]
     assert seqs == sorted(seqs)
     assert len(set(seqs)) == len(seqs)
+
+
+def _copies(task: Task) -> list[str]:
+    """The nodes holding a copy of `task`: its current node and a migration's incoming one."""
+    nodes = [] if task.node is None else [task.node]
+    return nodes + ([] if task.incoming is None else [task.incoming.node])
 
 
 def _mutate(args: dict[str, Any], key: str | None, value: Any) -> dict[str, Any]:
