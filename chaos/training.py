@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,10 @@ class LearnerKill:
     def _status(self) -> dict[str, Any]:
         return read_json(self.run_dir / f"status-{self.cfg.rank}.json") or {}
 
-    def _wait(self, proc: subprocess.Popen[bytes], within: float, what: str, ready: Any) -> Any:
+    def _wait(
+        self, proc: subprocess.Popen[bytes], within: float, what: str, ready: Callable[[], Any]
+    ) -> Any:
+        """Poll `ready` until it returns something true; the run exiting first is a FaultError."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             if proc.poll() is not None:

@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 
 from shoal.chaos import invariants
+from shoal.chaos.errors import ChaosError, FaultError
 from shoal.chaos.raftnet import RaftMesh
+from shoal.chaos.runner import run_scenario
+from shoal.chaos.scenario import parse
 from shoal.chaos.workload import make_client
 from shoal.local import LocalCluster, coordinator_specs
 
@@ -138,3 +141,30 @@ def test_each_replica_whatever_its_address_is_cut_off_both_ways(tmp_path: Path) 
         asyncio.run(main())
     finally:
         cluster.stop_all()
+
+
+def test_a_raft_partition_needs_replicas_that_bind_behind_a_proxy(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "run")
+    cluster.create(coordinator_specs(cluster.run_dir, 3))
+    scenario = parse("[[faults]]\nkind = 'raft-partition'\ntarget = 'leader'\nat = 1")
+    with pytest.raises(ChaosError, match=r"coordinator_specs\(\.\.\., raft_bind=True\)"):
+        run_scenario(scenario, cluster)
+    assert all(cluster.pid(s.name) is None for s in cluster.specs())
+    with pytest.raises(ChaosError, match="c1 binds its advertised Raft address itself"):
+        asyncio.run(RaftMesh(cluster).start(cluster.specs()))
+
+
+def test_partitioning_a_replica_that_is_not_running_is_refused(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "run")
+    cluster.create(coordinator_specs(cluster.run_dir, 3, raft_bind=True))
+
+    async def main() -> None:
+        mesh = RaftMesh(cluster)
+        try:
+            await mesh.start(cluster.specs())
+            with pytest.raises(FaultError, match="c2 is not running"):
+                mesh.isolate("c2")
+        finally:
+            await mesh.close()
+
+    asyncio.run(main())
