@@ -77,7 +77,11 @@ def make_machine(replica: InProcessReplica) -> type[RuleBasedStateMachine]:
                 }
                 for i in range(ntasks)
             ]
-            status, _ = self.call("POST", "/v1/jobs", {"job_id": job_id, "tasks": tasks})
+            status, _ = self.call(
+                "POST",
+                "/v1/jobs",
+                {"job_id": job_id, "spec": {"placement": "manual"}, "tasks": tasks},
+            )
             if job_id in self.jobs:
                 assert status == 409
                 return

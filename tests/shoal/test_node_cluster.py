@@ -165,7 +165,7 @@ async def alive(client: CoordinatorClient, node: str) -> bool:
 async def submit_and_place(
     client: CoordinatorClient, job_id: str, node: str, tasks: list[dict[str, Any]]
 ) -> None:
-    await client.submit_job(spec={"test": True}, tasks=tasks, job_id=job_id)
+    await client.submit_job(spec={"test": True, "placement": "manual"}, tasks=tasks, job_id=job_id)
     await client.place_tasks({t["task_id"]: node for t in tasks})
 
 

@@ -253,7 +253,9 @@ def test_a_node_daemon_serves_node_gpu_task_and_heartbeat_metrics(
 
     async def place() -> None:
         async with CoordinatorClient(local.api_urls(), local.token) as client:
-            await client.submit_job(spec={"test": True}, tasks=[task], job_id="metrics-job")
+            await client.submit_job(
+                spec={"test": True, "placement": "manual"}, tasks=[task], job_id="metrics-job"
+            )
             await client.place_tasks({"metrics-echo": NODE})
 
     asyncio.run(place())
