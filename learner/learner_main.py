@@ -43,7 +43,7 @@ from shoal.learner.group import GroupSpec, LearnerGroup
 from shoal.learner.policy import ActorCritic
 from shoal.learner.ppo import PPOLearner
 from shoal.runtime.actor import Actor
-from shoal.runtime.errors import ActorError, WireError
+from shoal.runtime.errors import ActorError, MailboxFull, WireError
 from shoal.runtime.ref import ActorRef
 
 log = logging.getLogger("shoal.learner")
@@ -186,8 +186,10 @@ class LearnerCore:
         for actor_id, ref in list(self.actors.items()):
             try:
                 ref.tell_nowait.set_weights(self.version, self.published)
+            except MailboxFull:
+                continue  # its link is busy: it gets the next version instead
             except (ActorError, WireError) as exc:
-                # It re-registers when its next push fails; until then it keeps acting.
+                # Its next push reply says it is unregistered, so it registers again.
                 log.info("dropping rollout actor %s from publishing: %s", actor_id, exc)
                 del self.actors[actor_id]
 
@@ -248,7 +250,12 @@ class LearnerActor(Actor):
             return {"incarnation": core.incarnation, "admission": "rejected", "error": str(exc)}
         core.record(fragment)
         admission = await core.intake.put(fragment)
-        return {"incarnation": core.incarnation, "admission": admission.value}
+        registered = fragment.actor_id in core.actors
+        return {
+            "incarnation": core.incarnation,
+            "admission": admission.value,
+            "registered": registered,
+        }
 
     def status(self) -> dict[str, Any]:
         return self.core.status()

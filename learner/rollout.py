@@ -316,14 +316,20 @@ class RolloutActor(Actor):
             collector.set_weights(*pending)
 
     async def _push(self, learner: ActorRef, fragment: Fragment) -> bool:
-        """Send one fragment; False when the learner is gone or is a new incarnation."""
+        """Send one fragment; False when the learner is gone, a new incarnation, or no longer
+        publishing weights to this actor."""
         try:
             reply = await learner.ask(timeout=PUSH_TIMEOUT_S).push_fragment(fragment.to_wire())
         except (ActorError, WireError) as exc:
             log.warning("push to %s failed (%s); registering again", self.spec.learner_path, exc)
             return False
         self.pushed += 1
-        return isinstance(reply, dict) and reply.get("incarnation") == self._incarnation
+        # A new learner incarnation, or one that stopped sending us weights: register again.
+        return (
+            isinstance(reply, dict)
+            and reply.get("incarnation") == self._incarnation
+            and reply.get("registered", True) is True
+        )
 
     async def _register(self, collector: Collector, learner: ActorRef) -> None:
         """Register until the learner answers; adopt its weights, version and incarnation."""
