@@ -336,6 +336,51 @@ def test_a_moved_rank_stops_on_its_old_node_and_starts_on_the_new_one(cluster: C
     assert wait_for_file(Path(f"{base}.g1")).startswith("terminated")  # the old rank's checkpoint
 
 
+def test_a_migration_starts_the_new_copy_before_it_stops_the_old_one(cluster: Cluster) -> None:
+    base = cluster.tmp / "mbb"
+    task = {
+        "task_id": "rank-mbb",
+        "kind": "learner-rank",
+        "actor": "test_node_tasks:sleeper",
+        "args": {"argv": [str(base)]},
+    }
+    migrate = {"op": "migrate_task", "args": {"task_id": "rank-mbb", "node_id": "n2"}}
+
+    async def body(client: CoordinatorClient) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        await submit_and_place(client, "job-mbb", "n1", [task])
+        await task_in(client, "rank-mbb", "running")
+        await asyncio.to_thread(wait_for_file, Path(f"{base}.g1.pid"))
+        since = int((await client.events(since=0, limit=1))["last_seq"])
+        assert (await client.batch([migrate]))[0]["ok"]
+        await asyncio.to_thread(wait_for_file, Path(f"{base}.g2.pid"))
+
+        async def promoted() -> dict[str, Any] | None:
+            # looked at BEFORE the consistent read, so a stop seen here preceded that read
+            old_stopped = await asyncio.to_thread(Path(f"{base}.g1").exists)
+            params = {"consistent": True}
+            task = dict(await client.request("GET", "/v1/tasks/rank-mbb", params=params))
+            if task["node"] == "n1":
+                assert not old_stopped, "the old copy stopped before the new one ran"
+                return None
+            return task
+
+        moved = await eventually(promoted)
+        await asyncio.to_thread(wait_for_file, Path(f"{base}.g1"))
+
+        async def logged() -> list[dict[str, Any]] | None:
+            events = (await client.events(since=since))["events"]
+            mine = [e for e in events if e["kind"] == "migration"]
+            return mine if len(mine) >= 2 else None
+
+        return moved, await eventually(logged)
+
+    moved, events = run(cluster, body)
+    assert (moved["generation"], moved["incoming"]) == (2, None)
+    assert [e["fields"]["phase"] for e in events] == ["started", "promoted"]
+    assert events[0]["message"] == "task rank-mbb: started incoming copy on n2"
+    assert not Path(f"{base}.g2").exists()  # the new copy still runs
+
+
 def test_a_report_made_while_every_coordinator_is_down_arrives_later(cluster: Cluster) -> None:
     base = cluster.tmp / "outage"
     task = {
