@@ -61,6 +61,11 @@ class Cluster:
     def events(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.get("/v1/events?limit=1000")["events"] if e["kind"] == kind]
 
+    def migrations(self, phase: str | None) -> list[dict[str, Any]]:
+        """The scheduler's migration decisions (phase None), or the state machine's events of
+        one make-before-break phase ("started", "promoted", "abandoned")."""
+        return [e for e in self.events("migration") if e["fields"].get("phase") == phase]
+
     def sim(self, node: str) -> SimGpuBackend:
         return SimGpuBackend.attach(self.local.run_dir / "data" / node / "simgpu.json")
 
@@ -110,6 +115,13 @@ def running_on(tasks: dict[str, dict[str, Any]]) -> dict[str, str] | None:
     return None
 
 
+def moved_to(tasks: dict[str, dict[str, Any]], task: str, target: str) -> dict[str, str] | None:
+    """task -> node once every task runs and `task` runs on `target` (a make-before-break move
+    leaves the task running on its source until the target's copy runs)."""
+    where = running_on(tasks)
+    return where if where is not None and where[task] == target else None
+
+
 @pytest.fixture(scope="module")
 def job(cluster: Cluster) -> dict[str, str]:
     """A job of ROLLOUTS rollout actors (1 GPU each), submitted once; task -> node once running."""
@@ -150,7 +162,7 @@ def test_an_overloaded_node_sheds_a_task_with_the_reason(
     try:
         moved = wait_for(
             "a migration off n1",
-            lambda: [e for e in cluster.events("migration") if e["fields"]["source"] == "n1"],
+            lambda: [e for e in cluster.migrations(None) if e["fields"]["source"] == "n1"],
             90,
             cluster,
         )
@@ -165,12 +177,17 @@ def test_an_overloaded_node_sheds_a_task_with_the_reason(
     assert any(e["fields"]["node"] == "n1" and "gpu_util" in e["message"] for e in overloaded)
     after = wait_for(
         "the moved task running on its target",
-        lambda: running_on(cluster.tasks("job")),
+        lambda: moved_to(cluster.tasks("job"), task, target),
         30,
         cluster,
     )
     assert after[task] == target
     assert cluster.tasks("job")[task]["generation"] == before[task]["generation"] + 1
+    # make-before-break: the copy on the target ran before the one on n1 was let go
+    started = [e for e in cluster.migrations("started") if e["fields"]["task"] == task]
+    promoted = [e for e in cluster.migrations("promoted") if e["fields"]["task"] == task]
+    assert started[0]["message"] == f"task {task}: started incoming copy on {target}"
+    assert promoted[0]["seq"] > started[0]["seq"]
     print(f"\nmigration decided {decided:.1f} s after n1's GPUs went to 100%")
 
 
@@ -225,7 +242,7 @@ def test_an_xid_cordons_the_node_and_moves_its_tasks(cluster: Cluster, job: dict
         return all(tasks[t]["node"] != node and tasks[t]["state"] == "running" for t in on_node)
 
     wait_for(f"{node}'s tasks running elsewhere", moved, 90, cluster)
-    reasons = [e["message"] for e in cluster.events("migration") if e["fields"]["source"] == node]
+    reasons = [e["message"] for e in cluster.migrations(None) if e["fields"]["source"] == node]
     assert reasons
     assert all(f"drain {node}" in r and "XID" in r for r in reasons)
 
