@@ -176,3 +176,26 @@ def test_labels_parse_and_bad_ones_are_refused() -> None:
     assert parse_labels(["rack=r1", "zone=a=b"]) == {"rack": "r1", "zone": "a=b"}
     with pytest.raises(ConfigError, match="write KEY=VALUE"):
         parse_labels(["rack"])
+
+
+RECORD = {"id": "t", "kind": "rollout", "actor": "m:A", "node": "a", "generation": 3}
+
+
+@given(st.sampled_from(["a", "b", "c"]), st.sampled_from(["a", "b", "c", None]))
+def test_a_node_runs_exactly_the_copies_placed_on_it(me: str, incoming: str | None) -> None:
+    record = {
+        **RECORD,
+        "state": "running",
+        "incoming": None
+        if incoming is None
+        else {"node": incoming, "generation": 5, "state": "pending"},
+    }
+    copies = {(s.generation, s.state) for s in TaskSpec.copies_for(record, me)}
+    expected = {(3, "running")} if me == "a" else set()
+    expected |= {(5, "pending")} if incoming == me else set()
+    assert copies == expected
+
+
+def test_a_record_without_placement_fields_is_this_nodes() -> None:
+    record = {key: value for key, value in RECORD.items() if key != "node"}
+    assert [s.key for s in TaskSpec.copies_for(record, "z")] == [("t", 3)]
