@@ -189,6 +189,14 @@ class TrainConfig:
             raise ConfigError(
                 f"hidden = {list(self.hidden)!r} is invalid: list positive layer widths"
             )
+        if self.total_actors < self.learner.ranks:
+            # Each rank trains only on the fragments of its own actors; a rank with none would
+            # wait in the gradient all-reduce for ever.
+            raise ConfigError(
+                f"learner.ranks = {self.learner.ranks} is invalid with {self.total_actors} "
+                "rollout actor(s) (rollout.workers × rollout.actors_per_worker): give every rank "
+                "at least one actor"
+            )
 
     @property
     def total_actors(self) -> int:

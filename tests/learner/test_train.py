@@ -114,6 +114,18 @@ def test_bad_flag_values_are_config_errors(capsys: pytest.CaptureFixture[str]) -
     assert "rollout.workers = 0 is invalid" in capsys.readouterr().err
 
 
+def test_more_ranks_than_rollout_actors_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "r"
+    assert (
+        main(["train", "cartpole", "--ranks", "2", "--workers", "1", "--run-dir", str(run_dir)])
+        == 2
+    )
+    assert "learner.ranks = 2 is invalid with 1 rollout actor(s)" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
 def test_environment_overrides_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     from shoal.cli import build_parser
     from shoal.commands.train import build_config
