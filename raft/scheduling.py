@@ -155,12 +155,12 @@ def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int,
     running = {
         j.id: j.spec.get("placement", "auto") for j in m.jobs.values() if j.state != "stopped"
     }
+    live = {nid for nid, n in nodes.items() if n.liveness != "dead"}
     tasks = {
-        t.id: _task_info(t, running[t.job_id] == "auto")
+        t.id: _task_info(t, running[t.job_id] == "auto", live)
         for t in sorted(m.tasks.values(), key=lambda t: t.id)
         if t.state in ACTIVE and t.job_id in running
     }
-    live = {nid for nid, n in nodes.items() if n.liveness != "dead"}
     pending = tuple(t.id for t in tasks.values() if t.auto and t.node not in live)
     held = tuple(t.id for t in tasks.values() if not t.auto and t.node not in live)
     bad = tuple(sorted((j, str(v)) for j, v in running.items() if v not in PLACEMENT_MODES))
@@ -189,13 +189,18 @@ def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int,
     )
 
 
-def _task_info(t: RaftTask, auto: bool) -> TaskInfo:
+def _task_info(t: RaftTask, auto: bool, live: set[str]) -> TaskInfo:
+    """A task whose node died while its incoming copy starts on a live node holds its place
+    there: that copy is promoted when it runs, so re-placing the task would only undo it."""
+    node = t.node
+    if node not in live and t.incoming is not None and t.incoming.node in live:
+        node = t.incoming.node
     return TaskInfo(
         t.id,
         t.job_id,
         t.kind == LEARNER_KIND,
         t.generation,
-        t.node,
+        node,
         float(t.resources.cpus),
         math.ceil(t.resources.memory / MB),
         int(t.resources.gpus),

@@ -234,6 +234,28 @@ def test_the_scheduler_relieves_an_overloaded_node_make_before_break() -> None:
     assert (task.node, task.incoming) == ("b", None)
 
 
+def test_when_the_old_node_dies_mid_migration_the_incoming_copy_takes_over() -> None:
+    m = StateMachine()
+    for name in NODES:
+        add_node(m, name, gpus=0)
+    submit(m, "job", rollouts=1)
+    memory = Memory()
+    one_round(m, memory)
+    task = m.tasks["job-r0"]
+    source = task.node
+    assert source is not None
+    run(m, "set_task_state", {"task_id": task.id, "state": "running"})
+    target = next(n for n in NODES if n != source)
+    assert run(m, "migrate_task", {"task_id": task.id, "node_id": target})["ok"]
+    run(m, "set_liveness", {"changes": [{"node_id": source, "liveness": "dead"}]})
+    assert one_round(m, memory, 1001.0) == []  # not re-placed: the incoming copy is on its way
+    assert task.incoming is not None
+    report = {"task_id": task.id, "state": "running", "generation": task.incoming.generation}
+    assert run(m, "set_task_state", report)["ok"]
+    assert (task.node, task.incoming) == (target, None)
+    assert m.tasks_on(source) == []
+
+
 def test_a_job_without_a_placement_mode_is_scheduled() -> None:
     m = StateMachine()
     add_node(m, "a")
