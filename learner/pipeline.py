@@ -61,10 +61,10 @@ class PipelineConfig:
     """Steps per environment per PPO fragment."""
     eval_episodes: int = 32
     held_out: tuple[str, ...] = ()
+    """Environment ids the final policy is also evaluated on, never trained on (generalisation)."""
     torch_threads: int = 1
     """torch threads for the run (restored after): a small MLP is fastest on one; two ran
     several times slower on a busy 2-core machine."""
-    """Environment ids the final policy is also evaluated on, never trained on (generalisation)."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
 
     def __post_init__(self) -> None:
