@@ -40,6 +40,7 @@ from shoal.learner.config import TrainConfig
 from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
 from shoal.learner.group import GroupSpec, LearnerGroup
+from shoal.learner.job_metrics import MetricsTarget, post_forever, post_once
 from shoal.learner.policy import ActorCritic
 from shoal.learner.ppo import PPOLearner
 from shoal.runtime.actor import Actor
@@ -316,8 +317,16 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
             return
 
 
-async def serve(cfg: TrainConfig, env_id: str, run_dir: Path, port: int, spec: GroupSpec) -> int:
-    """Run one rank until it is told to stop; returns the exit status."""
+async def serve(
+    cfg: TrainConfig,
+    env_id: str,
+    run_dir: Path,
+    port: int,
+    spec: GroupSpec,
+    metrics: MetricsTarget | None = None,
+) -> int:
+    """Run one rank until it is told to stop; returns the exit status. Rank 0 posts
+    `job_metrics` events to `metrics`' coordinators meanwhile, when given."""
     from shoal.runtime.system import ActorSystem
     from shoal.runtime.transport import TransportConfig, attach
 
@@ -353,7 +362,19 @@ async def serve(cfg: TrainConfig, env_id: str, run_dir: Path, port: int, spec: G
                     "resumed_from": None if resumed is None else str(resumed.path),
                 },
             )
-            await train(core, stopping)
+            poster = (
+                asyncio.ensure_future(post_forever(metrics, core.status, cfg.target_window))
+                if metrics is not None and group.is_leader
+                else None
+            )
+            try:
+                await train(core, stopping)
+            finally:
+                if poster is not None:
+                    poster.cancel()
+                    await asyncio.gather(poster, return_exceptions=True)
+            if metrics is not None and group.is_leader:
+                await post_once(metrics, core.status(), cfg.target_window)
             if group.is_leader:
                 info = core.save_checkpoint(block=True)
                 append_event(run_dir, {"event": "stop", "rank": group.rank, "step": info.step})
@@ -387,7 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = json.loads((args.run_dir / "job.json").read_text())
         cfg = load(TrainConfig, job["config"], source=str(args.run_dir / "job.json"), environ={})
-        return run(serve(cfg, job["env_id"], args.run_dir, args.port, GroupSpec.from_env()))
+        entry = job.get("coordinator")
+        metrics = None if entry is None else MetricsTarget.from_job(entry)
+        spec = GroupSpec.from_env()
+        return run(serve(cfg, job["env_id"], args.run_dir, args.port, spec, metrics))
     except ShoalError as exc:
         print(f"shoal-learner: error: {exc}", file=sys.stderr)
         return 2

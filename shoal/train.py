@@ -34,6 +34,7 @@ from shoal.errors import ShoalError
 from shoal.progress import ProgressLine, si
 
 if TYPE_CHECKING:
+    from shoal.cluster_train import Coordinators
     from shoal.learner.config import TrainConfig
 
 POLL_S = 0.05
@@ -73,6 +74,8 @@ class TrainResult:
     report_html: str | None = None
     eval_mean_return: float | None = None
     intake: dict[str, int] = field(default_factory=dict)
+    job_id: str | None = None
+    """The coordinator job the run was, when it ran through a cluster."""
 
 
 @dataclass
@@ -201,8 +204,17 @@ class LocalRun:
                     }
                 )
             workers.append(specs)
-        job = {"env_id": self.env_id, "config": asdict(cfg), "workers": workers}
+        job = {
+            "env_id": self.env_id,
+            "config": asdict(cfg),
+            "workers": workers,
+            **self._job_extra(),
+        }
         (self.run_dir / "job.json").write_text(json.dumps(job, indent=1))
+
+    def _job_extra(self) -> dict[str, Any]:
+        """More keys for job.json (a cluster run adds where rank 0 posts its metrics)."""
+        return {}
 
     def _pace_share(self) -> float:
         """Each actor's share of the fragments its rank trains on per version (0: unpaced)."""
@@ -275,6 +287,10 @@ class LocalRun:
             )
         child.starts += 1
         (self.run_dir / "pids" / f"{child.name}.pid").write_text(f"{child.proc.pid}\n")
+
+    def _launch(self) -> None:
+        for child in (*self.learners, *self.rollouts):
+            self._start(child)
 
     def _signal(self, children: list[_Child], signum: int) -> None:
         for child in children:
@@ -395,8 +411,7 @@ class LocalRun:
         stopped_by = "error"
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            for child in (*self.learners, *self.rollouts):
-                self._start(child)
+            self._launch()
             while True:
                 time.sleep(POLL_S)
                 self._check_children()
@@ -551,8 +566,10 @@ def train(
     progress: ProgressLine | None = None,
     evaluate_at_end: bool = True,
     on_poll: Callable[[LocalRun], None] | None = None,
+    coordinators: Coordinators | None = None,
 ) -> TrainResult:
-    """Run `cfg` (a TrainConfig) locally to its target or limit; checkpoint, evaluate, report."""
+    """Run `cfg` (a TrainConfig) to its target or limit; checkpoint, evaluate, report. With
+    `coordinators`, the processes are a job on that cluster; otherwise children of this one."""
     import torch
 
     from shoal.envs import registry
@@ -564,7 +581,13 @@ def train(
     if cfg.learner.backend == "nccl" and not torch.cuda.is_available():
         raise TrainError("learner.backend = 'nccl' needs CUDA, which this machine lacks")
     run_dir = make_run_dir(runs_root, env_id) if run_dir is None else _fresh_dir(run_dir)
-    local = LocalRun(cfg, env_id, run_dir, progress=progress, on_poll=on_poll)
+    local: LocalRun
+    if coordinators is None:
+        local = LocalRun(cfg, env_id, run_dir, progress=progress, on_poll=on_poll)
+    else:
+        from shoal.cluster_train import ClusterRun
+
+        local = ClusterRun(cfg, env_id, run_dir, coordinators, progress=progress, on_poll=on_poll)
     result = local.run()
     if progress is not None:
         progress.close()

@@ -31,6 +31,21 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--run-dir", type=Path, help="run directory (reusing one resumes it)")
     parser.add_argument("--no-eval", action="store_true", help="skip the final evaluation")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--cluster",
+        type=Path,
+        metavar="RUN_DIR",
+        help="run as a job on the local cluster in RUN_DIR (default: the one `shoal status` "
+        "shows, if it is up)",
+    )
+    where.add_argument(
+        "--coordinators", help="run as a job on the cluster at these API URLs (comma-separated)"
+    )
+    where.add_argument(
+        "--embedded", action="store_true", help="run here even when a local cluster is up"
+    )
+    parser.add_argument("--token-file", type=Path, help="the API token file for --coordinators")
     parser.set_defaults(func=run)
 
 
@@ -64,13 +79,45 @@ def build_config(args: argparse.Namespace) -> Any:
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
+def find_coordinators(args: argparse.Namespace) -> Any:
+    """The cluster to run on (Coordinators), or None for the embedded run."""
+    from shoal.cluster_train import Coordinators, find_cluster
+    from shoal.errors import ConfigError
+    from shoal.local import default_run_dir
+
+    if args.coordinators is not None:
+        if args.token_file is None:
+            raise ConfigError("--coordinators needs --token-file (the cluster's api-token file)")
+        urls = [u.strip() for u in args.coordinators.split(",") if u.strip()]
+        return Coordinators(urls, args.token_file)
+    if args.token_file is not None:
+        raise ConfigError("--token-file goes with --coordinators; --cluster reads its own token")
+    if args.embedded:
+        return None
+    if args.cluster is not None:
+        found = find_cluster(args.cluster)
+        if found is None:
+            raise ConfigError(
+                f"--cluster {args.cluster}: no running cluster there; start one with `shoal up`"
+            )
+        return found
+    return find_cluster(default_run_dir())
+
+
 def run(args: argparse.Namespace) -> int:
     from shoal.progress import ProgressLine
     from shoal.train import train
 
     cfg = build_config(args)
+    coordinators = find_coordinators(args)
     progress = None if args.quiet else ProgressLine()
-    result = train(cfg, run_dir=args.run_dir, progress=progress, evaluate_at_end=not args.no_eval)
+    result = train(
+        cfg,
+        run_dir=args.run_dir,
+        progress=progress,
+        evaluate_at_end=not args.no_eval,
+        coordinators=coordinators,
+    )
     verdict = "solved" if result.solved else f"not solved ({result.stopped_by})"
     final = "-" if result.final_return is None else f"{result.final_return:.1f}"
     print(
@@ -79,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"run dir:    {result.run_dir}")
     print(f"checkpoint: {result.checkpoint or '-'}")
+    if result.job_id:
+        print(f"job:        {result.job_id}")
     if result.report:
         print(f"report:     {result.report}")
         print(f"html:       {result.report_html}")

@@ -1,0 +1,88 @@
+"""`shoal train` through a real local cluster: one coordinator replica and one node daemon as
+real processes; the run is a coordinator job whose tasks the leader places and the node runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal.cli import main
+from shoal.local import LocalCluster, coordinator_specs, node_specs
+from shoal.raft.client import CoordinatorClient
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path / "cluster")
+    specs = coordinator_specs(local.run_dir, 1)
+    specs += node_specs(local.run_dir, [s.api_url for s in specs if s.api_url], 1, 0)
+    local.create(specs)
+    try:
+        local.start_all()
+        local.wait_ready(timeout=60)
+        local.wait_nodes(1, timeout=60)
+        yield local
+    finally:
+        local.stop_all()
+
+
+def _api(local: LocalCluster) -> dict[str, Any]:
+    async def read() -> dict[str, Any]:
+        async with CoordinatorClient(local.api_urls(), local.token) as client:
+            return {
+                "jobs": await client.jobs(),
+                "tasks": await client.tasks(),
+                "events": (await client.events(limit=1000))["events"],
+                "checkpoints": await client.checkpoints(),
+            }
+
+    return asyncio.run(read())
+
+
+def test_train_runs_as_a_placed_job_and_stops_it(
+    cluster: LocalCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = [
+        "train", "cartpole", "--cluster", str(cluster.run_dir), "--run-dir", str(run_dir),
+        "--time-limit", "40", "--target-return", "60", "--workers", "1", "--quiet", "--json",
+        "--checkpoint-interval", "2",
+    ]  # fmt: skip
+    code = main(argv)
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code in (0, 1)
+    assert summary["env_steps"] > 0
+    assert summary["solved"] or summary["final_return"] is not None
+    job_id = summary["job_id"]
+    assert job_id
+    assert summary["checkpoint"]
+    assert summary["eval_mean_return"] is not None
+
+    seen = _api(cluster)
+    job = next(j for j in seen["jobs"] if j["id"] == job_id)
+    assert job["state"] == "stopped"
+    assert job["spec"]["placement"] == "auto"
+    tasks = {t["id"]: t for t in seen["tasks"] if t["job_id"] == job_id}
+    assert set(tasks) == {f"{job_id}-learner-0", f"{job_id}-rollout-0"}
+    assert all(t["node"] == "n1" and t["state"] == "stopped" for t in tasks.values())
+    placed = {e["fields"].get("task") for e in seen["events"] if e["kind"] == "placement"}
+    assert set(tasks) <= placed
+    recorded = [c for c in seen["checkpoints"] if c["job_id"] == job_id]
+    assert recorded
+    assert recorded[-1]["path"] == summary["checkpoint"]
+    # Rank 0 posts every few seconds and once more when it stops.
+    metrics = [e["fields"] for e in seen["events"] if e["kind"] == "job_metrics"]
+    assert metrics
+    assert all(f["job"] == job_id for f in metrics)
+    assert metrics[-1]["step"] > 0
+    assert {"loss_total", "loss_policy", "loss_value", "sps"} <= set(metrics[-1])
+    # The ranks and workers are gone: the node ran them, and they all exited.
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "stop" for e in events)
