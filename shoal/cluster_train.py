@@ -16,6 +16,7 @@ reason.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -93,6 +94,35 @@ def job_tasks(
         for w, argv in enumerate(rollouts)
     ]
     return tasks
+
+
+def started_pids(lines: list[str], job_id: str) -> set[int]:
+    """The pids of the processes that announced their start (events.jsonl lines) after job
+    `job_id` was submitted; lines that are not such events are skipped."""
+    pids: set[int] = set()
+    after = False
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if event.get("event") == "submitted":
+            after = event.get("job") == job_id
+            pids.clear()
+        elif after and event.get("event") == "start" and isinstance(event.get("pid"), int):
+            pids.add(event["pid"])
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie awaiting its parent's wait counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def find_cluster(run_dir: Path) -> Coordinators | None:
@@ -195,11 +225,11 @@ class ClusterRun(LocalRun):
         append_event(self.run_dir, {"event": "stop_timeout", "job": self.job_id})
 
     def _processes_gone(self) -> bool:
-        """The coordinator marks tasks stopped at once; the ranks exit (and rank 0 writes its
-        final checkpoint) a moment later, which the `stop` event in events.jsonl tells."""
+        """The coordinator marks tasks stopped at once; the processes exit (rank 0 after its
+        final checkpoint) a moment later. They run on this host: wait for their pids."""
         events = self.run_dir / "events.jsonl"
-        text = events.read_text() if events.exists() else ""
-        return '"event": "stop"' in text.rsplit('"event": "submitted"', 1)[-1]
+        lines = events.read_text().splitlines() if events.exists() else []
+        return not any(_alive(pid) for pid in started_pids(lines, self.job_id))
 
     def _result(self, stopped_by: str, wall_s: float) -> TrainResult:
         result = super()._result(stopped_by, wall_s)

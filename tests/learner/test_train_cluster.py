@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,25 +14,26 @@ from typing import Any
 import pytest
 
 from shoal.cli import main
-from shoal.local import LocalCluster, coordinator_specs, node_specs
+from shoal.cluster_train import started_pids
+from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "cluster")
-    specs = coordinator_specs(local.run_dir, 1)
-    specs += node_specs(local.run_dir, [s.api_url for s in specs if s.api_url], 1, 0)
-    local.create(specs)
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """`shoal up --replicas 1 --nodes 1`, found by `shoal train` as `shoal status` finds it."""
+    run_dir = tmp_path / "cluster"
+    monkeypatch.setenv("SHOAL_RUN_DIR", str(run_dir))
+    local = LocalCluster(run_dir)
     try:
-        local.start_all()
-        local.wait_ready(timeout=60)
-        local.wait_nodes(1, timeout=60)
+        assert main(["up", "--replicas", "1", "--nodes", "1", "--timeout", "60"]) == 0
         yield local
     finally:
-        local.stop_all()
+        if (run_dir / "cluster.json").exists():
+            local.stop_all()
+    assert all(local.pid(s.name) is None for s in local.specs())
 
 
 def _api(local: LocalCluster) -> dict[str, Any]:
@@ -51,7 +54,7 @@ def test_train_runs_as_a_placed_job_and_stops_it(
 ) -> None:
     run_dir = tmp_path / "run"
     argv = [
-        "train", "cartpole", "--cluster", str(cluster.run_dir), "--run-dir", str(run_dir),
+        "train", "cartpole", "--run-dir", str(run_dir),
         "--time-limit", "40", "--target-return", "60", "--workers", "1", "--quiet", "--json",
         "--checkpoint-interval", "2",
     ]  # fmt: skip
@@ -83,6 +86,20 @@ def test_train_runs_as_a_placed_job_and_stops_it(
     assert all(f["job"] == job_id for f in metrics)
     assert metrics[-1]["step"] > 0
     assert {"loss_total", "loss_policy", "loss_value", "sps"} <= set(metrics[-1])
-    # The ranks and workers are gone: the node ran them, and they all exited.
+    # The node ran the rank and the worker, and both exited before `shoal train` returned.
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "stop" for e in events)
+    pids = started_pids([json.dumps(e) for e in events], job_id)
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10  # the node reaps its exited children a moment later
+    while any(_exists(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_exists(pid) for pid in pids)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

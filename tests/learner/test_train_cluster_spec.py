@@ -21,6 +21,7 @@ from shoal.cluster_train import (
     Coordinators,
     find_cluster,
     job_tasks,
+    started_pids,
 )
 from shoal.errors import ConfigError
 from shoal.learner.errors import LearnerError
@@ -176,3 +177,25 @@ def test_unreachable_coordinators_are_one_clear_error(
         assert main(argv) == 2
     err = capsys.readouterr().err
     assert "refused or did not answer" in err
+
+
+starts = st.lists(
+    st.one_of(
+        st.builds(lambda p: {"event": "start", "process": "learner", "pid": p}, st.integers(1, 99)),
+        st.builds(lambda j: {"event": "submitted", "job": j}, st.sampled_from(["a", "b"])),
+        st.just({"event": "checkpoint", "step": 1}),
+    ),
+    max_size=20,
+)
+
+
+@given(events=starts, noise=st.lists(st.text(max_size=5), max_size=3))
+def test_started_pids_are_those_after_the_latest_submission_of_the_job(
+    events: list[dict[str, Any]], noise: list[str]
+) -> None:
+    lines = [json.dumps(e) for e in events] + noise
+    marks = [i for i, e in enumerate(events) if e["event"] == "submitted"]
+    expected: set[int] = set()
+    if marks and events[marks[-1]]["job"] == "a":
+        expected = {e["pid"] for e in events[marks[-1] :] if e["event"] == "start"}
+    assert started_pids(lines, "a") == expected
