@@ -3,6 +3,7 @@ clear errors for a bad coordinator entry, bad flags or no cluster where one was 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import socket
@@ -25,7 +26,7 @@ from shoal.cluster_train import (
 )
 from shoal.errors import ConfigError
 from shoal.learner.errors import LearnerError
-from shoal.learner.job_metrics import MetricsTarget, loss_name, metrics_fields
+from shoal.learner.job_metrics import MetricsTarget, loss_name, metrics_fields, post_once
 
 words = st.lists(st.text("abc-_0123", min_size=1, max_size=6), max_size=4)
 envs = st.dictionaries(st.sampled_from(["SHOAL_GROUP_RANK", "A", "B"]), st.text(max_size=4))
@@ -199,3 +200,15 @@ def test_started_pids_are_those_after_the_latest_submission_of_the_job(
     if marks and events[marks[-1]]["job"] == "a":
         expected = {e["pid"] for e in events[marks[-1] :] if e["event"] == "start"}
     assert started_pids(lines, "a") == expected
+
+
+@pytest.mark.timeout(30)
+def test_a_post_to_an_unreachable_coordinator_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, never listening: the connection is refused
+        target = MetricsTarget("j", [f"http://127.0.0.1:{sock.getsockname()[1]}"], "token")
+        status = {"version": 3, "returns": [1.0], "sps": 5.0, "metrics": {"loss": 0.5}}
+        asyncio.run(post_once(target, status, 10))
+    assert "could not post job_metrics" in caplog.text
