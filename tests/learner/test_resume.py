@@ -20,7 +20,7 @@ def test_sigkilled_learner_resumes_from_its_newest_checkpoint(tmp_path: Path) ->
     cfg = replace(
         TrainConfig(),
         target_return=1e9,
-        max_env_steps=40_000,
+        max_env_steps=150_000,  # room to resume and train on after both kills, however fast
         time_limit_s=150.0,
         checkpoint=CheckpointConfig(interval_s=1.0),
         eval=EvalConfig(episodes=1),
