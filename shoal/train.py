@@ -21,7 +21,6 @@ import math
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ShoalError
+from shoal.local import free_port
 from shoal.progress import ProgressLine, si
 
 if TYPE_CHECKING:
@@ -89,13 +89,6 @@ class _Child:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (a child binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _die_with_parent() -> None:

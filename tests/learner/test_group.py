@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
 from shoal.learner.group import GroupError, GroupSpec, LearnerGroup, assign, resolve_backend
+from shoal.local import free_port
 
 # One learner rank: a shared init seed, rank-specific data, grad_sync, one SGD step.
 _RANK_SCRIPT = textwrap.dedent(
@@ -46,17 +46,11 @@ _RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.timeout(120)
 def test_two_rank_gloo_group_averages_gradients(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(_RANK_SCRIPT)
-    port = _free_port()
+    port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for rank in range(2):
@@ -104,7 +98,7 @@ def test_group_of_one_needs_no_rendezvous() -> None:
 
 @pytest.mark.timeout(30)
 def test_join_times_out_with_a_clear_error_when_peers_never_come() -> None:
-    spec = GroupSpec(rank=1, world_size=2, port=_free_port(), backend="gloo", timeout_s=1)
+    spec = GroupSpec(rank=1, world_size=2, port=free_port(), backend="gloo", timeout_s=1)
     with pytest.raises(GroupError, match="could not join"):
         LearnerGroup(spec).join()
 

@@ -6,22 +6,16 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from shoal.local import free_port
 from shoal.raft.config import CoordinatorConfig
 from shoal.raft.coordinator import Coordinator
 
 TOKEN = "test-token-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class InProcessReplica:
