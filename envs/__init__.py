@@ -14,10 +14,12 @@ from shoal.envs.errors import (
     RegistrationError,
     UnknownEnvironment,
 )
+from shoal.envs.plugins import PluginError, load_plugins
 from shoal.envs.registry import EnvSpec, Registry, default_registry, list, make, register, spec
 from shoal.envs.vector import VectorEnvironment, VectorRunner, VectorStep, make_vector
 
 register_builtins(default_registry)
+load_plugins()  # after the built-ins: a plugin may build on them, never shadow them
 
 __all__ = [
     "BaseEnvironment",
@@ -26,6 +28,7 @@ __all__ = [
     "EnvSpec",
     "InvalidAction",
     "InvalidEnvironmentId",
+    "PluginError",
     "RegistrationError",
     "Registry",
     "UnknownEnvironment",
