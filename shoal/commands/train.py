@@ -31,6 +31,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--run-dir", type=Path, help="run directory (reusing one resumes it)")
     parser.add_argument("--no-eval", action="store_true", help="skip the final evaluation")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="run the four-stage pipeline here instead (demonstrations, distillation, PPO, "
+        "evaluation); a job.toml target gives its [pipeline] table",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--cluster",
@@ -104,8 +110,40 @@ def find_coordinators(args: argparse.Namespace) -> Any:
     return find_cluster(default_run_dir())
 
 
+# flags of the PPO job that the pipeline has no use for: an error, not silently ignored
+NOT_FOR_PIPELINE = ("time_limit", "target_return", "max_env_steps", "workers", "envs", "ranks",
+                    "checkpoint_interval", "cluster", "coordinators", "token_file")  # fmt: skip
+
+
+def run_pipeline_verb(args: argparse.Namespace) -> int:
+    from shoal.errors import ConfigError
+    from shoal.train_pipeline import pipeline_config
+    from shoal.train_pipeline import run as run_stages
+
+    given = [name for name in NOT_FOR_PIPELINE if getattr(args, name) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(
+            f"{flag} does not apply to --pipeline; set the pipeline's settings in a job.toml "
+            "[pipeline] table"
+        )
+    cfg = pipeline_config(str(args.target), args.seed)
+    summary = run_stages(cfg, args.run_dir, lambda line: print(line, flush=True))
+    print(f"run dir:       {summary['run_dir']}")
+    print(f"pipeline.json: {summary['pipeline_json']}")
+    print(f"report:        {summary['report']}")
+    print(f"html:          {summary['report_html']}")
+    if args.json:
+        print(json.dumps(summary, allow_nan=False))
+    sys.stdout.flush()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from shoal.progress import ProgressLine
+
+    if args.pipeline:
+        return run_pipeline_verb(args)
     from shoal.train import train
 
     cfg = build_config(args)

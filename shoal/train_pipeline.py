@@ -1,0 +1,194 @@
+"""`shoal train --pipeline`: the four-stage pipeline (demonstrations → distillation → PPO →
+evaluation) from the command line, its config from an env id or a job.toml's [pipeline] table.
+
+The pipeline itself reports nothing while it runs; it rewrites pipeline.json after every stage,
+so a watcher thread reads that file and prints each stage's line as soon as the stage is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from shoal.errors import ConfigError
+from shoal.learner.pipeline import PipelineConfig, run_pipeline
+
+STAGES = ("demonstrations", "pretrain", "ppo", "evaluation")
+# the metrics worth one line per stage; the rest stay in pipeline.json
+SHOWN: dict[str, tuple[str, ...]] = {
+    "demonstrations": ("steps", "episodes", "teacher_mean_return"),
+    "pretrain": ("accuracy", "cross_entropy", "value_mse"),
+    "ppo": ("env_steps", "updates", "mean_return_last20"),
+    "evaluation": ("final.mean_return", "pretrained.mean_return", "final.success_rate"),
+}
+WATCH_EVERY_S = 0.5
+
+
+def is_job_file(target: str) -> bool:
+    return target.endswith(".toml") or Path(target).is_file()
+
+
+def pipeline_config(
+    target: str, seed: int | None, environ: Mapping[str, str] | None = None
+) -> PipelineConfig:
+    """PipelineConfig from an env id or a job.toml's [pipeline] table, SHOAL_* overrides, --seed."""
+    from shoal.config import load
+
+    if is_job_file(target):
+        table = _pipeline_table(Path(target))
+        if "env_id" not in table:
+            raise ConfigError(
+                f'{target}: [pipeline] has no env_id; add one, e.g. env_id = "GridWorld-v1"'
+            )
+        mapping, source = table, f"{target} [pipeline]"
+    else:
+        mapping, source = {"env_id": target}, "command line"
+    if seed is not None:
+        mapping = {**mapping, "seed": seed}
+    return load(PipelineConfig, mapping, source=source, environ=environ)
+
+
+def _pipeline_table(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file; pass an existing TOML job file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
+    table = data.get("pipeline")
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{path}: no [pipeline] table; --pipeline reads its settings from one "
+            "(see docs/pipeline.md)"
+        )
+    return table
+
+
+def default_run_dir(env_id: str, root: Path = Path("runs")) -> Path:
+    """runs/<UTC timestamp>-pipeline-<env>[-n], never an existing directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    base = root / f"{stamp}-pipeline-{env_id.replace('/', '_').replace(':', '_')}"
+    run_dir, n = base, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = base.with_name(f"{base.name}-{n}")
+    return run_dir
+
+
+def _metric(metrics: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = metrics
+    for key in dotted.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+def stage_line(stage: Mapping[str, Any]) -> str:
+    """One human line for a recorded stage: its number, name, time and headline metrics."""
+    name = str(stage.get("name", "?"))
+    number = STAGES.index(name) + 1 if name in STAGES else 0
+    metrics = stage.get("metrics") or {}
+    shown = ", ".join(f"{key} {_number(_metric(metrics, key))}" for key in SHOWN.get(name, ()))
+    wall = float(stage.get("wall_s") or 0.0)
+    return f"stage {number}/{len(STAGES)} {name:<14} {wall:7.2f}s  {shown}".rstrip()
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN/inf float replaced by None, so it serialises as strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+class StageWatcher:
+    """Calls `emit` once per stage as pipeline.json records it (from a thread, or by `poll`)."""
+
+    def __init__(self, manifest: Path, emit: Callable[[dict[str, Any]], None]) -> None:
+        self.manifest = manifest
+        self.emit = emit
+        self.seen = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="stage-watcher", daemon=True)
+
+    def poll(self) -> None:
+        with self._lock:
+            stages = self._read()
+            for stage in stages[self.seen :]:
+                self.emit(stage)
+            self.seen = max(self.seen, len(stages))
+
+    def _read(self) -> list[dict[str, Any]]:
+        # written atomically (rename), so a read sees a whole file or none
+        try:
+            return list(json.loads(self.manifest.read_text()).get("stages", []))
+        except (FileNotFoundError, ValueError):
+            return []
+
+    def _loop(self) -> None:
+        while not self._stop.wait(WATCH_EVERY_S):
+            self.poll()
+
+    def __enter__(self) -> StageWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the thread, then catch up: the last stage (or the one before a failure)."""
+        self._stop.set()
+        self._thread.join()
+        self.poll()
+
+
+def outputs_of(manifest: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
+    """Absolute paths of the evaluation reports a finished run wrote, by output name."""
+    for stage in manifest.get("stages", []):
+        if stage.get("name") == "evaluation":
+            return {k: str(run_dir / v["path"]) for k, v in stage.get("outputs", {}).items()}
+    return {}
+
+
+def run(cfg: PipelineConfig, run_dir: Path | None, emit: Callable[[str], None]) -> dict[str, Any]:
+    """Run the pipeline, emitting each stage's line as it lands; the JSON-safe summary."""
+    root = default_run_dir(cfg.env_id) if run_dir is None else run_dir
+    manifest_path = root / "pipeline.json"
+    started = time.perf_counter()
+    with StageWatcher(manifest_path, lambda stage: emit(stage_line(stage))):
+        manifest = run_pipeline(cfg, root)
+    reports = outputs_of(manifest, root)
+    return finite(
+        {
+            "env_id": cfg.env_id,
+            "seed": cfg.seed,
+            "run_dir": str(root),
+            "pipeline_json": str(manifest_path),
+            "report": reports.get("final_json"),
+            "report_html": reports.get("final_html"),
+            "pretrained_report": reports.get("pretrained_json"),
+            "wall_s": time.perf_counter() - started,
+            "stages": [
+                {"name": s["name"], "wall_s": s["wall_s"], "metrics": s["metrics"]}
+                for s in manifest["stages"]
+            ],
+        }
+    )
