@@ -13,6 +13,8 @@ from typing import Any
 
 from shoal.chaos.history import Operation
 from shoal.chaos.linearizability import KeyValueModel, check
+from shoal.learner.errors import LearnerError
+from shoal.learner.seqranges import SeqRanges, ranges_by_actor
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,148 @@ def fragment_accounting(intakes: Sequence[dict[str, int]]) -> Verdict:
         f"{len(intakes)} ranks: {received} fragments received, each counted once "
         f"({trained} trained, {dropped} dropped as stale)",
     )
+
+
+SHOWN_PROBLEMS = 5
+
+
+def fragment_ledger(
+    rollouts: Sequence[dict[str, Any]],
+    learners: Sequence[dict[str, Any]],
+    final_checkpoint: dict[str, Any] | None = None,
+) -> Verdict:
+    """Every fragment a rollout actor had acknowledged is accounted for exactly once, across
+    learner restarts (issue #7).
+
+    Inputs are what the run wrote: each rollout actor's ledger (`sent` ranges; `acked`, per
+    learner incarnation, per admission), each learner incarnation's ledger (`final` once it
+    stopped in order; `base`, the resumed checkpoint's trained ranges; `trained`, `stale`,
+    `duplicate`, `queued`), and the final checkpoint's `trained_ranges`.
+
+    The effective history is the final incarnations' `base` plus what they trained. Each
+    acknowledged seq is then exactly one of: trained (in the effective history), dropped as
+    stale (by any incarnation, or so admitted), a duplicate, refused by a closing learner,
+    rolled back (acknowledged by a dead incarnation and not in the checkpoint its successor
+    resumed from: work since the last checkpoint, the loss the issue allows), or queued at the
+    final stop. A seq trained in the effective history and also dropped, one both trained and
+    dropped by one incarnation, an acknowledged seq of a final incarnation in none of these, or
+    a final checkpoint that disagrees with the effective history is reported by actor and seq.
+    Seqs sent but never acknowledged were in flight at a kill or the stop, and are counted.
+    """
+    try:
+        return _ledger_verdict(rollouts, learners, final_checkpoint)
+    except (LearnerError, KeyError, TypeError) as exc:
+        return Verdict(False, f"malformed accounting ledger: {exc!r}")
+
+
+def _union(ledgers: Sequence[dict[str, Any]], *kinds: str) -> dict[str, SeqRanges]:
+    out: dict[str, SeqRanges] = {}
+    for ledger in ledgers:
+        for kind in kinds:
+            for actor, seqs in ranges_by_actor(ledger.get(kind, {})).items():
+                out.setdefault(actor, SeqRanges()).update(seqs)
+    return out
+
+
+def _ledger_verdict(
+    rollouts: Sequence[dict[str, Any]],
+    learners: Sequence[dict[str, Any]],
+    final_checkpoint: dict[str, Any] | None,
+) -> Verdict:
+    finals = [ledger for ledger in learners if ledger.get("final")]
+    if not finals:
+        return Verdict(False, "no learner incarnation wrote a final ledger: the run never stopped")
+    final_ids = {str(ledger["incarnation"]) for ledger in finals}
+    effective = _union(finals, "base", "trained")
+    dropped = _union(learners, "stale")
+    queued = _union(finals, "queued")
+    empty = SeqRanges()
+    problems: list[str] = []
+    for ledger in learners:
+        trained, stale = _union([ledger], "trained"), _union([ledger], "stale")
+        for actor, seqs in trained.items():
+            both = [s for s in stale.get(actor, empty) if s in seqs]
+            problems += [
+                f"actor {actor} seq {s} both trained and dropped as stale by learner "
+                f"incarnation {ledger['incarnation']}"
+                for s in both
+            ]
+    for actor, seqs in effective.items():
+        problems += [
+            f"actor {actor} seq {s} both trained (effective history) and dropped as stale"
+            for s in dropped.get(actor, empty)
+            if s in seqs
+        ]
+    if final_checkpoint is not None:
+        saved = ranges_by_actor(final_checkpoint)
+        for actor in sorted(set(saved) | set(effective)):
+            if saved.get(actor, empty) != effective.get(actor, empty):
+                problems.append(
+                    f"actor {actor}: the final checkpoint holds {saved.get(actor, empty)} but the "
+                    f"final incarnations' history is {effective.get(actor, empty)}"
+                )
+    counts = dict.fromkeys(
+        ("trained", "stale", "duplicate", "refused", "rolled back", "queued", "in flight"), 0
+    )
+    for rollout in rollouts:
+        actor = str(rollout["actor_id"])
+        acked_all = SeqRanges()
+        for incarnation, kinds in rollout.get("acked", {}).items():
+            for admission, seqs in ranges_by_actor(kinds).items():
+                acked_all.update(seqs)
+                for seq in seqs:
+                    fate = _fate(
+                        seq,
+                        admission,
+                        incarnation in final_ids,
+                        effective.get(actor, empty),
+                        dropped.get(actor, empty),
+                        queued.get(actor, empty),
+                    )
+                    if fate is None:
+                        problems.append(
+                            f"actor {actor} seq {seq} acknowledged ({admission}) by final "
+                            f"incarnation {incarnation} is neither trained, dropped nor queued"
+                        )
+                    else:
+                        counts[fate] += 1
+        counts["in flight"] += sum(
+            1 for s in SeqRanges.from_json(rollout.get("sent", [])) if s not in acked_all
+        )
+    if problems:
+        more = len(problems) - SHOWN_PROBLEMS
+        tail = f"; and {more} more" if more > 0 else ""
+        return Verdict(False, "; ".join(problems[:SHOWN_PROBLEMS]) + tail)
+    shown = ", ".join(f"{n} {fate}" for fate, n in counts.items())
+    return Verdict(
+        True,
+        f"{len(rollouts)} rollout actors, {len(learners)} learner incarnations: every "
+        f"acknowledged fragment accounted once ({shown})",
+    )
+
+
+def _fate(
+    seq: int,
+    admission: str,
+    final: bool,
+    effective: SeqRanges,
+    dropped: SeqRanges,
+    queued: SeqRanges,
+) -> str | None:
+    """What became of one acknowledged seq, or None if nothing accounts for it."""
+    if seq in effective:
+        return "trained"
+    if seq in dropped or admission == "stale":
+        return "stale"
+    if admission == "duplicate":
+        return "duplicate"
+    if admission in ("rejected", "closed"):
+        return "refused"
+    if not final:
+        return "rolled back"
+    if seq in queued:
+        return "queued"
+    return None
 
 
 def resumed_from_checkpoint(

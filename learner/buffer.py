@@ -8,6 +8,8 @@ a version the learner has not reached: a leftover from before a restart) is drop
 never silently. Every fragment an actor sends is accounted exactly once, by the
 actor's sequence numbers: trained on, dropped as stale, dropped as a duplicate, or still queued;
 a jump in sequence numbers is counted as lost in transit. The chaos checker reads these counters.
+Beside the counts, `ledger()` names the numbers themselves (as compact ranges), so a checker can
+follow one fragment across a learner restart (see `fragment_ledger` in chaos/invariants.py).
 
 The counting core (`offer`, `take`, `set_version`) is synchronous and pure; `put` and `get` add
 waiting on top for the learner's event loop. All methods run on that one loop's thread.
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 from shoal.learner.errors import LearnerError
 from shoal.learner.fragment import Fragment
+from shoal.learner.seqranges import SeqRanges, ranges_json
 
 
 class IntakeFull(LearnerError):
@@ -64,6 +67,9 @@ class Intake:
         self.max_staleness = max_staleness
         self.version = 0
         self.accounts: dict[str, ActorAccount] = {}
+        self.trained_seqs: dict[str, SeqRanges] = {}
+        self.stale_seqs: dict[str, SeqRanges] = {}
+        self.duplicate_seqs: dict[str, SeqRanges] = {}
         self._queue: deque[Fragment] = deque()
         self._queued_steps = 0
         self._changed = asyncio.Event()
@@ -93,11 +99,13 @@ class Intake:
         if fragment.seq < account.next_seq:
             account.received += 1
             account.duplicates += 1
+            _mark(self.duplicate_seqs, fragment)
             return Admission.DUPLICATE
         if self.is_stale(fragment):
             self._advance(account, fragment.seq)
             account.received += 1
             account.dropped_stale += 1
+            _mark(self.stale_seqs, fragment)
             return Admission.STALE
         if len(self._queue) >= self.capacity:
             raise IntakeFull(
@@ -119,8 +127,10 @@ class Intake:
             account = self.accounts[fragment.actor_id]
             if self.is_stale(fragment):
                 account.dropped_stale += 1
+                _mark(self.stale_seqs, fragment)
                 continue
             account.trained += 1
+            _mark(self.trained_seqs, fragment)
             account.trained_steps += fragment.num_steps
             taken.append(fragment)
         self._changed.set()
@@ -137,6 +147,7 @@ class Intake:
             fragment = self._pop()
             if self.is_stale(fragment):
                 self.accounts[fragment.actor_id].dropped_stale += 1
+                _mark(self.stale_seqs, fragment)
                 dropped += 1
             else:
                 kept.append(fragment)
@@ -180,6 +191,19 @@ class Intake:
         del out["next_seq"]
         return out
 
+    def ledger(self) -> dict[str, dict[str, list[list[int]]]]:
+        """Per kind, per actor, the sequence numbers as [lo, hi) ranges: what this intake
+        trained on, dropped as stale, dropped as duplicates, and holds queued right now."""
+        queued: dict[str, SeqRanges] = {}
+        for fragment in self._queue:
+            _mark(queued, fragment)
+        return {
+            "trained": ranges_json(self.trained_seqs),
+            "stale": ranges_json(self.stale_seqs),
+            "duplicate": ranges_json(self.duplicate_seqs),
+            "queued": ranges_json(queued),
+        }
+
     def _pop(self) -> Fragment:
         fragment = self._queue.popleft()
         self.accounts[fragment.actor_id].queued -= 1
@@ -193,3 +217,7 @@ class Intake:
     async def _wait_change(self) -> None:
         self._changed.clear()
         await self._changed.wait()
+
+
+def _mark(seqs: dict[str, SeqRanges], fragment: Fragment) -> None:
+    seqs.setdefault(fragment.actor_id, SeqRanges()).add(fragment.seq)

@@ -9,6 +9,11 @@ advances the policy version and sends the new weights to every registered rollou
 rank publishes to the actors that push to it; rank 0 alone writes checkpoints. Each rank writes
 `status-<rank>.json` (progress for `shoal train`) and appends to `events.jsonl`.
 
+Accounting across restarts: each rank writes `accounting/learner-<rank>-<incarnation>.json`
+(the intake's ledger of sequence numbers, at most every LEDGER_EVERY_S and when it stops), and
+every checkpoint carries `trained_ranges`, per actor the sequence numbers trained on by every
+rank up to it (the resumed checkpoint's plus what the ranks gathered at save time).
+
 SIGUSR1 asks for a checkpoint on demand (rank 0 writes it after the current update).
 SIGTERM or SIGINT stops it gracefully: the current update finishes, the ranks agree to stop
 after the same update, rank 0 writes a final checkpoint, and the process exits 0. On start,
@@ -33,16 +38,18 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from shoal.learner.buffer import Intake
 from shoal.learner.checkpoint import CheckpointInfo, CheckpointManager
 from shoal.learner.config import TrainConfig
 from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
-from shoal.learner.group import GroupSpec, LearnerGroup
+from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
 from shoal.learner.job_metrics import MetricsTarget, post_forever, post_once
 from shoal.learner.policy import ActorCritic
 from shoal.learner.ppo import PPOLearner
+from shoal.learner.seqranges import SeqRanges, ranges_by_actor, ranges_json
 from shoal.runtime.actor import Actor
 from shoal.runtime.errors import ActorError, MailboxFull, WireError
 from shoal.runtime.ref import ActorRef
@@ -51,6 +58,7 @@ log = logging.getLogger("shoal.learner")
 
 LEARNER_NAME = "learner"
 STATUS_EVERY_S = 0.25
+LEDGER_EVERY_S = 1.0
 
 
 class LearnerCore:
@@ -90,7 +98,10 @@ class LearnerCore:
         self.actors: dict[str, ActorRef] = {}
         self.metrics: dict[str, float] = {}
         self.last_checkpoint: CheckpointInfo | None = None
+        self.resumed_from: CheckpointInfo | None = None
+        self.base_ranges: dict[str, SeqRanges] = {}
         self.checkpoint_requested = False
+        self.closed = False  # the final ledger is written: later pushes are refused, not counted
         self.started = time.monotonic()
         self.published: dict[str, np.ndarray] = self.model.get_weights()
 
@@ -109,9 +120,10 @@ class LearnerCore:
         self.trained_steps = int(state["trained_steps"])
         self.episodes = int(state["episodes"])
         self.returns.extend(float(r) for r in state["returns"])
+        self.base_ranges = ranges_by_actor(state.get("trained_ranges", {}))
         self.intake.set_version(self.version)
         self.published = self.model.get_weights()
-        self.last_checkpoint = info
+        self.last_checkpoint = self.resumed_from = info
         return info
 
     def request_checkpoint(self) -> None:
@@ -134,7 +146,44 @@ class LearnerCore:
             raise LearnerError("the PPO learner is not built yet; await make_optimizer first")
         return self._ppo
 
-    def save_checkpoint(self, block: bool = False) -> CheckpointInfo:
+    def gather_trained(self) -> dict[str, SeqRanges]:
+        """Every rank's trained sequence numbers merged with the resumed checkpoint's: what a
+        checkpoint saved now holds. A collective: every rank calls it after the same update."""
+        local = ranges_json(self.intake.trained_seqs)
+        parts: list[Any] = [local]
+        if self.group.world_size > 1:
+            parts = [None] * self.group.world_size
+            try:
+                dist.all_gather_object(parts, local)
+            except RuntimeError as exc:
+                raise GroupError(
+                    f"rank {self.group.rank} could not gather trained ranges (a peer is gone): {exc}"
+                ) from exc
+        merged = {actor: SeqRanges(r.to_json()) for actor, r in self.base_ranges.items()}
+        for part in parts:
+            for actor, ranges in ranges_by_actor(part).items():
+                merged.setdefault(actor, SeqRanges()).update(ranges)
+        return merged
+
+    def ledger(self, final: bool) -> dict[str, Any]:
+        """This incarnation's record for the chaos checker (`fragment_ledger`)."""
+        return {
+            "rank": self.group.rank,
+            "incarnation": self.incarnation,
+            "final": final,
+            "resumed_from": None if self.resumed_from is None else str(self.resumed_from.path),
+            "base": ranges_json(self.base_ranges),
+            **self.intake.ledger(),
+        }
+
+    def write_ledger(self, final: bool = False) -> None:
+        self.closed = final
+        folder = self.run_dir / "accounting"
+        folder.mkdir(exist_ok=True)
+        name = f"learner-{self.group.rank}-{self.incarnation}.json"
+        write_json_atomically(folder / name, self.ledger(final))
+
+    def save_checkpoint(self, trained: dict[str, SeqRanges], block: bool = False) -> CheckpointInfo:
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.ppo.optimizer.state_dict(),
@@ -146,6 +195,7 @@ class LearnerCore:
             "returns": list(self.returns),
             "config": asdict(self.cfg),
             "env_id": self.env_id,
+            "trained_ranges": ranges_json(trained),
         }
         meta: dict[str, str | int | float | bool] = {
             "env_id": self.env_id,
@@ -168,8 +218,9 @@ class LearnerCore:
 
     # -- training side -----------------------------------------------------------------------
 
-    def train_step(self, fragments: list[Fragment], stop: bool) -> bool:
-        """One update (in a worker thread); returns whether the group agreed to stop after it."""
+    def train_step(self, fragments: list[Fragment], stop: bool) -> tuple[bool, bool]:
+        """One update (in a worker thread); returns whether the group agreed to stop after it
+        and whether rank 0 wants a checkpoint (every rank then gathers its trained ranges)."""
         cfg = self.cfg
         if cfg.learner.anneal_lr and cfg.max_env_steps:
             frac = max(0.0, 1.0 - self.env_steps / cfg.max_env_steps)
@@ -177,7 +228,9 @@ class LearnerCore:
         sync = self.group.grad_sync if self.group.world_size > 1 else None
         self.metrics = self.ppo.update(fragments, self.version, sync)
         self.trained_steps += sum(f.num_steps for f in fragments)
-        return self.group.all_agree(stop)
+        agreed = self.group.all_agree(stop)
+        due = self.group.is_leader and (self.schedule.due() or self.checkpoint_requested)
+        return agreed, self.group.all_agree(due)
 
     def publish(self) -> None:
         """Advance the version and send the new weights to every registered rollout actor."""
@@ -216,6 +269,7 @@ class LearnerCore:
             "wall_s": wall,
             "checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint.path),
             "checkpoint_step": None if self.last_checkpoint is None else self.last_checkpoint.step,
+            "ledger": self.intake.ledger(),
         }
 
 
@@ -243,6 +297,8 @@ class LearnerActor(Actor):
     async def push_fragment(self, payload: Any) -> dict[str, Any]:
         """Take one fragment; the reply waits while the intake is full (back-pressure)."""
         core = self.core
+        if core.closed:
+            return {"incarnation": core.incarnation, "admission": "closed", "registered": False}
         try:
             fragment = Fragment.from_wire(payload)
         except BadFragment as exc:
@@ -291,7 +347,7 @@ async def _next_batch(core: LearnerCore, stopping: asyncio.Event) -> list[Fragme
 
 async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
     """The rank's training loop; returns after the update at which the group agreed to stop."""
-    last_status = 0.0
+    last_status = last_ledger = 0.0
     while True:
         if stopping.is_set() and core.group.world_size == 1:
             return
@@ -302,14 +358,21 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
             # Peers may already be in this update's all-reduce: wait for fragments (the
             # rollout workers stop after the learners), train, and stop together after it.
             fragments = await core.intake.get(core.cfg.intake.fragments_per_update)
-        agreed = await asyncio.to_thread(core.train_step, fragments, stopping.is_set())
+        agreed, checkpoint = await asyncio.to_thread(core.train_step, fragments, stopping.is_set())
         core.publish()
-        if core.group.is_leader and (core.schedule.due() or core.checkpoint_requested):
-            reason = "on demand" if core.checkpoint_requested else "periodic"
-            core.checkpoint_requested = False
-            info = core.save_checkpoint()
-            append_event(core.run_dir, {"event": "checkpoint", "step": info.step, "reason": reason})
+        if checkpoint:
+            trained = await asyncio.to_thread(core.gather_trained)
+            if core.group.is_leader:
+                reason = "on demand" if core.checkpoint_requested else "periodic"
+                core.checkpoint_requested = False
+                info = core.save_checkpoint(trained)
+                append_event(
+                    core.run_dir, {"event": "checkpoint", "step": info.step, "reason": reason}
+                )
         now = time.monotonic()
+        if now - last_ledger >= LEDGER_EVERY_S:
+            last_ledger = now
+            core.write_ledger()
         if now - last_status >= STATUS_EVERY_S:
             last_status = now
             write_json_atomically(core.run_dir / f"status-{core.group.rank}.json", core.status())
@@ -375,10 +438,12 @@ async def serve(
                     await asyncio.gather(poster, return_exceptions=True)
             if metrics is not None and group.is_leader:
                 await post_once(metrics, core.status(), cfg.target_window)
+            trained = await asyncio.to_thread(core.gather_trained)
             if group.is_leader:
-                info = core.save_checkpoint(block=True)
+                info = core.save_checkpoint(trained, block=True)
                 append_event(run_dir, {"event": "stop", "rank": group.rank, "step": info.step})
             write_json_atomically(run_dir / f"status-{group.rank}.json", core.status())
+            core.write_ledger(final=True)
         finally:
             await transport.close()
     core.checkpoints.close()

@@ -10,15 +10,23 @@ is collected; a push waits while the learner's intake is full, which is the back
 weights arrive as `set_weights` messages and are adopted between steps, without stopping. When
 the learner restarts (a new incarnation, or a dropped link), the actor registers again and
 adopts the restored weights and version.
+
+With a `ledger_dir`, the actor records which sequence numbers it sent and, per learner
+incarnation and admission, which the learner acknowledged; it writes them to
+`ledger_dir/rollout-<actor id>.json` at most every LEDGER_EVERY_S and when it stops, for the
+chaos checker's cross-restart accounting (`fragment_ledger` in chaos/invariants.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +34,7 @@ import numpy as np
 from shoal.envs.vector import VectorEnvironment
 from shoal.learner.fragment import Fragment
 from shoal.learner.policy import ActorCritic
+from shoal.learner.seqranges import SeqRanges, ranges_json
 from shoal.runtime.actor import Actor
 from shoal.runtime.errors import ActorError, WireError
 from shoal.runtime.ref import ActorRef
@@ -39,6 +48,7 @@ REGISTER_TIMEOUT_S = 10.0
 PACE_TIMEOUT_S = 2.0
 # Steps between yields to the event loop (lets set_weights and transport I/O run).
 YIELD_EVERY_STEPS = 4
+LEDGER_EVERY_S = 1.0
 
 
 class Collector:
@@ -203,8 +213,18 @@ class RolloutActor(Actor):
     process that hosts the actor can exit with an error instead of idling.
     """
 
-    def __init__(self, spec: RolloutSpec, failed: asyncio.Future[None] | None = None) -> None:
+    def __init__(
+        self,
+        spec: RolloutSpec,
+        failed: asyncio.Future[None] | None = None,
+        ledger_dir: Path | None = None,
+    ) -> None:
         self.spec = spec
+        self.ledger_dir = ledger_dir
+        self.sent = SeqRanges()
+        self.acked: dict[str, dict[str, SeqRanges]] = {}
+        """Per learner incarnation, per admission ("accepted", "stale", ...): acknowledged seqs."""
+        self._ledger_written = 0.0
         self._failed = failed
         self._pending: tuple[int, dict[str, np.ndarray]] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -245,6 +265,7 @@ class RolloutActor(Actor):
                 await asyncio.gather(task, return_exceptions=True)
         if self._collector is not None:
             self._collector.env.close()
+            self.write_ledger()
 
     def set_weights(self, version: int, weights: dict[str, np.ndarray]) -> None:
         """Newer weights from the learner; adopted before the next environment step."""
@@ -254,6 +275,27 @@ class RolloutActor(Actor):
         if self._pending is None or version > self._pending[0]:
             self._pending = (version, weights)
             self._weights_arrived.set()
+
+    def ledger(self) -> dict[str, Any]:
+        """What this actor sent and what each learner incarnation acknowledged, as ranges."""
+        collector = self._collector
+        by_incarnation = {inc: ranges_json(kinds) for inc, kinds in self.acked.items()}
+        return {
+            "actor_id": "" if collector is None else collector.actor_id,
+            "sent": self.sent.to_json(),
+            "acked": by_incarnation,
+        }
+
+    def write_ledger(self) -> None:
+        collector = self._collector
+        if self.ledger_dir is None or collector is None:
+            return
+        self._ledger_written = time.monotonic()
+        self.ledger_dir.mkdir(parents=True, exist_ok=True)
+        path = self.ledger_dir / f"rollout-{collector.actor_id}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.ledger()))
+        os.replace(tmp, path)
 
     def stats(self) -> dict[str, Any]:
         collector = self._collector
@@ -291,7 +333,10 @@ class RolloutActor(Actor):
             if self._in_flight is not None and not await self._in_flight:
                 await self._register(collector, learner)
             self._in_flight = asyncio.create_task(self._push(learner, fragment))
+            self.sent.add(fragment.seq)
             self.pacer.produced += 1
+            if time.monotonic() - self._ledger_written >= LEDGER_EVERY_S:
+                self.write_ledger()
             await self._wait_for_turn(collector)
 
     async def _wait_for_turn(self, collector: Collector) -> None:
@@ -324,6 +369,9 @@ class RolloutActor(Actor):
             log.warning("push to %s failed (%s); registering again", self.spec.learner_path, exc)
             return False
         self.pushed += 1
+        if isinstance(reply, dict):
+            kinds = self.acked.setdefault(str(reply.get("incarnation")), {})
+            kinds.setdefault(str(reply.get("admission")), SeqRanges()).add(fragment.seq)
         # A new learner incarnation, or one that stopped sending us weights: register again.
         return (
             isinstance(reply, dict)

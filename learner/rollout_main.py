@@ -63,7 +63,9 @@ async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
         )
         try:
             for spec in specs:
-                await system.spawn(RolloutActor, spec, failed, name=spec.name)
+                await system.spawn(
+                    RolloutActor, spec, failed, run_dir / "accounting", name=spec.name
+                )
             stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
             waits: list[asyncio.Future[Any]] = [stop, failed]
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

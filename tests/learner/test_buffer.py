@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from shoal.learner.buffer import Admission, Intake, IntakeFull
 from shoal.learner.errors import LearnerError
 from shoal.learner.fragment import Fragment
+from shoal.learner.seqranges import SeqRanges
 
 
 def fragment(actor: str = "a", seq: int = 0, version: int = 0, t: int = 2, n: int = 3) -> Fragment:
@@ -159,3 +160,20 @@ def test_every_fragment_is_accounted_exactly_once(ops, capacity: int, staleness:
             )
         assert sum(a.queued for a in intake.accounts.values()) == len(intake)
     assert intake.totals()["trained"] == len(trained)
+    _ledger_matches_counts(intake, trained)
+
+
+def _ledger_matches_counts(intake: Intake, trained: set[tuple[str, int]]) -> None:
+    """The ledger names the very fragments the counters count, each seq in one kind only."""
+    ledger = {
+        k: {a: SeqRanges.from_json(r) for a, r in v.items()} for k, v in intake.ledger().items()
+    }
+    assert {(a, s) for a, r in ledger["trained"].items() for s in r} == trained
+    for actor, account in intake.accounts.items():
+        kinds = {k: set(ledger[k].get(actor, SeqRanges())) for k in ("trained", "stale", "queued")}
+        assert len(kinds["trained"]) == account.trained
+        assert len(kinds["stale"]) == account.dropped_stale
+        assert len(kinds["queued"]) == account.queued
+        assert not kinds["trained"] & kinds["stale"]
+        assert not kinds["queued"] & (kinds["trained"] | kinds["stale"])
+        assert len(ledger["duplicate"].get(actor, SeqRanges())) <= account.duplicates
