@@ -3,7 +3,9 @@ replicas and two node daemons (simulated GPUs) as child processes, a submitted j
 metrics. Chromium is driven over the DevTools protocol (a websocket, via aiohttp), so the test
 waits for what the page shows instead of for a fixed time.
 
-Set SHOAL_DASHBOARD_SCREENSHOT=path to keep the screenshot (docs/dashboard.png is made so).
+The slow test takes the screenshot during a real `shoal train cartpole` run on a cluster started
+by `shoal up`, so the curves are that run's own `job_metrics`. Set SHOAL_DASHBOARD_SCREENSHOT=path
+to keep it (docs/dashboard.png is made so).
 """
 
 from __future__ import annotations
@@ -218,6 +220,67 @@ def test_the_page_shows_nodes_jobs_curves_live_and_keeps_the_token_out_of_the_ur
     png = asyncio.run(body())
     assert png.startswith(b"\x89PNG")
     (tmp_path / "dashboard.png").write_bytes(png)
+    keep = os.environ.get("SHOAL_DASHBOARD_SCREENSHOT")
+    if keep:
+        Path(keep).write_bytes(png)
+
+
+def _shoal(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "shoal", *argv]
+
+
+async def _wait_job_metrics(local: LocalCluster, points: int, timeout: float) -> str:
+    """The id of the first job with at least `points` job_metrics events (the learner posts one
+    every few seconds), waiting up to `timeout` seconds."""
+    async with CoordinatorClient(local.api_urls(), local.token, timeout=20) as client:
+        deadline = time.monotonic() + timeout
+        counts: dict[str, int] = {}
+        since = 0
+        while time.monotonic() < deadline:
+            page = await client.events(since=since, wait=2.0)
+            for event in page["events"]:
+                job = event["fields"].get("job") if event["kind"] == METRICS_KIND else None
+                if job:
+                    counts[job] = counts.get(job, 0) + 1
+            since = max(since, int(page["last_seq"]))
+            ready = [job for job, n in counts.items() if n >= points]
+            if ready:
+                return ready[0]
+    raise AssertionError(f"no job posted {points} job_metrics events in {timeout}s: {counts}")
+
+
+async def _screenshot_job(local: LocalCluster, job_id: str, tmp: Path) -> bytes:
+    async with chromium(tmp) as page:
+        await page.call("Page.enable")
+        await page.call("Page.navigate", url=f"{local.api_urls()[0]}/#token={local.token}")
+        await page.wait_for(f"!!document.querySelector('[data-job=\"{job_id}\"] [data-metric]')")
+        await page.wait_for("document.querySelectorAll('[data-node]').length >= 2")
+        shot = await page.call("Page.captureScreenshot", format="png")
+    return base64.b64decode(shot["data"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_screenshot_during_a_real_training_run_shows_its_curves(tmp_path: Path) -> None:
+    environ = {**os.environ, "SHOAL_RUN_DIR": str(tmp_path / "cluster")}
+    up = _shoal("up", "--replicas", "3", "--nodes", "2", "--sim-gpus", "8", "--island-size", "4")
+    subprocess.run(up, env=environ, check=True, timeout=120, stdout=subprocess.DEVNULL)
+    train: subprocess.Popen[bytes] | None = None
+    try:
+        argv = _shoal("train", "cartpole", "--target-return", "1e9", "--time-limit", "40",
+                      "--no-eval", "--quiet", "--run-dir", str(tmp_path / "train"))  # fmt: skip
+        with open(tmp_path / "train.log", "wb") as log:
+            train = subprocess.Popen(argv, env=environ, stdout=log, stderr=subprocess.STDOUT)
+        local = LocalCluster(tmp_path / "cluster")
+        job_id = asyncio.run(_wait_job_metrics(local, points=8, timeout=150))
+        png = asyncio.run(_screenshot_job(local, job_id, tmp_path))
+        assert png.startswith(b"\x89PNG")
+        assert train.wait(timeout=180) in (0, 1), (tmp_path / "train.log").read_text()
+    finally:
+        if train is not None and train.poll() is None:
+            train.kill()
+            train.wait(timeout=10)
+        subprocess.run(_shoal("down"), env=environ, timeout=60, stdout=subprocess.DEVNULL)
     keep = os.environ.get("SHOAL_DASHBOARD_SCREENSHOT")
     if keep:
         Path(keep).write_bytes(png)
