@@ -6,9 +6,10 @@ What is measured and checked, from what the run records in its directory:
     `incarnation` in status-<rank>.json) trains past the step it resumed from;
   * the run restarted its learners (a `restart` event), every rank resumed from a checkpoint
     (`start` events naming `resumed_from`), and it ended in order (exit 0, JSON summary);
-  * fragment accounting, per status snapshot (`fragment_accounting` in chaos/invariants.py).
-The learner does not persist per-actor sequence numbers across a restart, so "trained or
-dropped, never both, never lost" is checked per incarnation only (see docs/chaos.md, Limits).
+  * fragment accounting, per status snapshot (`fragment_accounting` in chaos/invariants.py);
+  * fragment accounting across the restart, by sequence number (`fragment_ledger`): the rollout
+    actors' acknowledged seqs against every learner incarnation's ledger and the final
+    checkpoint's trained ranges (`ledger_verdict` reads them from the run directory).
 """
 
 from __future__ import annotations
@@ -111,6 +112,21 @@ def newest_checkpoint_step(run_dir: Path) -> int | None:
         if p.stem.removeprefix("ckpt-").isdigit()
     ]
     return max(steps, default=None)
+
+
+def ledger_verdict(run_dir: Path) -> Verdict:
+    """`fragment_ledger` over what the run wrote to run_dir/accounting and its newest
+    checkpoint (loaded, to compare its `trained_ranges` with the final incarnations' history)."""
+    from shoal.learner.checkpoint import CheckpointManager
+
+    folder = run_dir / "accounting"
+    rollouts = [read_json(p) or {} for p in sorted(folder.glob("rollout-*.json"))]
+    learners = [read_json(p) or {} for p in sorted(folder.glob("learner-*.json"))]
+    with CheckpointManager(run_dir / "checkpoints") as manager:
+        info = manager.latest()
+        state = None if info is None else manager.load(info)
+    final = None if state is None else state.get("trained_ranges", {})
+    return invariants.fragment_ledger(rollouts, learners, final)
 
 
 def learner_pid(run_dir: Path, rank: int) -> int:
@@ -252,12 +268,22 @@ class LearnerKill:
             "resumed_from_checkpoint": invariants.resumed_from_checkpoint(
                 events, self.cfg.ranks, report.checkpoint_step
             ),
-            "fragment_accounting": invariants.fragment_accounting(
-                [s.get("intake", {}) for s in statuses]
+            "fragment_accounting": _both(
+                invariants.fragment_accounting([s.get("intake", {}) for s in statuses]),
+                ledger_verdict(self.run_dir),
             ),
             "stopped_in_order": _stopped_in_order(code, report.summary, events),
         }
         report.ok = all(v.held for v in report.invariants.values())
+
+
+def _both(per_incarnation: Verdict, across_restarts: Verdict) -> Verdict:
+    """The scenario's one `fragment_accounting` verdict: the counters of each incarnation and
+    the sequence-number ledger across the restart must both hold."""
+    return Verdict(
+        per_incarnation.held and across_restarts.held,
+        f"{per_incarnation.detail}; across the restart: {across_restarts.detail}",
+    )
 
 
 def _stopped_in_order(

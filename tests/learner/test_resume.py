@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.chaos.training import ledger_verdict
 from shoal.learner.config import CheckpointConfig, EvalConfig, TrainConfig
 from shoal.train import LocalRun, train
 
@@ -72,3 +73,8 @@ def test_sigkilled_learner_resumes_from_its_newest_checkpoint(tmp_path: Path) ->
     for pid in seen:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    # Issue #7 across both kills: every acknowledged fragment trained (from the resumed
+    # checkpoint on), dropped as stale, rolled back with the dead learner, or queued at the stop.
+    accounting = ledger_verdict(tmp_path / "run")
+    assert accounting.held, accounting.detail
+    assert "rolled back" in accounting.detail
