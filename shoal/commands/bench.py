@@ -30,8 +30,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from shoal.bench.report import render_json, render_table
+    from shoal.progress import ProgressLine, Ticker, stderr_is_tty
 
     module = importlib.import_module(f"shoal.bench.{SUITES[args.suite]}")
-    rows = module.run(quick=args.quick)
+    # a suite reports nothing while it measures: show the elapsed time, only to a person
+    progress = ProgressLine(enabled=stderr_is_tty() and not args.json)
+    with Ticker(progress, lambda elapsed, _: (f"shoal bench {args.suite}: {elapsed:.0f} s", None)):
+        rows = module.run(quick=args.quick)
     print(render_json(rows) if args.json else render_table(f"shoal bench {args.suite}", rows))
     return 0

@@ -11,6 +11,10 @@ from typing import Any
 
 from shoal.commands.up import add_run_dir
 
+# seconds a scenario's cluster takes to start, for the progress bar's estimate of the whole run
+STARTUP_ESTIMATE_S = 10.0
+MESSAGE_WIDTH = 60
+
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = verbs.add_parser("chaos", help="fault injection and scenarios")
@@ -59,19 +63,34 @@ def _once(scenario_arg: str, run_dir: Path | None, keep: bool, quiet: bool) -> d
     from shoal.chaos.report import render_text
     from shoal.chaos.runner import find_scenario, run_scenario
     from shoal.local import LocalCluster, coordinator_specs
+    from shoal.progress import ProgressLine, Ticker, stderr_is_tty
 
     scenario = find_scenario(scenario_arg)
     own = run_dir is None
     cluster = LocalCluster(run_dir or Path(tempfile.mkdtemp(prefix="shoal-chaos-")))
     specs = coordinator_specs(cluster.run_dir, scenario.replicas, raft_bind=True)
     cluster.create(specs + _node_specs(cluster.run_dir, specs, scenario.nodes, scenario.sim_gpus))
-    log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
-    report = run_scenario(scenario, cluster, log)
+    if quiet or not stderr_is_tty():
+        log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
+        report = run_scenario(scenario, cluster, log)
+    else:
+        expected = STARTUP_ESTIMATE_S + scenario.duration_s
+        with Ticker(
+            ProgressLine(), lambda t, msg: _chaos_line(scenario.name, t, expected, msg)
+        ) as ticker:
+            report = run_scenario(scenario, cluster, ticker.note)
     if own and report.ok and not keep:
         shutil.rmtree(cluster.run_dir, ignore_errors=True)
     if not quiet:
         print(render_text(report))
     return report.to_dict()
+
+
+def _chaos_line(name: str, elapsed: float, expected: float, message: str) -> tuple[str, float]:
+    """The bar's text and an estimated fraction (time against the scenario's length, never 1
+    before the report: invariant checks after the workload take a while too)."""
+    short = message if len(message) <= MESSAGE_WIDTH else message[: MESSAGE_WIDTH - 3] + "..."
+    return f"chaos {name} {elapsed:.0f}/{expected:.0f} s  {short}", min(0.99, elapsed / expected)
 
 
 def _node_specs(run_dir: Path, coordinators: list[Any], count: int, gpus: int) -> list[Any]:
