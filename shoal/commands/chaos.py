@@ -125,17 +125,21 @@ def _soak(args: argparse.Namespace) -> int:
 
     if not 0 < args.hours <= 24 * 30:
         raise ConfigError(f"--hours={args.hours} must be in (0, 720]")
+    import sys
+
+    # with --json, stdout is one JSON report per line and nothing else
+    verdicts = sys.stderr if args.json else sys.stdout
     deadline = time.monotonic() + args.hours * 3600
     runs = 0
     while time.monotonic() < deadline:
         result = _once(args.scenario, None, False, quiet=args.json)
         runs += 1
         if args.json:
-            print(json.dumps(result))
+            print(json.dumps(result), flush=True)
         if not result["ok"]:
-            print(f"shoal chaos soak: run {runs} broke an invariant; stopping")
+            print(f"shoal chaos soak: run {runs} broke an invariant; stopping", file=verdicts)
             return 1
-    print(f"shoal chaos soak: {runs} runs, every invariant held")
+    print(f"shoal chaos soak: {runs} runs, every invariant held", file=verdicts)
     return 0
 
 

@@ -139,3 +139,15 @@ def test_a_disabled_ticker_starts_no_thread_and_writes_nothing() -> None:
         ticker.note("hidden")
         assert not any(t.name == "progress" for t in threading.enumerate())
     assert stream.getvalue() == ""
+
+
+def test_chaos_soak_json_is_one_report_per_line_and_nothing_else(tmp_path: Path) -> None:
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(TINY_SCENARIO)
+    argv = ["chaos", "soak", "--hours", "0.0003", "--scenario", str(scenario), "--json"]
+    rc, out, err = _shoal(argv, stderr_tty=False, cwd=tmp_path)
+    assert rc == 0, err
+    reports = [json.loads(line, parse_constant=pytest.fail) for line in out.splitlines()]
+    assert reports
+    assert all(r["scenario"] == "tiny" for r in reports)
+    assert "every invariant held" in err
