@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import threading
 import time
 import tomllib
@@ -173,8 +174,15 @@ def run(cfg: PipelineConfig, run_dir: Path | None, emit: Callable[[str], None]) 
     root = default_run_dir(cfg.env_id) if run_dir is None else run_dir
     manifest_path = root / "pipeline.json"
     started = time.perf_counter()
-    with StageWatcher(manifest_path, lambda stage: emit(stage_line(stage))):
-        manifest = run_pipeline(cfg, root)
+    watcher = StageWatcher(manifest_path, lambda stage: emit(stage_line(stage)))
+    try:
+        with watcher:
+            manifest = run_pipeline(cfg, root)
+    except BaseException:
+        if run_dir is None and watcher.seen == 0:
+            # a mistake before stage 1 (no teacher, unknown id): leave no empty run behind
+            shutil.rmtree(root, ignore_errors=True)
+        raise
     reports = outputs_of(manifest, root)
     return finite(
         {

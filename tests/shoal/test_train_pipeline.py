@@ -122,3 +122,11 @@ def test_finite_always_serialises_as_strict_json_and_keeps_finite_numbers(value:
     text = json.dumps(cleaned, allow_nan=False)
     if isinstance(value, float) and math.isfinite(value):
         assert json.loads(text) == value
+
+
+def test_a_mistake_before_stage_one_leaves_no_run_directory_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--pipeline", "cartpole"]) == 2
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
