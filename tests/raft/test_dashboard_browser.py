@@ -264,9 +264,9 @@ async def _screenshot_job(local: LocalCluster, job_id: str, tmp: Path) -> bytes:
 def test_a_screenshot_during_a_real_training_run_shows_its_curves(tmp_path: Path) -> None:
     environ = {**os.environ, "SHOAL_RUN_DIR": str(tmp_path / "cluster")}
     up = _shoal("up", "--replicas", "3", "--nodes", "2", "--sim-gpus", "8", "--island-size", "4")
-    subprocess.run(up, env=environ, check=True, timeout=120, stdout=subprocess.DEVNULL)
     train: subprocess.Popen[bytes] | None = None
     try:
+        subprocess.run(up, env=environ, check=True, timeout=120, stdout=subprocess.DEVNULL)
         argv = _shoal("train", "cartpole", "--target-return", "1e9", "--time-limit", "40",
                       "--no-eval", "--quiet", "--run-dir", str(tmp_path / "train"))  # fmt: skip
         with open(tmp_path / "train.log", "wb") as log:
