@@ -34,7 +34,7 @@ from shoal.raft.errors import (
 )
 from shoal.raft.metrics import Metrics
 from shoal.runtime.system import ActorSystem
-from shoal.tasks import PROCESS_KIND, ActorTask, ProcessTask, TaskError, TaskSpec
+from shoal.tasks import PROCESS_KINDS, ActorTask, ProcessTask, TaskError, TaskSpec
 
 log = logging.getLogger("shoal.node")
 
@@ -309,7 +309,7 @@ class NodeAgent:
     async def _start(self, spec: TaskSpec) -> None:
         task: RunningTask = (
             ProcessTask(spec, self.log_dir, {"SHOAL_NODE_ID": self.node_id})
-            if spec.kind == PROCESS_KIND
+            if spec.kind in PROCESS_KINDS
             else ActorTask(spec, self.system)
         )
         try:

@@ -2,10 +2,9 @@
 
 `ClusterRun` lays out the run directory exactly as the embedded run does (job.json,
 cluster.token, checkpoints/), then submits ONE job to the coordinators whose tasks run the same
-two programs, learner ranks and rollout workers, as node child processes (task kind
-`learner-rank`, the kind the node daemon runs as a process; rollout workers are named
-`<job>-rollout-<i>` so they are told apart), with `spec.placement = "auto"` so the leader places
-them. Progress, the progress bar and the stop rule are the embedded run's, read from the
+two programs, learner ranks and rollout workers, as node child processes (task kinds
+`learner-rank`, which the leader gang-places, and `rollout-worker`, which it spreads), with
+`spec.placement = "auto"` so the leader places them. Progress, the progress bar and the stop rule are the embedded run's, read from the
 ranks' status files in the run directory (nodes here share this machine's filesystem). On
 stop it asks the coordinator to stop the job, waits for the tasks to stop (rank 0 writes the
 final checkpoint on SIGTERM) and records that checkpoint with the coordinator. Restarts are the
@@ -31,7 +30,8 @@ if TYPE_CHECKING:
     from shoal.raft.client import CoordinatorClient
 
 T = TypeVar("T")
-TASK_KIND = "learner-rank"
+LEARNER_KIND = "learner-rank"
+ROLLOUT_KIND = "rollout-worker"
 LEARNER_ENTRY = "shoal.learner.learner_main:main"
 ROLLOUT_ENTRY = "shoal.learner.rollout_main:main"
 CHECK_TASKS_EVERY_S = 1.0
@@ -78,7 +78,7 @@ def job_tasks(
     tasks = [
         {
             "task_id": f"{job_id}-learner-{rank}",
-            "kind": TASK_KIND,
+            "kind": LEARNER_KIND,
             "actor": LEARNER_ENTRY,
             "args": {"argv": list(argv), "env": dict(env)},
         }
@@ -87,7 +87,7 @@ def job_tasks(
     tasks += [
         {
             "task_id": f"{job_id}-rollout-{w}",
-            "kind": TASK_KIND,
+            "kind": ROLLOUT_KIND,
             "actor": ROLLOUT_ENTRY,
             "args": {"argv": list(argv), "env": {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}},
         }

@@ -2,12 +2,13 @@
 
 A task names its code as `package.module:Name`, so the runtime never imports the learner.
 Two kinds of task:
-- an actor (any kind but `learner-rank`): `Name` is an `Actor` subclass, built with the task's
-  `args` as keyword arguments (or by `Name.from_task_args(args)` when the class defines it)
-  and spawned in the node's own ActorSystem;
-- a learner rank (`learner-rank`): `Name` is a function `main(argv) -> int` run in a child
-  process (`python -m shoal.tasks module:main ARGV...`), so torch.distributed owns that process.
-  `args` may hold `argv` (list of strings) and `env` (string map) for it.
+- an actor (any kind not in `PROCESS_KINDS`): `Name` is an `Actor` subclass, built with the
+  task's `args` as keyword arguments (or by `Name.from_task_args(args)` when the class defines
+  it) and spawned in the node's own ActorSystem;
+- a process (`learner-rank`, `rollout-worker`): `Name` is a function `main(argv) -> int` run in a
+  child process (`python -m shoal.tasks module:main ARGV...`), so torch.distributed (or a whole
+  rollout worker's ActorSystem) owns that process. `args` may hold `argv` (list of strings) and
+  `env` (string map) for it.
 Anything wrong with a task (unknown module, a class that is no Actor, bad args) raises
 `TaskError` with the reason the node reports as the task's failure message.
 """
@@ -35,7 +36,7 @@ from shoal.runtime.actor import Actor
 from shoal.runtime.ref import ActorRef
 from shoal.runtime.system import ActorSystem
 
-PROCESS_KIND = "learner-rank"
+PROCESS_KINDS = frozenset({"learner-rank", "rollout-worker"})
 ACTIVE_STATES = ("pending", "running")
 _IMPORT_PATH = re.compile(r"(?P<module>[A-Za-z_][\w.]*):(?P<name>[A-Za-z_]\w*)")
 _PR_SET_PDEATHSIG = 1
@@ -198,7 +199,7 @@ def check_entry(path: str) -> None:
     except (ImportError, ValueError) as exc:
         raise TaskError(f"cannot find module {module_name!r} of {path!r}: {exc}") from None
     if found is None:
-        raise TaskError(f"no module {module_name!r} (learner-rank entry point {path!r})")
+        raise TaskError(f"no module {module_name!r} (process entry point {path!r})")
 
 
 def describe_exit(returncode: int) -> str:

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from shoal.cli import main
 from shoal.cluster_train import (
     LEARNER_ENTRY,
+    LEARNER_KIND,
     ROLLOUT_ENTRY,
-    TASK_KIND,
+    ROLLOUT_KIND,
     Coordinators,
     find_cluster,
     job_tasks,
@@ -42,17 +43,17 @@ def test_job_tasks_one_process_task_per_rank_and_worker(
     tasks = job_tasks("job-1", learners, rollouts)
     assert len(tasks) == len(learners) + len(rollouts)
     assert len({t["task_id"] for t in tasks}) == len(tasks)
-    assert all(t["kind"] == TASK_KIND for t in tasks)
     ranks, workers = tasks[: len(learners)], tasks[len(learners) :]
     for rank, (task, (argv, env)) in enumerate(zip(ranks, learners, strict=True)):
         assert task == {
             "task_id": f"job-1-learner-{rank}",
-            "kind": TASK_KIND,
+            "kind": LEARNER_KIND,
             "actor": LEARNER_ENTRY,
             "args": {"argv": argv, "env": env},
         }
     for w, (task, argv) in enumerate(zip(workers, rollouts, strict=True)):
         assert task["task_id"] == f"job-1-rollout-{w}"
+        assert task["kind"] == ROLLOUT_KIND
         assert task["actor"] == ROLLOUT_ENTRY
         assert task["args"]["argv"] == argv
     json.dumps(tasks)  # the records travel as JSON
