@@ -18,17 +18,7 @@ from shoal.runtime.errors import (
     UnknownMethod,
 )
 
-pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(autouse=True)
-def _no_asyncio_errors(caplog):
-    """Fail on 'Task was destroyed but it is pending' or 'exception was never retrieved'."""
-    yield
-    gc.collect()
-    records = [*caplog.get_records("call"), *caplog.get_records("teardown")]
-    errors = [r.getMessage() for r in records if r.name == "asyncio"]
-    assert not errors
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_asyncio_errors")]
 
 
 class Counter(Actor):

@@ -1,7 +1,6 @@
 """Supervision: spec validation, restart intensity, one_for_one vs one_for_all, escalation."""
 
 import asyncio
-import gc
 from collections.abc import Callable
 
 import pytest
@@ -13,17 +12,7 @@ from shoal.runtime import Actor, ActorSystem, Strategy, SupervisorSpec, run
 from shoal.runtime.errors import ActorInterrupted, ActorNotFound, Escalated, UnknownMethod
 from shoal.runtime.supervision import RestartIntensity
 
-pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(autouse=True)
-def _no_asyncio_errors(caplog):
-    """Fail on 'Task was destroyed but it is pending' or 'exception was never retrieved'."""
-    yield
-    gc.collect()
-    records = [*caplog.get_records("call"), *caplog.get_records("teardown")]
-    errors = [r.getMessage() for r in records if r.name == "asyncio"]
-    assert not errors
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_asyncio_errors")]
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:

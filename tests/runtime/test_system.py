@@ -2,7 +2,6 @@
 
 import asyncio
 import functools
-import gc
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,17 +20,7 @@ from shoal.runtime.errors import (
 )
 from shoal.runtime.ref import ActorRef
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _no_asyncio_errors(caplog):
-    """Fail on 'Task was destroyed but it is pending' or 'exception was never retrieved'."""
-    yield
-    gc.collect()
-    records = [*caplog.get_records("call"), *caplog.get_records("teardown")]
-    errors = [r.getMessage() for r in records if r.name == "asyncio"]
-    assert not errors
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_asyncio_errors")]
 
 
 class Echo(Actor):
