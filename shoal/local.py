@@ -165,15 +165,21 @@ class LocalCluster:
             raise LocalClusterError(
                 f"a cluster is already running in {self.run_dir}; `shoal down` first"
             )
-        for sub in ("logs", "pids", "data"):
-            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(self.run_dir, 0o700)
-        for name in ("secret", "api-token"):
-            if not (self.run_dir / name).exists():
-                _write_private(self.run_dir / name, secrets.token_urlsafe(32))
-        (self.run_dir / "cluster.json").write_text(
-            json.dumps({"processes": [asdict(s) for s in specs]}, indent=1)
-        )
+        try:
+            for sub in ("logs", "pids", "data"):
+                (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+            os.chmod(self.run_dir, 0o700)
+            for name in ("secret", "api-token"):
+                if not (self.run_dir / name).exists():
+                    _write_private(self.run_dir / name, secrets.token_urlsafe(32))
+            (self.run_dir / "cluster.json").write_text(
+                json.dumps({"processes": [asdict(s) for s in specs]}, indent=1)
+            )
+        except OSError as exc:
+            raise LocalClusterError(
+                f"cannot lay out the run directory {self.run_dir}: {exc.strerror or exc}; "
+                "choose a writable --run-dir (or SHOAL_RUN_DIR)"
+            ) from exc
 
     def start(self, name: str) -> int:
         spec = self.spec(name)

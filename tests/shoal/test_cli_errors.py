@@ -40,6 +40,8 @@ MISTAKES: list[tuple[list[str], str]] = [
     (["train", "cartpole", "--time-limit", "-3"], "time_limit_s = -3.0 is invalid"),
     (["chaos", "run", f"{MISSING}.toml"], "no scenario file"),
     (["up", "--replicas", "2"], "--replicas=2 must be odd"),
+    (["up", "--run-dir", "/proc/shoal-test"], "cannot lay out the run directory /proc/shoal-test"),
+    (["chaos", "run", "smoke", "--run-dir", "/proc/shoal-test"], "choose a writable --run-dir"),
     (["up", "--sim-gpus", "-1"], "--sim-gpus=-1"),
     (["console", "--coordinators", "ftp://x"], "must be http(s)://HOST:PORT"),
     (["console", "--coordinators", "http://127.0.0.1:1", "--token-file", MISSING], MISSING),
