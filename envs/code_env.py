@@ -72,18 +72,13 @@ def _result_info(result: SandboxResult) -> dict[str, Any]:
     }
 
 
-class CodeExecEnv(BaseEnvironment[np.ndarray, str]):
-    """Write a program for the drawn task; it runs in a sandbox child against the task's tests.
+class _TaskEpisodes(BaseEnvironment[np.ndarray, Any]):
+    """One-step episodes over a task suite: `reset` draws a task (one-hot observation), `step`
+    answers it and ends the episode. Subclasses set the action space and score the answer."""
 
-    The sandbox servers start on the first step and stop in `close()`.
-    """
-
-    def __init__(self, suite_name: str = "basic", workers: int = 1) -> None:
+    def __init__(self, suite_name: str) -> None:
         self.tasks = suite(suite_name)
         self.observation_space = spaces.Box(0.0, 1.0, (len(self.tasks),), np.float32)
-        self.action_space = spaces.Text(MAX_SOURCE_CHARS, min_length=0, charset=string.printable)
-        self._workers = workers
-        self._pool: SandboxPool | None = None
         self._rng = np.random.default_rng()
         self._task: int | None = None
 
@@ -94,9 +89,27 @@ class CodeExecEnv(BaseEnvironment[np.ndarray, str]):
         self._task = int(self._rng.integers(len(self.tasks)))
         return _one_hot(self._task, len(self.tasks)), _task_info(self.tasks[self._task], self._task)
 
-    def step(self, action: str) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+    def _drawn(self) -> int:
+        """The task `reset` drew; a step answers it, ending the episode."""
         if self._task is None:
             raise InvalidAction("call reset() before step(): no task has been drawn yet")
+        return self._task
+
+
+class CodeExecEnv(_TaskEpisodes):
+    """Write a program for the drawn task; it runs in a sandbox child against the task's tests.
+
+    The sandbox servers start on the first step and stop in `close()`.
+    """
+
+    def __init__(self, suite_name: str = "basic", workers: int = 1) -> None:
+        super().__init__(suite_name)
+        self.action_space = spaces.Text(MAX_SOURCE_CHARS, min_length=0, charset=string.printable)
+        self._workers = workers
+        self._pool: SandboxPool | None = None
+
+    def step(self, action: str) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+        index = self._drawn()
         if not isinstance(action, str):
             raise InvalidAction(
                 f"CodeExec actions are Python source strings, got {type(action).__name__}"
@@ -107,12 +120,11 @@ class CodeExecEnv(BaseEnvironment[np.ndarray, str]):
             )
         if self._pool is None:
             self._pool = SandboxPool(self._workers, TASK_LIMITS)
-        task = self.tasks[self._task]
-        result = self._pool.run(action, task.tests)
-        obs = _one_hot(self._task, len(self.tasks))
         self._task = None
-        info = {**_task_info(task, self.tasks.index(task)), **_result_info(result)}
-        return obs, result.reward, True, info
+        task = self.tasks[index]
+        result = self._pool.run(action, task.tests)
+        info = {**_task_info(task, index), **_result_info(result)}
+        return _one_hot(index, len(self.tasks)), result.reward, True, info
 
     def close(self) -> None:
         if self._pool is not None:
@@ -148,30 +160,19 @@ def suite_rewards(suite_name: str) -> np.ndarray:
     return table
 
 
-class CodeChoiceEnv(BaseEnvironment[np.ndarray, int]):
+class CodeChoiceEnv(_TaskEpisodes):
     """Pick one of four candidate programs for the drawn task (one-hot observation)."""
 
     def __init__(self, suite_name: str = "basic", rewards: np.ndarray | None = None) -> None:
-        self.tasks = suite(suite_name)
+        super().__init__(suite_name)
         self.rewards = suite_rewards(suite_name) if rewards is None else rewards
-        self.observation_space = spaces.Box(0.0, 1.0, (len(self.tasks),), np.float32)
         self.action_space = spaces.Discrete(NUM_CANDIDATES)
-        self._rng = np.random.default_rng()
-        self._task: int | None = None
-
-    def seed(self, seed: int | None) -> None:
-        self._rng = np.random.default_rng(seed)
-
-    def reset(self) -> tuple[np.ndarray, dict[str, Any]]:
-        self._task = int(self._rng.integers(len(self.tasks)))
-        return _one_hot(self._task, len(self.tasks)), _task_info(self.tasks[self._task], self._task)
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
-        if self._task is None:
-            raise InvalidAction("call reset() before step(): no task has been drawn yet")
+        task = self._drawn()
         if not self.action_space.contains(action):
             raise InvalidAction(f"action {action!r} is not in {self.action_space}")
-        task, self._task = self._task, None
+        self._task = None
         reward = float(self.rewards[task, int(action)])
         info = {
             **_task_info(self.tasks[task], task),
