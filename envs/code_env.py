@@ -120,9 +120,9 @@ class CodeExecEnv(_TaskEpisodes):
             )
         if self._pool is None:
             self._pool = SandboxPool(self._workers, TASK_LIMITS)
-        self._task = None
         task = self.tasks[index]
         result = self._pool.run(action, task.tests)
+        self._task = None
         info = {**_task_info(task, index), **_result_info(result)}
         return _one_hot(index, len(self.tasks)), result.reward, True, info
 
