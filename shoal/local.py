@@ -59,6 +59,8 @@ class ProcessSpec:
     raft: str | None = None
     raft_bind: str | None = None
     """Where the replica's Raft listens when `raft` (what peers dial) is a proxy in front of it."""
+    env: dict[str, str] | None = None
+    """Variables added to the inherited environment (chaos hooks such as SHOAL_CHAOS_CLOCK_FILE)."""
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -192,6 +194,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env={**os.environ, **spec.env} if spec.env else None,
             )
         (self.run_dir / "pids" / f"{name}.pid").write_text(str(proc.pid))
         self._children[name] = proc
