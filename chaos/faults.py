@@ -8,7 +8,8 @@ return a line of what was done, and the runner stamps the times.
 - `GpuXid`: an XID event through the simulated GPU backend's shared state file, which a node
   daemon started with `--sim-gpus` watches with the real NVML collector code.
 - `ClockSkew`: writes an offset (seconds) into a file that `OffsetClock` adds to time.time();
-  a process whose clock collector/responder uses an `OffsetClock` on that file is skewed.
+  a process whose clock collector/responder uses an `OffsetClock` on that file is skewed. A
+  node daemon started with `SHOAL_CHAOS_CLOCK_FILE=FILE` in its environment is such a process.
 - `DiskFull`: a real full filesystem: as root, a tmpfs of `size` bytes mounted on the
   directory and filled to ENOSPC; without root, the writer's RLIMIT_FSIZE (set by pid with
   prlimit): a write crossing the limit is cut short and the next one fails with EFBIG
@@ -26,7 +27,6 @@ import os
 import resource
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Protocol
 
@@ -34,6 +34,7 @@ from shoal.chaos.cluster import Cluster
 from shoal.chaos.errors import FaultError
 from shoal.errors import ShoalError
 from shoal.scheduler.errors import HealthError
+from shoal.scheduler.health.clock import OffsetClock as OffsetClock
 from shoal.scheduler.health.simgpu import SimGpuBackend
 
 
@@ -144,28 +145,6 @@ class XidStorm:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         return f"{self.raised} XIDs raised on {self.fault.target}"
-
-
-class OffsetClock:
-    """time.time() plus the offset in `path` (0 when missing); rereads the file at most every
-    `refresh` seconds, so it is cheap enough to stamp every clock exchange."""
-
-    def __init__(self, path: Path, refresh: float = 0.1) -> None:
-        self.path, self.refresh = path, refresh
-        self._offset, self._read_at = 0.0, -float("inf")
-
-    def offset(self) -> float:
-        now = time.monotonic()
-        if now - self._read_at >= self.refresh:
-            try:
-                self._offset = float(self.path.read_text())
-            except (OSError, ValueError):
-                self._offset = 0.0
-            self._read_at = now
-        return self._offset
-
-    def __call__(self) -> float:
-        return time.time() + self.offset()
 
 
 class ClockSkew:

@@ -239,7 +239,7 @@ class HealthMonitor:
 
 
 def build_collectors(config: NodeConfig) -> list[Collector]:
-    from shoal.scheduler.health.clock import ClockCollector
+    from shoal.scheduler.health.clock import CHAOS_CLOCK_ENV, ClockCollector, chaos_clock
     from shoal.scheduler.health.host import HostCollector
     from shoal.scheduler.health.simgpu import gpu_collector
 
@@ -249,7 +249,9 @@ def build_collectors(config: NodeConfig) -> list[Collector]:
     ]
     if config.clock is not None:
         host, port = parse_listen(config.clock, "--clock")
-        collectors.append(ClockCollector(host, port))
+        if os.environ.get(CHAOS_CLOCK_ENV):
+            log.warning("chaos hook: clock offset read from %s", os.environ[CHAOS_CLOCK_ENV])
+        collectors.append(ClockCollector(host, port, clock=chaos_clock()))
     return collectors
 
 

@@ -7,19 +7,25 @@ t2 on reply; the client stamps t3 on receipt. Then
     delay  δ = (t3 − t0) − (t2 − t1)            (round trip, minus the server's own time)
 and the true offset lies within θ ± δ/2 when the paths are symmetric or not. Of several
 exchanges the one with the smallest δ is kept: it had the least queueing, so the tightest bound.
+
+Chaos hook: a node daemon whose environment sets `SHOAL_CHAOS_CLOCK_FILE=PATH` stamps its side
+of the exchange with `OffsetClock(PATH)` (true time plus the seconds written in PATH), so a
+chaos run can skew one real node's clock without touching the host's. Unset, nothing changes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import socket
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 from shoal.scheduler.errors import HealthError
@@ -30,6 +36,37 @@ _REQUEST = struct.Struct("!4sId")  # magic, sequence, t0
 _REPLY = struct.Struct("!4sIddd")  # magic, sequence, t0, t1, t2
 
 Clock = Callable[[], float]
+
+CHAOS_CLOCK_ENV = "SHOAL_CHAOS_CLOCK_FILE"
+
+
+class OffsetClock:
+    """time.time() plus the offset in `path` (0 when missing or unreadable); rereads the file at
+    most every `refresh` seconds, so it is cheap enough to stamp every clock exchange."""
+
+    def __init__(self, path: Path, refresh: float = 0.1) -> None:
+        self.path, self.refresh = path, refresh
+        self._offset, self._read_at = 0.0, -float("inf")
+
+    def offset(self) -> float:
+        now = time.monotonic()
+        if now - self._read_at >= self.refresh:
+            try:
+                self._offset = float(self.path.read_text())
+            except (OSError, ValueError):
+                self._offset = 0.0
+            self._read_at = now
+        return self._offset
+
+    def __call__(self) -> float:
+        return time.time() + self.offset()
+
+
+def chaos_clock(environ: Mapping[str, str] = os.environ) -> Clock:
+    """The clock a node stamps its exchanges with: an `OffsetClock` on the file that
+    `SHOAL_CHAOS_CLOCK_FILE` names (a chaos test skews it), else the true time."""
+    path = environ.get(CHAOS_CLOCK_ENV, "")
+    return OffsetClock(Path(path)) if path else time.time
 
 
 @dataclass(frozen=True)
@@ -156,13 +193,21 @@ class ClockCollector:
 
     name = "clock"
 
-    def __init__(self, host: str, port: int, samples: int = 8, timeout_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        samples: int = 8,
+        timeout_s: float = 0.5,
+        clock: Clock = time.time,
+    ) -> None:
         self._host, self._port = host, port
         self._samples, self._timeout = samples, timeout_s
+        self._clock = clock
 
     def collect(self) -> Report:
         try:
-            s = measure(self._host, self._port, self._samples, self._timeout)
+            s = measure(self._host, self._port, self._samples, self._timeout, self._clock)
         except (HealthError, OSError) as exc:
             return unavailable(self.name, str(exc))
         metrics = {

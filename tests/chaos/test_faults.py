@@ -26,8 +26,8 @@ from shoal.chaos.faults import (
     WriterFileLimit,
     XidStorm,
 )
-from shoal.local import LocalCluster, ProcessSpec
-from shoal.scheduler.health.clock import measure, serve_clock
+from shoal.local import LocalCluster, ProcessSpec, coordinator_specs, node_specs
+from shoal.scheduler.health.clock import CHAOS_CLOCK_ENV, measure, serve_clock
 from shoal.scheduler.health.simgpu import SimGpuBackend, gpu_collector
 
 pytestmark = pytest.mark.timeout(60)
@@ -197,3 +197,69 @@ def test_xid_storm_raises_until_stopped(tmp_path: Path) -> None:
     assert len(xids) == raised
     assert {(x["gpu"], x["xid"]) for x in xids} == {(1, 48)}
     assert f"{raised} XIDs raised" in line
+
+
+def _replicated_offset_ms(cluster: LocalCluster) -> float | None:
+    """n1's clock offset as the coordinator replicated it (None until it has one)."""
+    try:
+        node = cluster.get(f"{cluster.api_urls()[0]}/v1/nodes/n1")
+    except OSError:
+        return None
+    summary = (node.get("health") or {}).get("summary") or {}
+    offset = summary.get("clock_offset_ms")
+    return None if offset is None or "clock" in node["health"].get("unavailable", {}) else offset
+
+
+async def _offset_until(cluster: LocalCluster, near_ms: float, within: float = 30.0) -> float:
+    deadline = time.monotonic() + within
+    seen: float | None = None
+    while time.monotonic() < deadline:
+        seen = await asyncio.to_thread(_replicated_offset_ms, cluster)
+        if seen is not None and abs(seen - near_ms) < 250.0:
+            return seen
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"n1's replicated clock offset stayed {seen} ms, wanted {near_ms} ms")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_clock_skew_on_a_real_node_daemon_shows_in_its_replicated_health(tmp_path: Path) -> None:
+    """A node daemon started with the chaos clock hook, measuring against a real responder: its
+    clock 2.5 s ahead makes the coordinator's record of it show -2.5 s (responder minus node),
+    and healing brings it back to about 0."""
+    cluster = LocalCluster(tmp_path / "run")
+    offset_file = tmp_path / "n1-clock-offset"
+    fault = ClockSkew(offset_file, 2.5, target="n1")
+
+    async def main() -> tuple[float, float, float]:
+        responder = await serve_clock()
+        try:
+            coordinators = coordinator_specs(cluster.run_dir, 1)
+            extra = ("--clock", f"127.0.0.1:{responder.port}", "--heartbeat", "0.3",
+                     "--health-period", "0.3")  # fmt: skip
+            (node,) = node_specs(
+                cluster.run_dir, [s.api_url or "" for s in coordinators], 1, 0, extra_args=extra
+            )
+            node = ProcessSpec(
+                node.name, node.argv, node.kind, env={CHAOS_CLOCK_ENV: str(offset_file)}
+            )
+            cluster.create([*coordinators, node])
+            await asyncio.to_thread(cluster.start_all)
+            await asyncio.to_thread(cluster.wait_ready)
+            await asyncio.to_thread(cluster.wait_nodes, 1, 60.0)
+            before = await _offset_until(cluster, 0.0)
+            assert "skewed by +2.5 s" in fault.inject()
+            during = await _offset_until(cluster, -2500.0)
+            assert "back to true time" in fault.heal()
+            after = await _offset_until(cluster, 0.0)
+            return before, during, after
+        finally:
+            responder.close()
+
+    try:
+        before, during, after = asyncio.run(main())
+    finally:
+        cluster.stop_all()
+    assert abs(during + 2500.0) < 250.0
+    assert abs(before) < 250.0
+    assert abs(after) < 250.0

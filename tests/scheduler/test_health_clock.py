@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -13,10 +14,13 @@ from hypothesis import strategies as st
 
 from shoal.scheduler.errors import HealthError
 from shoal.scheduler.health.clock import (
+    CHAOS_CLOCK_ENV,
     ClockCollector,
     ClockSample,
+    OffsetClock,
     PtpCollector,
     best,
+    chaos_clock,
     measure,
     offset_delay,
     parse_pmc_time_status,
@@ -139,3 +143,59 @@ def test_ptp_collector_without_linuxptp():
     report = PtpCollector().collect()
     assert not report.available
     assert report.reason == "unavailable: ptp4l is not running here (no pmc on PATH)"
+
+
+@given(offset=st.floats(-1e6, 1e6, allow_nan=False))
+def test_offset_clock_adds_the_file_offset(tmp_path_factory, offset):
+    path = tmp_path_factory.mktemp("clock") / "offset"
+    path.write_text(repr(offset))
+    clock = OffsetClock(path, refresh=0.0)
+    assert clock.offset() == offset
+    before = time.time()
+    stamped = clock()
+    assert before + offset - 1.0 <= stamped <= time.time() + offset + 1.0
+
+
+def test_offset_clock_reads_a_missing_or_garbled_file_as_true_time(tmp_path):
+    clock = OffsetClock(tmp_path / "none", refresh=0.0)
+    assert clock.offset() == 0.0
+    (tmp_path / "none").write_text("two seconds")
+    assert clock.offset() == 0.0
+    (tmp_path / "none").write_text("2.5")
+    assert clock.offset() == 2.5
+
+
+def test_offset_clock_rereads_only_after_refresh(tmp_path):
+    path = tmp_path / "offset"
+    path.write_text("1.0")
+    clock = OffsetClock(path, refresh=3600.0)
+    assert clock.offset() == 1.0
+    path.write_text("5.0")
+    assert clock.offset() == 1.0  # cached: stamping an exchange costs no file read
+
+
+def test_chaos_clock_is_true_time_unless_the_hook_is_set(tmp_path):
+    assert chaos_clock({}) is time.time
+    assert chaos_clock({CHAOS_CLOCK_ENV: ""}) is time.time
+    hooked = chaos_clock({CHAOS_CLOCK_ENV: str(tmp_path / "offset")})
+    assert isinstance(hooked, OffsetClock)
+    assert hooked.path == Path(tmp_path / "offset")
+
+
+async def _collect_with_a_skewed_client(offset_file: Path):
+    server = await serve_clock()
+    try:
+        collector = ClockCollector("127.0.0.1", server.port, clock=OffsetClock(offset_file))
+        return await asyncio.to_thread(collector.collect)
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(30)
+def test_collector_stamps_its_side_with_the_given_clock(tmp_path):
+    """A client clock 2.5 s ahead: the server's clock minus the client's is -2.5 s."""
+    (tmp_path / "offset").write_text("2.5")
+    report = asyncio.run(_collect_with_a_skewed_client(tmp_path / "offset"))
+    assert report.available
+    m = report.metrics
+    assert abs(m["offset_ms"] + 2500.0) <= m["error_ms"] + 1.0
