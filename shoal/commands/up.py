@@ -25,6 +25,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--sim-gpus", type=int, default=0, help="simulated GPUs per node")
     parser.add_argument("--island-size", type=int, default=16, help="GPUs per NVLink island")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a leader")
+    parser.add_argument(
+        "--coordinator-config",
+        type=Path,
+        metavar="FILE.toml",
+        help="settings file for every replica (shoal coordinator --config); new clusters only",
+    )
     add_run_dir(parser)
     parser.set_defaults(func=run)
 
@@ -59,7 +65,13 @@ def run(args: argparse.Namespace) -> int:
                 "use another --run-dir or delete that one"
             )
     else:
-        specs = coordinator_specs(local.run_dir, args.replicas)
+        config_args: tuple[str, ...] = ()
+        if args.coordinator_config is not None:
+            from shoal.commands.coordinator import load_settings
+
+            load_settings(args.coordinator_config)  # a mistake stops here, before any process
+            config_args = ("--config", str(args.coordinator_config.resolve()))
+        specs = coordinator_specs(local.run_dir, args.replicas, config_args)
         urls = [s.api_url for s in specs if s.api_url]
         specs += node_specs(local.run_dir, urls, args.nodes, args.sim_gpus, args.island_size)
     local.create(specs)
