@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import math
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shoal.errors import ConfigError
 from shoal.scheduler.signals import BalancerConfig
@@ -17,6 +20,14 @@ def parse_address(key: str, value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{key}={value!r} is not HOST:PORT with a port in 1..65535")
     return host, int(port)
+
+
+def _require_finite(section: str, config: Any) -> None:
+    """NaN slips through every `>` check and inf means 'never': refuse both by name."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{section}.{f.name}={value!r} must be a finite number of seconds")
 
 
 def is_loopback(host: str) -> bool:
@@ -55,6 +66,7 @@ class RaftTimings:
     """Longest sleep of pysyncobj's tick thread when no socket is ready."""
 
     def __post_init__(self) -> None:
+        _require_finite("raft", self)
         for key in ("append_period", "min_timeout", "tick_period", "reconnect_period"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"raft.{key}={getattr(self, key)!r} must be > 0 seconds")
@@ -89,6 +101,7 @@ class LivenessConfig:
     """Health summaries are replicated in one batched command this often."""
 
     def __post_init__(self) -> None:
+        _require_finite("liveness", self)
         for key in ("suspect_after", "check_period", "health_period"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"liveness.{key}={getattr(self, key)!r} must be > 0 seconds")
@@ -107,8 +120,10 @@ class SchedulingConfig:
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
 
     def __post_init__(self) -> None:
-        if not self.period > 0:
-            raise ConfigError(f"scheduling.period={self.period!r} must be > 0 seconds")
+        if not (math.isfinite(self.period) and self.period > 0):
+            raise ConfigError(
+                f"scheduler.period={self.period!r} must be a finite number > 0 seconds"
+            )
 
 
 @dataclass(frozen=True)
@@ -126,6 +141,8 @@ class CoordinatorConfig:
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     write_timeout: float = 5.0
+    settings_source: str = "defaults"
+    """Where timings, liveness and scheduling came from: an operator's file or the defaults."""
     raft_bind: str | None = None
     """Where Raft listens when peers reach this replica through another address (`raft`), such
     as a proxy in front of it; None binds `raft` itself."""
@@ -154,3 +171,32 @@ class CoordinatorConfig:
     @property
     def api_url(self) -> str:
         return f"http://{self.api}"
+
+
+@dataclass(frozen=True)
+class SchedulerSection:
+    """The `[scheduler]` table of a coordinator config file."""
+
+    period: float = SchedulingConfig.period
+    """Seconds between two scheduling rounds of the leader."""
+
+    def __post_init__(self) -> None:
+        SchedulingConfig(period=self.period)
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """What an operator may tune in `shoal coordinator --config FILE.toml`: one table per
+    concern, each checked by its own dataclass, so a bad value names its table and key."""
+
+    scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    balancer: BalancerConfig = field(default_factory=BalancerConfig)
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    raft: RaftTimings = field(default_factory=RaftTimings)
+
+    @property
+    def scheduling(self) -> SchedulingConfig:
+        return SchedulingConfig(period=self.scheduler.period, balancer=self.balancer)
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)

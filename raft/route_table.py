@@ -7,6 +7,7 @@ OpenAPI document cannot drift from what is served.
 from __future__ import annotations
 
 from shoal.raft import commands as cmd
+from shoal.raft.config_api import get_config
 from shoal.raft.handlers import (
     CONSISTENT,
     MAX_EVENTS_PER_READ,
@@ -98,6 +99,13 @@ ROUTES: tuple[Route, ...] = (
                 "digest", {"type": "boolean"}, "include the sha256 state digest (hashes all state)"
             ),
         ),
+    ),
+    Route(
+        "GET",
+        "/v1/config",
+        get_config,
+        "this replica's effective scheduler, balancer, liveness and raft settings, and their source",
+        tag="meta",
     ),
     Route(
         "POST",

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shoal.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shoal.raft.config import CoordinatorSettings
 
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,15 +40,18 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--token-file", type=Path, help="API bearer token (default: $SHOAL_API_TOKEN)"
     )
-    parser.add_argument("--min-election-timeout", type=float, default=0.2, help="seconds")
-    parser.add_argument("--max-election-timeout", type=float, default=0.35, help="seconds")
     parser.add_argument(
-        "--append-period", type=float, default=0.05, help="leader heartbeat, seconds"
+        "--config",
+        type=Path,
+        metavar="FILE.toml",
+        help="scheduler, balancer, liveness and raft settings (docs/operations.md); "
+        "the flags below override it",
     )
-    parser.add_argument(
-        "--suspect-after", type=float, default=3.0, help="seconds without heartbeat"
-    )
-    parser.add_argument("--dead-after", type=float, default=10.0, help="seconds without heartbeat")
+    parser.add_argument("--min-election-timeout", type=float, help="seconds (default 0.2)")
+    parser.add_argument("--max-election-timeout", type=float, help="seconds (default 0.35)")
+    parser.add_argument("--append-period", type=float, help="leader heartbeat, seconds (0.05)")
+    parser.add_argument("--suspect-after", type=float, help="seconds without heartbeat (3)")
+    parser.add_argument("--dead-after", type=float, help="seconds without heartbeat (10)")
     parser.add_argument(
         "--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
@@ -64,16 +72,61 @@ def read_secret_file(path: Path, what: str) -> str:
     return text
 
 
+def load_settings(path: Path | None) -> CoordinatorSettings:
+    """The settings in `path` (every key optional), or the defaults when there is no file.
+
+    Environment variables are deliberately not consulted: every replica of a cluster must run
+    the same settings, and a file passed to all of them is the one thing they can share."""
+    from shoal.config import load_toml
+    from shoal.raft.config import CoordinatorSettings
+
+    if path is None:
+        return CoordinatorSettings()
+    return load_toml(CoordinatorSettings, path, environ={})
+
+
+def with_flags(settings: CoordinatorSettings, args: argparse.Namespace) -> CoordinatorSettings:
+    """The file's settings with each timing flag given on the command line put over them."""
+    raft = {
+        key: value
+        for key, value in (
+            ("min_timeout", args.min_election_timeout),
+            ("max_timeout", args.max_election_timeout),
+            ("append_period", args.append_period),
+        )
+        if value is not None
+    }
+    if args.max_election_timeout is not None:
+        raft["connection_timeout"] = max(
+            settings.raft.connection_timeout, args.max_election_timeout
+        )
+    liveness = {
+        key: value
+        for key, value in (("suspect_after", args.suspect_after), ("dead_after", args.dead_after))
+        if value is not None
+    }
+    try:
+        return replace(
+            settings,
+            raft=replace(settings.raft, **raft),
+            liveness=replace(settings.liveness, **liveness),
+        )
+    except ConfigError as exc:
+        source = args.config or "the defaults"
+        raise ConfigError(f"the timing flags do not fit {source}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from shoal.raft.config import CoordinatorConfig, LivenessConfig, RaftTimings
+    from shoal.raft.config import CoordinatorConfig
     from shoal.raft.coordinator import serve_until_signalled
     from shoal.runtime import loop
 
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    settings = with_flags(load_settings(args.config), args)
     token = (
         read_secret_file(args.token_file, "API token")
         if args.token_file
@@ -88,13 +141,10 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         secret=read_secret_file(args.secret_file, "cluster secret") if args.secret_file else None,
         token=token,
-        timings=RaftTimings(
-            append_period=args.append_period,
-            min_timeout=args.min_election_timeout,
-            max_timeout=args.max_election_timeout,
-            connection_timeout=max(1.0, args.max_election_timeout),
-        ),
-        liveness=LivenessConfig(suspect_after=args.suspect_after, dead_after=args.dead_after),
+        timings=settings.raft,
+        liveness=settings.liveness,
+        scheduling=settings.scheduling,
+        settings_source=str(args.config) if args.config else "defaults",
     )
     loop.run(serve_until_signalled(config))
     return 0
