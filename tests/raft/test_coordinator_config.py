@@ -249,3 +249,16 @@ def test_a_coordinator_with_a_short_dead_after_declares_a_killed_node_dead(
         assert liveness_of(local, "n2") != "dead"
     finally:
         local.stop_all()
+
+
+def test_every_key_is_documented_with_its_default() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    rows = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells[1]
+    for table, keys in CoordinatorSettings().as_dict().items():
+        for key, default in keys.items():
+            shown = str(default).lower() if isinstance(default, bool) else str(default)
+            assert rows.get(f"{table}.{key}") == shown, f"{table}.{key} in docs/operations.md"
