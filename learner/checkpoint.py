@@ -8,6 +8,12 @@ data file's sha256 matches it, so a crash at any point leaves at worst an orphan
 `latest()` skips with a warning. Old checkpoints are pruned only after a new one is complete, so a
 full disk costs the new checkpoint, never the previous ones.
 
+A failed background write is counted (`failures`, `last_failure`) and logged the moment it
+happens, so a trainer keeps training through a full disk and its status can say so; the next
+save after space is freed writes a complete checkpoint again. `wait()` raises only when the
+newest finished write failed: a failure that a later complete checkpoint superseded no longer
+matters to the caller (the trainer's final blocking save must not die of a healed disk-full).
+
 Concurrency: one owner thread calls save/wait/latest/load/close; the writer thread only writes.
 """
 
@@ -139,11 +145,19 @@ class CheckpointManager:
                 "choose a writable checkpoint.directory"
             ) from exc
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
-        self._pending: list[Future[CheckpointInfo]] = []
-        self._pending_steps: set[int] = set()
+        self._pending: dict[Future[None], int] = {}
+        self.failures = 0
+        """Writes that failed since this manager was opened (disk full, I/O error)."""
+        self.last_failure: str | None = None
+        self.last_complete: CheckpointInfo | None = None
+        """The newest checkpoint this manager wrote completely."""
+        self._unsuperseded: str | None = None  # the newest write's failure, until one succeeds
 
     def __repr__(self) -> str:
-        return f"<CheckpointManager {self.directory} keep={self.keep} pending={len(self._pending)}>"
+        return (
+            f"<CheckpointManager {self.directory} keep={self.keep} pending={len(self._pending)} "
+            f"failures={self.failures}>"
+        )
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -181,16 +195,28 @@ class CheckpointManager:
             created_unix=time.time(),
             meta=dict(meta or {}),
         )
-        self._pending_steps.add(step)
-        future = self._writer.submit(self._write, info, payload)
-        self._pending.append(future)
+        self._pending = {f: s for f, s in self._pending.items() if not f.done()}
+        self._pending[self._writer.submit(self._write_counted, info, payload)] = step
         if block:
             self.wait()
         return info
 
-    def _write(self, info: CheckpointInfo, payload: bytes) -> CheckpointInfo:
+    def _write_counted(self, info: CheckpointInfo, payload: bytes) -> None:
+        """The writer thread's job: write, and record the outcome instead of raising it, so a
+        failed write holds no traceback (and no payload) until someone waits."""
+        try:
+            self._write(info, payload)
+        except CheckpointError as exc:
+            self.failures += 1
+            self.last_failure = self._unsuperseded = str(exc)
+            log.warning("%s (%d failed writes so far)", exc, self.failures)
+            return
+        self.last_complete = info
+        self._unsuperseded = None
+
+    def _write(self, info: CheckpointInfo, payload: bytes) -> None:
         if self._already_written(info):
-            return info
+            return
         manifest = {
             "format": FORMAT,
             "step": info.step,
@@ -210,7 +236,6 @@ class CheckpointManager:
             info.path.unlink(missing_ok=True)
             raise self._write_error(info, exc) from exc
         self._prune()
-        return info
 
     def _already_written(self, info: CheckpointInfo) -> bool:
         """The same step with the same content is complete on disk (a stop right after a periodic save)."""
@@ -243,16 +268,14 @@ class CheckpointManager:
             stale.unlink(missing_ok=True)
 
     def wait(self) -> None:
-        """Block until every write so far is on disk; raise CheckpointError for the first that failed."""
-        pending, self._pending = self._pending, []
-        first: CheckpointError | None = None
+        """Block until every write so far is done; raise CheckpointError (once) if the newest
+        one failed. Failures before a later complete write are only counted."""
+        pending, self._pending = self._pending, {}
         for future in pending:
-            exc = future.exception()
-            if exc is not None and first is None:
-                first = exc if isinstance(exc, CheckpointError) else CheckpointError(str(exc))
-        self._pending_steps.clear()
-        if first is not None:
-            raise first
+            future.result()
+        failure, self._unsuperseded = self._unsuperseded, None
+        if failure is not None:
+            raise CheckpointError(failure)
 
     def close(self) -> None:
         """Flush pending writes and stop the writer thread (raises like `wait`)."""
@@ -285,7 +308,7 @@ class CheckpointManager:
             m = _DATA.match(path.name)
             if m and not (path.with_suffix(".json")).exists():
                 orphan = int(m.group(1))
-                if orphan not in self._pending_steps and (found is None or orphan > found.step):
+                if orphan not in self._pending.values() and (found is None or orphan > found.step):
                     log.warning(
                         "skipping checkpoint %s: its manifest is missing (write not finished)", path
                     )

@@ -192,6 +192,44 @@ def test_disk_full_raises_and_keeps_the_previous_checkpoint(manager):
     assert not (manager.directory / ".ckpt-000000000002.pt.tmp").exists()
 
 
+def _full_temp_file(manager: CheckpointManager, step: int) -> Path:
+    """The temp file of `step`'s data made a link to /dev/full: a real ENOSPC on its write."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("/dev/full is not available on this system")
+    link = manager.directory / f".ckpt-{step:012d}.pt.tmp"
+    link.symlink_to("/dev/full")
+    return link
+
+
+def test_a_failed_background_write_is_counted_and_a_later_one_supersedes_it(manager):
+    """What a trainer sees through a full disk: failures counted at once, nothing raised
+    once a newer checkpoint is complete, and checkpoints only move forward."""
+    manager.save(state_for(1), 1, block=True)
+    _full_temp_file(manager, 2)
+    manager.save(state_for(2), 2)
+    manager.save(state_for(3), 3)
+    manager.wait()  # step 3 is complete: step 2's failure no longer matters here
+    assert manager.failures == 1
+    assert "checkpoint step 2" in (manager.last_failure or "")
+    assert "disk is full" in (manager.last_failure or "")
+    assert manager.last_complete is not None
+    assert manager.last_complete.step == 3
+    assert [i.step for i in manager.list_complete()] == [3, 1]
+
+
+def test_wait_raises_once_when_the_newest_write_failed(manager):
+    manager.save(state_for(1), 1, block=True)
+    _full_temp_file(manager, 2)
+    manager.save(state_for(2), 2)
+    with pytest.raises(CheckpointError, match=r"checkpoint step 2.*disk is full"):
+        manager.wait()
+    manager.wait()  # reported once
+    assert manager.failures == 1
+    assert manager.last_complete is not None
+    assert manager.last_complete.step == 1
+    assert "failures=1" in repr(manager)
+
+
 @pytest.mark.timeout(120)
 def test_file_size_limit_in_a_child_process_is_reported_and_survived(tmp_path):
     """RLIMIT_FSIZE makes the child's real write fail (EFBIG); its old checkpoint stays loadable."""
