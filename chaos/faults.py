@@ -185,12 +185,20 @@ class DiskFull:
             raise FaultError(
                 "disk-full needs root to mount a tmpfs; use WriterFileLimit on the writer's pid"
             )
+        self.mount()
+        filled = _fill(self.directory / self.FILLER, self.size)
+        return f"tmpfs of {self.size} B on {self.directory} filled ({filled} B)"
+
+    def mount(self) -> None:
+        """Mount the (empty) tmpfs now. For a writer that is already running, call this before
+        it starts: mounted later, the tmpfs hides what the writer wrote before, and `close()`
+        takes away what it wrote after."""
+        if os.geteuid() != 0:
+            raise FaultError("disk-full needs root to mount a tmpfs; use WriterFileLimit instead")
         if not self.mounted:
             self.directory.mkdir(parents=True, exist_ok=True)
             _run(["mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.directory)])
             self.mounted = True
-        filled = _fill(self.directory / self.FILLER, self.size)
-        return f"tmpfs of {self.size} B on {self.directory} filled ({filled} B)"
 
     def heal(self) -> str:
         with contextlib.suppress(FileNotFoundError):
@@ -238,6 +246,11 @@ class WriterFileLimit:
         self._old: tuple[int, int] | None = None
 
     def inject(self) -> str:
+        if not _survives_sigxfsz(self.pid):
+            raise FaultError(
+                f"pid {self.pid} neither ignores nor handles SIGXFSZ: RLIMIT_FSIZE would kill it "
+                "instead of failing its writes; ignore the signal in the writer first"
+            )
         try:
             self._old = resource.prlimit(self.pid, resource.RLIMIT_FSIZE)
             resource.prlimit(self.pid, resource.RLIMIT_FSIZE, (self.limit, self._old[1]))
@@ -251,3 +264,15 @@ class WriterFileLimit:
         with contextlib.suppress(ProcessLookupError):
             resource.prlimit(self.pid, resource.RLIMIT_FSIZE, self._old)
         return f"RLIMIT_FSIZE of pid {self.pid} restored"
+
+
+def _survives_sigxfsz(pid: int) -> bool:
+    """Whether `pid` ignores or catches SIGXFSZ (from /proc/PID/status); a gone pid counts as
+    surviving, so prlimit reports it gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    masks = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    bit = 1 << (signal.SIGXFSZ - 1)
+    return any(int(masks.get(key, "0").strip(), 16) & bit for key in ("SigIgn", "SigCgt"))

@@ -174,6 +174,20 @@ def test_writer_file_limit_fails_the_writer(tmp_path: Path) -> None:
         proc.wait()
 
 
+def test_writer_file_limit_refuses_a_writer_that_sigxfsz_would_kill() -> None:
+    """`sleep` keeps SIGXFSZ's default action (core dump): limiting it would kill, not fail."""
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(FaultError, match="neither ignores nor handles SIGXFSZ"):
+            WriterFileLimit(proc.pid, 10).inject()
+        assert resource.prlimit(proc.pid, resource.RLIMIT_FSIZE) == resource.getrlimit(
+            resource.RLIMIT_FSIZE
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_writer_file_limit_on_a_gone_process() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
