@@ -269,6 +269,8 @@ class LearnerCore:
             "wall_s": wall,
             "checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint.path),
             "checkpoint_step": None if self.last_checkpoint is None else self.last_checkpoint.step,
+            "checkpoint_failures": self.checkpoints.failures,
+            "checkpoint_error": self.checkpoints.last_failure,
             "ledger": self.intake.ledger(),
         }
 
