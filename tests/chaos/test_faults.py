@@ -7,10 +7,11 @@ import errno
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from shoal.chaos.faults import (
     WriterFileLimit,
     XidStorm,
 )
+from shoal.learner.checkpoint import CheckpointManager
 from shoal.local import LocalCluster, ProcessSpec, coordinator_specs, node_specs
 from shoal.scheduler.health.clock import CHAOS_CLOCK_ENV, measure, serve_clock
 from shoal.scheduler.health.simgpu import SimGpuBackend, gpu_collector
@@ -277,3 +279,116 @@ def test_clock_skew_on_a_real_node_daemon_shows_in_its_replicated_health(tmp_pat
     assert abs(during + 2500.0) < 250.0
     assert abs(before) < 250.0
     assert abs(after) < 250.0
+
+
+class Training:
+    """A real embedded training run (`shoal train cartpole`, one learner rank checkpointing
+    every second) as a child process, and what it writes."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.checkpoints = CheckpointManager(run_dir / "checkpoints")
+        self.proc: subprocess.Popen[str] | None = None
+        self.newest: list[int] = []
+        """Every newest complete checkpoint step seen, in order: must never decrease."""
+
+    def start(self) -> None:
+        argv = [
+            sys.executable, "-m", "shoal", "train", "cartpole", "--json", "--quiet", "--no-eval",
+            "--run-dir", str(self.run_dir), "--ranks", "1", "--workers", "1",
+            "--checkpoint-interval", "1", "--seed", "3", "--target-return", "1e9",
+            "--time-limit", "150",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+
+    def status(self) -> dict:
+        try:
+            return dict(json.loads((self.run_dir / "status-0.json").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def newest_step(self) -> int:
+        info = self.checkpoints.latest()
+        step = -1 if info is None else info.step
+        self.newest.append(step)
+        return step
+
+    def until(self, what: str, check: Callable[[], bool], within: float = 60.0) -> None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            self.newest_step()
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"training exited ({self.proc.returncode}) before: {what}")
+            if check():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"not within {within:g} s: {what}; status {self.status()}")
+
+    def stop(self) -> dict:
+        """SIGTERM (an orderly stop: final checkpoint); the run's JSON summary."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=60)
+        return dict(json.loads(out.strip().splitlines()[-1]))
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        self.checkpoints.close()
+
+
+def _disk_full_of(kind: str, run_dir: Path) -> DiskFull | WriterFileLimit:
+    if kind == "tmpfs":
+        fault = DiskFull(run_dir / "checkpoints", size=1 << 20, target="checkpoints")
+        fault.mount()  # before the learner starts: it checkpoints into the tmpfs from the first
+        return fault
+    return WriterFileLimit(0, 16 * 1024)  # the pid is set once the learner runs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "rlimit",
+        pytest.param(
+            "tmpfs",
+            marks=pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root"),
+        ),
+    ],
+)
+def test_disk_full_under_a_real_learner_rank(tmp_path: Path, kind: str) -> None:
+    """Checkpoint writes of a training learner fail (ENOSPC on a full tmpfs, or EFBIG past
+    its file size limit): the failures are counted in its status, it keeps training, and
+    after healing a newer complete checkpoint appears; checkpoints only move forward."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    fault = _disk_full_of(kind, run_dir)
+    training = Training(run_dir)
+    try:
+        training.start()
+        training.until("a first checkpoint", lambda: training.newest_step() >= 1)
+        if isinstance(fault, WriterFileLimit):
+            fault.pid = int(training.status()["pid"])  # the rank's own word, however it runs
+        fault.inject()
+        training.until(
+            "two failed checkpoint writes", lambda: training.status()["checkpoint_failures"] >= 2
+        )
+        version = training.status()["version"]
+        training.until("training goes on", lambda: training.status()["version"] > version + 2)
+        held = training.newest_step()
+        assert "disk is full" in training.status()["checkpoint_error"]
+        fault.heal()
+        training.until("a newer complete checkpoint", lambda: training.newest_step() > held)
+        summary = training.stop()
+        final = training.newest_step()
+    finally:
+        training.close()
+        if isinstance(fault, DiskFull):
+            fault.close()
+    assert summary["stopped_by"] == "interrupted"
+    assert summary["checkpoint_step"] == final
+    assert final > held
+    assert training.newest == sorted(training.newest)
