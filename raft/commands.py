@@ -77,6 +77,18 @@ TASK_SPEC: Schema = {
 }
 
 
+RESTART_POLICY: Schema = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "max_restarts": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+        "window_s": {"type": "number", "minimum": 0, "maximum": 1e9},
+    },
+}
+"""A job's `spec.restart`: how many restarts of its tasks within `window_s` seconds the leader
+makes before it fails the job (OTP-style restart intensity)."""
+
+
 def _obj(required: list[str], **props: Schema) -> Schema:
     return {
         "type": "object",
@@ -120,6 +132,15 @@ ARG_SCHEMAS: dict[str, Schema] = {
         tasks={"type": "array", "maxItems": 4096, "items": TASK_SPEC},
     ),
     "stop_job": _obj(["job_id"], job_id=ID),
+    "restart_tasks": _obj(
+        ["job_id", "cause", "generation", "tasks", "reason", "counted"],
+        job_id=ID,
+        cause=ID,
+        generation={"type": "integer", "minimum": 0},
+        tasks={"type": "array", "maxItems": 4096, "items": ID},
+        reason=TEXT,
+        counted={"type": "boolean"},
+    ),
     "add_tasks": _obj(
         ["job_id", "tasks"],
         job_id=ID,
@@ -185,6 +206,22 @@ def validate_args(op: str, args: Any, field: str = "args") -> None:
         raise ValidationError("op", f"unknown command {op!r}; known: {sorted(ARG_SCHEMAS)}")
     check(ARG_SCHEMAS[op], args, field)
     _check_unique(op, args, field)
+    if op == "submit_job":
+        _check_restart_policy(args.get("spec", {}), f"{field}.spec.restart")
+
+
+def _check_restart_policy(spec: dict[str, Any], field: str) -> None:
+    """`spec` is free-form except its `restart` object, which the state machine reads."""
+    policy = spec.get("restart")
+    if policy is None:
+        return
+    check(RESTART_POLICY, policy, field)
+    if policy.get("window_s", 1.0) <= 0:
+        raise ValidationError(
+            f"{field}.window_s",
+            f"must be > 0 seconds, got {policy['window_s']}; give the sliding window in which "
+            "restarts are counted",
+        )
 
 
 def _check_unique(op: str, args: dict[str, Any], field: str) -> None:

@@ -202,8 +202,8 @@ class StateMachine:
         job = self.jobs.get(args["job_id"])
         if job is None:
             return refused("not_found", f"no job {args['job_id']!r}", "job_id")
-        if job.state == "stopped":
-            return refused("conflict", f"job {job.id!r} is stopped", "job_id")
+        if job.state != "running":
+            return refused("conflict", f"job {job.id!r} is {job.state}", "job_id")
         refusal = self._new_tasks(job, args["tasks"])
         return refusal or ok(task_ids=[spec["task_id"] for spec in args["tasks"]])
 
@@ -211,15 +211,90 @@ class StateMachine:
         job = self.jobs.get(args["job_id"])
         if job is None:
             return refused("not_found", f"no job {args['job_id']!r}", "job_id")
-        if job.state != "stopped":
+        if job.state == "running":
             job.state, job.stopped_at = "stopped", at
-            for task in self.tasks.values():
-                if task.job_id == job.id and task.state in ("pending", "running"):
-                    task.state = "stopped"
-                if task.job_id == job.id and task.incoming is not None:
-                    self._abandon(task, task.incoming, at, f"job {job.id} stopped")
+            self._end_tasks(job, at, f"job {job.id} stopped")
             self._event(at, "job_stopped", f"job {job.id} stopped", job=job.id)
         return ok(job=asdict(job))
+
+    def _end_tasks(self, job: Job, at: float, why: str) -> None:
+        """Mark a job's active tasks stopped (their nodes stop them) and drop incoming copies."""
+        for task in self.tasks.values():
+            if task.job_id == job.id and task.state in ("pending", "running"):
+                task.state = "stopped"
+            if task.job_id == job.id and task.incoming is not None:
+                self._abandon(task, task.incoming, at, why)
+
+    def _restart_tasks(self, args: dict[str, Any], at: float) -> Result:
+        """Start tasks of a running job again after `cause` ended at `generation`: each becomes
+        pending with no node and a new generation (its node stops the old incarnation; the
+        scheduler places it again, a learner group as one gang). A counted restart past the
+        job's `spec.restart` intensity fails the job instead."""
+        job = self.jobs.get(args["job_id"])
+        if job is None:
+            return refused("not_found", f"no job {args['job_id']!r}", "job_id")
+        if job.state != "running":
+            return refused("conflict", f"job {job.id!r} is {job.state}: nothing restarts", "job_id")
+        ids = list(dict.fromkeys(args["tasks"]))
+        if args["cause"] not in ids:
+            return refused("invalid", f"cause {args['cause']!r} is not among the tasks", "cause")
+        for i, task_id in enumerate(ids):
+            task = self.tasks.get(task_id)
+            if task is None or task.job_id != job.id:
+                return refused(
+                    "not_found", f"job {job.id!r} has no task {task_id!r}", f"tasks[{i}]"
+                )
+        cause = self.tasks[args["cause"]]
+        if cause.generation != args["generation"]:
+            return refused(
+                "conflict",
+                f"stale restart: task {cause.id!r} is at generation {cause.generation}, "
+                f"not {args['generation']}",
+                "generation",
+            )
+        if args["counted"]:
+            limit, window = job.restart_policy()
+            job.restart_times = [t for t in job.restart_times if t > at - window]
+            if len(job.restart_times) >= limit:
+                return self._fail_job(
+                    job, at, f"{args['reason']}; gave up after {limit} restarts in {window:g} s"
+                )
+            job.restart_times.append(at)
+        job.restarts += 1
+        for task_id in ids:
+            self._unplace(self.tasks[task_id], at, args["reason"])
+        self._event(
+            at,
+            "restart",
+            f"job {job.id}: {args['reason']}; {self._restart_count(job, args['counted'])}",
+            job=job.id,
+            cause=cause.id,
+            tasks=ids,
+            counted=args["counted"],
+            restarts=job.restarts,
+        )
+        return ok(job=asdict(job), tasks=ids)
+
+    @staticmethod
+    def _restart_count(job: Job, counted: bool) -> str:
+        limit, window = job.restart_policy()
+        if not counted:
+            return f"restart (not counted toward the limit of {limit} in {window:g} s)"
+        return f"restart {len(job.restart_times)} of {limit} in {window:g} s"
+
+    def _unplace(self, task: Task, at: float, why: str) -> None:
+        if task.incoming is not None:
+            self._abandon(task, task.incoming, at, f"the task restarts: {why}")
+        self._unindex(task.id, task.node)
+        task.node, task.state, task.message = None, "pending", f"restarting: {why}"
+        task.generation = self._next_generation(task)
+        task.restarts += 1
+
+    def _fail_job(self, job: Job, at: float, message: str) -> Result:
+        job.state, job.stopped_at, job.message = "failed", at, message
+        self._end_tasks(job, at, f"job {job.id} failed")
+        self._event(at, "job_failed", f"job {job.id} failed: {message}", job=job.id)
+        return ok(job=asdict(job), failed=True)
 
     def _place_tasks(self, args: dict[str, Any], at: float) -> Result:
         for i, placement in enumerate(args["placements"]):
@@ -237,9 +312,10 @@ class StateMachine:
                     return refused(
                         "conflict", f"node {node_id!r} takes no tasks", f"placements[{i}].node_id"
                     )
-            if self.jobs[task.job_id].state == "stopped":
+            job_state = self.jobs[task.job_id].state
+            if job_state != "running":
                 return refused(
-                    "conflict", f"job {task.job_id!r} is stopped", f"placements[{i}].task_id"
+                    "conflict", f"job {task.job_id!r} is {job_state}", f"placements[{i}].task_id"
                 )
         for placement in args["placements"]:
             task = self.tasks[placement["task_id"]]
@@ -285,8 +361,9 @@ class StateMachine:
             return refused("not_found", f"no node {args['node_id']!r}", "node_id")
         if node.cordoned or node.liveness == "dead":
             return refused("conflict", f"node {node.id!r} takes no tasks", "node_id")
-        if self.jobs[task.job_id].state == "stopped":
-            return refused("conflict", f"job {task.job_id!r} is stopped", "task_id")
+        job_state = self.jobs[task.job_id].state
+        if job_state != "running":
+            return refused("conflict", f"job {task.job_id!r} is {job_state}", "task_id")
         if task.state != "running" or task.node is None:
             return refused(
                 "conflict",
@@ -457,6 +534,7 @@ _HANDLERS: dict[str, Callable[[StateMachine, dict[str, Any], float], Result]] = 
     "set_draining": StateMachine._set_draining,
     "submit_job": StateMachine._submit_job,
     "stop_job": StateMachine._stop_job,
+    "restart_tasks": StateMachine._restart_tasks,
     "add_tasks": StateMachine._add_tasks,
     "place_tasks": StateMachine._place_tasks,
     "set_task_state": StateMachine._set_task_state,

@@ -13,7 +13,9 @@ from typing import Any
 
 LIVENESS = ("alive", "suspect", "dead")
 TASK_STATES = ("pending", "running", "stopped", "failed")
-JOB_STATES = ("running", "stopped")
+JOB_STATES = ("running", "stopped", "failed")
+DEFAULT_MAX_RESTARTS = 5
+DEFAULT_RESTART_WINDOW_S = 600.0
 
 
 @dataclass
@@ -88,6 +90,20 @@ class Job:
     submitted_at: float
     state: str = "running"
     stopped_at: float | None = None
+    message: str = ""
+    """Why the job failed (its last failure and the restart count), else empty."""
+    restarts: int = 0
+    """Every restart of its tasks: a failed task, or a learner group started again as one."""
+    restart_times: list[float] = field(default_factory=list)
+    """When the restarts that count toward `spec.restart` happened, within its window."""
+
+    def restart_policy(self) -> tuple[int, float]:
+        """(max_restarts, window_s) from `spec.restart` (validated at submit), else defaults."""
+        policy = self.spec.get("restart") or {}
+        return (
+            int(policy.get("max_restarts", DEFAULT_MAX_RESTARTS)),
+            float(policy.get("window_s", DEFAULT_RESTART_WINDOW_S)),
+        )
 
 
 @dataclass

@@ -39,6 +39,7 @@ from shoal.scheduler.model import (
     BalancerState,
     Gpu,
     LearnerGroup,
+    Migration,
     Node,
     NodeHealth,
     Placement,
@@ -85,6 +86,17 @@ class TaskInfo:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """A task of a running auto job that reported `failed` at `generation`."""
+
+    id: str
+    job: str
+    learner: bool
+    generation: int
+    message: str
+
+
+@dataclass(frozen=True)
 class Inputs:
     """The scheduler's view of the replicated state at one moment.
 
@@ -103,6 +115,10 @@ class Inputs:
     checkpoint_groups: frozenset[str]
     bad_modes: tuple[tuple[str, str], ...] = ()
     """(job, its spec.placement) where that value is neither "auto" nor "manual"."""
+    failures: tuple[Failure, ...] = ()
+    """The failed tasks of running auto jobs, by task id: each is restarted."""
+    ranks: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Running auto job -> all its learner-rank tasks (any state): the gang that restarts."""
 
 
 @dataclass
@@ -153,7 +169,7 @@ def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int,
     """Convert the machine's records (under its lock) into frozen scheduler inputs."""
     nodes = {n.id: n for n in m.nodes.values()}
     running = {
-        j.id: j.spec.get("placement", "auto") for j in m.jobs.values() if j.state != "stopped"
+        j.id: j.spec.get("placement", "auto") for j in m.jobs.values() if j.state == "running"
     }
     live = {nid for nid, n in nodes.items() if n.liveness != "dead"}
     tasks = {
@@ -176,6 +192,7 @@ def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int,
     groups = frozenset(
         c.job_id for c in m.checkpoints.values() if c.complete and running.get(c.job_id) == "auto"
     )
+    failures, ranks = _failures_and_ranks(m, {j for j, mode in running.items() if mode == "auto"})
     return Inputs(
         topology,
         placements,
@@ -186,7 +203,25 @@ def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int,
         stamp,
         groups,
         bad,
+        failures,
+        ranks,
     )
+
+
+def _failures_and_ranks(
+    m: StateMachine, auto: set[str]
+) -> tuple[tuple[Failure, ...], dict[str, tuple[str, ...]]]:
+    failures = []
+    ranks: dict[str, list[str]] = {}
+    for t in sorted(m.tasks.values(), key=lambda t: t.id):
+        if t.job_id not in auto:
+            continue
+        learner = t.kind == LEARNER_KIND
+        if learner:
+            ranks.setdefault(t.job_id, []).append(t.id)
+        if t.state == "failed":
+            failures.append(Failure(t.id, t.job_id, learner, t.generation, t.message))
+    return tuple(failures), {job: tuple(ids) for job, ids in ranks.items()}
 
 
 def _task_info(t: RaftTask, auto: bool, live: set[str]) -> TaskInfo:
@@ -308,8 +343,10 @@ def _health(n: RaftNode, shares_host: bool) -> NodeHealth | None:
 
 
 def decide(inputs: Inputs, memory: Memory, now: float, config: BalancerConfig) -> Round:
-    """One round: place what is pending, else balance on a new health batch. Updates `memory`."""
-    commands = _bad_modes(inputs, memory) + _place_pending(inputs, memory)
+    """One round: restart what failed, place what is pending, else balance on a new health
+    batch. Updates `memory`."""
+    restarts, restarting = _restarts(inputs)
+    commands = _bad_modes(inputs, memory) + restarts + _place_pending(inputs, memory, restarting)
     if not commands and inputs.health_stamp != memory.health_stamp:
         memory.health_stamp = inputs.health_stamp
         commands = _balance(inputs, memory, now, config)
@@ -329,13 +366,63 @@ def _bad_modes(inputs: Inputs, memory: Memory) -> list[Command]:
     return out
 
 
-def _requests(inputs: Inputs) -> tuple[list[LearnerGroup], list[RolloutActor], dict[str, str]]:
-    """Pending tasks as placement requests; also the request name -> task id map."""
+def _restarts(inputs: Inputs) -> tuple[list[Command], set[str]]:
+    """Restart each failed task; a failed learner rank, or one whose node died while the rest
+    of its group runs, restarts its whole group (once per job per round: one failure usually
+    takes the peers down too). Also returns the jobs whose group restarts, which the round
+    does not place until the restart is applied."""
+    commands = []
+    gangs: set[str] = set()
+    for f in inputs.failures:
+        if f.learner and f.job in gangs:
+            continue
+        reason = f"task {f.id} failed: {f.message or 'no reason given'}"
+        if f.learner:
+            gangs.add(f.job)
+            reason += f" (its learner group of {len(inputs.ranks[f.job])} restarts as one)"
+        members = inputs.ranks[f.job] if f.learner else (f.id,)
+        commands.append(_restart(f.job, f.id, f.generation, members, reason, True))
+    for task_id in inputs.pending:
+        t = inputs.tasks[task_id]
+        if not t.learner or t.node is None or t.job in gangs:
+            continue
+        if all(r in inputs.pending for r in inputs.ranks[t.job] if r in inputs.tasks):
+            continue  # the whole group needs a place: it is gang-placed as it is
+        gangs.add(t.job)
+        reason = (
+            f"learner rank {t.id} was on dead node {t.node}; its group of "
+            f"{len(inputs.ranks[t.job])} restarts as one"
+        )
+        commands.append(_restart(t.job, t.id, t.generation, inputs.ranks[t.job], reason, False))
+    return commands, gangs
+
+
+def _restart(
+    job: str, cause: str, generation: int, tasks: Iterable[str], reason: str, counted: bool
+) -> Command:
+    args = {
+        "job_id": job,
+        "cause": cause,
+        "generation": generation,
+        "tasks": list(tasks),
+        "reason": reason[:4096],
+        "counted": counted,
+    }
+    return Command("restart_tasks", args, op_id("restart", cause, generation))
+
+
+def _requests(
+    inputs: Inputs, skip: set[str]
+) -> tuple[list[LearnerGroup], list[RolloutActor], dict[str, str]]:
+    """Pending tasks (but the learner ranks of jobs in `skip`) as placement requests; also the
+    request name -> task id map."""
     names: dict[str, str] = {}
     ranks: dict[str, list[TaskInfo]] = {}
     actors = []
     for task_id in inputs.pending:
         t = inputs.tasks[task_id]
+        if t.learner and t.job in skip:
+            continue
         if t.learner:
             ranks.setdefault(t.job, []).append(t)
         else:
@@ -356,10 +443,10 @@ def _requests(inputs: Inputs) -> tuple[list[LearnerGroup], list[RolloutActor], d
     return groups, actors, names
 
 
-def _place_pending(inputs: Inputs, memory: Memory) -> list[Command]:
-    if not inputs.pending:
+def _place_pending(inputs: Inputs, memory: Memory, skip: set[str]) -> list[Command]:
+    groups, actors, names = _requests(inputs, skip)
+    if not groups and not actors:
         return []
-    groups, actors, names = _requests(inputs)
     plan = place(inputs.topology, inputs.placements, groups, actors)
     commands: list[Command] = []
     by_group: dict[str, list[Placement]] = {}
@@ -459,14 +546,49 @@ def _balance(inputs: Inputs, memory: Memory, now: float, config: BalancerConfig)
             memory.said[key] = d.reason
         fields = {"node": d.node, "task": d.task, "action": d.action}
         commands.append(_event("balance", d.reason, (d, stamp), fields))
+    gangs: dict[str, list[Migration]] = {}
     for mig in plan.migrations:
         t = inputs.tasks[mig.task]
+        if t.learner:
+            gangs.setdefault(t.job, []).append(mig)
+            continue
         move_id, move = _move(t, mig.target)
         commands.append(move)
         memory.gpus[mig.task] = (mig.target, t.next_generation, mig.gpus)
         fields = {"task": mig.task, "source": mig.source, "target": mig.target}
         event_key = ("migration", mig.task, t.generation)
         commands.append(_event("migration", mig.reason, event_key, fields, move_id))
+    for job, migs in gangs.items():
+        commands += _move_group(inputs, memory, job, migs)
+    return commands
+
+
+def _move_group(inputs: Inputs, memory: Memory, job: str, migs: list[Migration]) -> list[Command]:
+    """Learner ranks move only as their whole group: the moved ranks go to their targets and
+    the others are placed again where they are, all at new generations in one command, so
+    the group restarts as one from its checkpoint (a lone rank cannot rejoin a group)."""
+    targets = {m.task: m for m in migs}
+    where = {p.task: p for p in inputs.placements}
+    members = [r for r in inputs.ranks.get(job, ()) if r in targets or r in where]
+    placements = []
+    for r in members:
+        node = targets[r].target if r in targets else where[r].node
+        gpus = targets[r].gpus if r in targets else where[r].gpus
+        placements.append({"task_id": r, "node_id": node})
+        memory.gpus[r] = (node, inputs.tasks[r].next_generation, gpus)
+    key = [(r, inputs.tasks[r].generation, p["node_id"]) for r, p in zip(members, placements)]
+    move_id = op_id(key)
+    commands = [Command("place_tasks", {"placements": placements}, move_id)]
+    for m in migs:
+        fields = {"task": m.task, "source": m.source, "target": m.target}
+        key_m = ("migration", m.task, inputs.tasks[m.task].generation)
+        commands.append(_event("migration", m.reason, key_m, fields, move_id))
+    reason = (
+        f"job {job}: learner rank(s) {', '.join(sorted(targets))} moved; its group of "
+        f"{len(members)} restarts as one from its checkpoint"
+    )
+    restart_fields: dict[str, Any] = {"job": job, "tasks": members, "counted": False}
+    commands.append(_event("restart", reason, ("restart", *key), restart_fields, move_id))
     return commands
 
 

@@ -40,6 +40,11 @@ task_spec = st.builds(
     st.sampled_from(["rollout", "learner-rank"]),
     st.integers(0, 2),
 )
+restart_spec = st.builds(
+    lambda n, w: {"placement": "auto", "restart": {"max_restarts": n, "window_s": w}},
+    st.integers(0, 3),
+    st.floats(0.5, 1e6),
+)
 
 
 def _unique(items: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
@@ -82,10 +87,20 @@ args_by_op: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "submit_job": st.builds(
         lambda j, spec, ts: {"job_id": j, "spec": spec, "tasks": _unique(ts, "task_id")},
         job_ids,
-        free_object,
+        free_object | restart_spec,
         st.lists(task_spec, max_size=3),
     ),
     "stop_job": st.fixed_dictionaries({"job_id": job_ids}),
+    "restart_tasks": st.fixed_dictionaries(
+        {
+            "job_id": job_ids,
+            "cause": task_ids,
+            "generation": st.integers(0, 4),
+            "tasks": st.lists(task_ids, max_size=4),
+            "reason": st.text(max_size=8),
+            "counted": st.booleans(),
+        }
+    ),
     "add_tasks": st.builds(
         lambda j, ts: {"job_id": j, "tasks": _unique(ts, "task_id")},
         job_ids,

@@ -1,0 +1,267 @@
+"""The leader restarts what failed: OTP-style restart intensity per job, learner groups as one
+gang, stopped jobs left alone. Rounds run over a real StateMachine, as the loop commits them
+(tests/raft/test_scheduling.py helpers); hypothesis drives failures, time and leader changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.raft.commands import make_command, validate_args
+from shoal.raft.errors import ValidationError
+from shoal.raft.machine import StateMachine
+from shoal.raft.scheduling import LEARNER_KIND, Memory, decide, read_inputs
+from shoal.scheduler.signals import BalancerConfig
+from tests.raft.test_scheduling import add_node, apply_round, run
+
+RANKS = 2
+ROLLOUTS = 3
+
+
+def submit(m: StateMachine, job: str, restart: dict[str, Any] | None, at: float = 0.0) -> None:
+    tasks = [
+        {"task_id": f"{job}-r{i}", "kind": "rollout", "actor": "a.b:C", "resources": {"cpus": 1}}
+        for i in range(ROLLOUTS)
+    ] + [
+        {
+            "task_id": f"{job}-l{i}",
+            "kind": LEARNER_KIND,
+            "actor": "a.b:main",
+            "resources": {"cpus": 1, "gpus": 1},
+        }
+        for i in range(RANKS)
+    ]
+    spec: dict[str, Any] = {"placement": "auto"}
+    if restart is not None:
+        spec["restart"] = restart
+    assert run(m, "submit_job", {"job_id": job, "spec": spec, "tasks": tasks}, at)["ok"]
+
+
+def settle(m: StateMachine, now: float) -> None:
+    """Rounds until nothing is decided; every placed copy reports running (as agents do)."""
+    for _ in range(5):
+        rnd = decide(read_inputs(m, {}), Memory(), now, BalancerConfig())
+        apply_round(m, rnd, now)
+        for t in m.tasks.values():
+            if t.state == "pending" and t.node is not None:
+                report = {"task_id": t.id, "state": "running", "generation": t.generation}
+                assert run(m, "set_task_state", report, now)["ok"]
+        if not rnd.commands:
+            return
+    raise AssertionError("the rounds did not settle")
+
+
+def fail(m: StateMachine, task_id: str, now: float, why: str = "killed by SIGKILL") -> None:
+    t = m.tasks[task_id]
+    report = {"task_id": t.id, "state": "failed", "generation": t.generation, "message": why}
+    assert run(m, "set_task_state", report, now)["ok"]
+
+
+def cluster(restart: dict[str, Any] | None = None) -> StateMachine:
+    m = StateMachine()
+    for name in ("a", "b", "c"):
+        add_node(m, name, gpus=4, island_size=4)
+    submit(m, "job", restart)
+    settle(m, 0.0)
+    return m
+
+
+def restarts(m: StateMachine) -> list[Any]:
+    return [e for e in m.events if e.kind == "restart"]
+
+
+# -- the contract, example by example -----------------------------------------------------------
+
+
+def test_a_failed_rollout_restarts_alone_with_the_count_in_the_event() -> None:
+    m = cluster()
+    ranks_before = {f"job-l{i}": m.tasks[f"job-l{i}"].generation for i in range(RANKS)}
+    fail(m, "job-r1", 10.0, "exited with status 3")
+    settle(m, 10.0)
+    [event] = restarts(m)
+    assert event.message == (
+        "job job: task job-r1 failed: exited with status 3; restart 1 of 5 in 600 s"
+    )
+    assert event.fields["tasks"] == ["job-r1"]
+    t = m.tasks["job-r1"]
+    assert (t.state, t.restarts, t.generation) == ("running", 1, 3)
+    assert {r: m.tasks[r].generation for r in ranks_before} == ranks_before
+    assert m.jobs["job"].restarts == 1
+
+
+def test_a_failed_learner_rank_restarts_its_whole_group_as_one_gang() -> None:
+    m = cluster()
+    before = {t.id: t.generation for t in m.tasks.values()}
+    fail(m, "job-l1", 10.0)
+    fail(m, "job-l0", 10.0, "collective on rank 0 failed")  # its peer died: it fails too
+    settle(m, 10.0)
+    [event] = restarts(m)
+    assert event.fields["tasks"] == ["job-l0", "job-l1"]
+    assert "learner group of 2 restarts as one" in event.message
+    ranks = [m.tasks[f"job-l{i}"] for i in range(RANKS)]
+    assert all(r.generation == before[r.id] + 2 and r.state == "running" for r in ranks)
+    assert len({r.node for r in ranks}) == 1  # gang-placed again on one island
+    assert all(m.tasks[f"job-r{i}"].generation == before[f"job-r{i}"] for i in range(ROLLOUTS))
+    placed = [e for e in m.events if e.kind == "placement" and e.fields["task"] == "job-l0"]
+    assert len(placed) == 2  # the first placement and the restart's
+
+
+def test_a_dead_node_takes_the_whole_learner_group_down_uncounted() -> None:
+    m = StateMachine()
+    for name in ("a", "b"):
+        add_node(m, name, gpus=1, island_size=1)
+    submit(m, "job", None)
+    settle(m, 0.0)
+    nodes = {m.tasks[f"job-l{i}"].node for i in range(RANKS)}
+    assert nodes == {"a", "b"}  # one GPU a node: the group spans both
+    add_node(m, "c", gpus=2, island_size=2)
+    run(m, "set_liveness", {"changes": [{"node_id": "a", "liveness": "dead"}]})
+    settle(m, 5.0)
+    [event] = restarts(m)
+    assert "was on dead node a" in event.message
+    assert "not counted" in event.message
+    assert not m.jobs["job"].restart_times
+    assert {m.tasks[f"job-l{i}"].node for i in range(RANKS)} == {"c"}
+
+
+def test_past_the_intensity_the_job_fails_naming_the_last_failure_and_stops_its_tasks() -> None:
+    m = cluster({"max_restarts": 2, "window_s": 60})
+    for i, now in enumerate((10.0, 20.0)):
+        fail(m, "job-r0", now)
+        settle(m, now)
+        assert restarts(m)[-1].message.endswith(f"restart {i + 1} of 2 in 60 s")
+    fail(m, "job-r0", 30.0, "killed by SIGKILL")
+    settle(m, 30.0)
+    job = m.jobs["job"]
+    assert job.state == "failed"
+    assert job.message == "task job-r0 failed: killed by SIGKILL; gave up after 2 restarts in 60 s"
+    assert all(t.state in ("stopped", "failed") for t in m.tasks.values())
+    assert [e.kind for e in m.events][-1] == "job_failed"
+    assert run(m, "stop_job", {"job_id": "job"}, 31.0)["job"]["state"] == "failed"
+
+
+def test_restarts_outside_the_window_do_not_count() -> None:
+    m = cluster({"max_restarts": 1, "window_s": 60})
+    for now in (10.0, 100.0, 200.0):
+        fail(m, "job-r0", now)
+        settle(m, now)
+    assert m.jobs["job"].state == "running"
+    assert m.jobs["job"].restarts == 3
+
+
+def test_a_new_leader_repeating_a_restart_applies_it_once() -> None:
+    m = cluster()
+    fail(m, "job-l0", 10.0)
+    stale = read_inputs(m, {})
+    first = decide(stale, Memory(), 10.0, BalancerConfig())
+    second = decide(stale, Memory(), 10.0, BalancerConfig())
+    assert [c.op_id for c in first.commands] == [c.op_id for c in second.commands]
+    apply_round(m, first, 10.0)
+    # A new leader with a fresh applied-op table still refuses it: the generation moved on.
+    for c in second.commands:
+        if c.op == "restart_tasks":
+            again = m.apply(make_command(c.op, c.args, "other-op-id", 10.0))
+            assert again["ok"] is False
+            assert "stale restart" in again["message"]
+    assert len(restarts(m)) == 1
+
+
+def test_manual_and_stopped_jobs_never_restart() -> None:
+    m = cluster()
+    run(m, "stop_job", {"job_id": "job"}, 5.0)
+    fail(m, "job-r0", 6.0)
+    settle(m, 6.0)
+    assert restarts(m) == []
+    manual = StateMachine()
+    add_node(manual, "a")
+    spec = {"placement": "manual"}
+    task = {"task_id": "t", "kind": "rollout", "actor": "a.b:C"}
+    run(manual, "submit_job", {"job_id": "hand", "spec": spec, "tasks": [task]})
+    run(manual, "place_tasks", {"placements": [{"task_id": "t", "node_id": "a"}]})
+    fail(manual, "t", 1.0)
+    settle(manual, 1.0)
+    assert restarts(manual) == []
+    assert manual.tasks["t"].state == "failed"
+
+
+@pytest.mark.parametrize(
+    ("restart", "field"),
+    [
+        ({"max_restarts": -1}, "args.spec.restart.max_restarts"),
+        ({"max_restarts": 1.5}, "args.spec.restart.max_restarts"),
+        ({"window_s": 0}, "args.spec.restart.window_s"),
+        ({"window_s": "10"}, "args.spec.restart.window_s"),
+        ({"windows": 10}, "args.spec.restart.windows"),
+        ("often", "args.spec.restart"),
+    ],
+)
+def test_a_bad_restart_policy_is_refused_at_submit_naming_the_field(
+    restart: Any, field: str
+) -> None:
+    with pytest.raises(ValidationError) as info:
+        validate_args("submit_job", {"job_id": "j", "spec": {"restart": restart}})
+    assert info.value.field == field
+
+
+# -- properties -------------------------------------------------------------------------------
+
+TASKS = [f"job-r{i}" for i in range(ROLLOUTS)] + [f"job-l{i}" for i in range(RANKS)]
+step_st = st.tuples(
+    st.sets(st.sampled_from(TASKS), min_size=1),  # the tasks that fail in this step
+    st.floats(0.0, 50.0),  # seconds since the previous step
+    st.booleans(),  # a second leader decides again from the same, stale, inputs
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 4),
+    st.floats(1.0, 120.0),
+    st.lists(step_st, min_size=1, max_size=8),
+)
+def test_each_failure_restarts_once_groups_together_and_the_job_fails_exactly_past_the_limit(
+    limit: int, window: float, steps: list[tuple[set[str], float, bool]]
+) -> None:
+    m = cluster({"max_restarts": limit, "window_s": window})
+    now, counted = 0.0, []  # the model: when each counted restart happened
+    for failing, dt, replay in steps:
+        if m.jobs["job"].state != "running":
+            break
+        now += dt
+        before = {t.id: t.generation for t in m.tasks.values()}
+        for task_id in sorted(failing):
+            fail(m, task_id, now)
+        seen = len(restarts(m))
+        inputs = read_inputs(m, {})
+        rnd = decide(inputs, Memory(), now, BalancerConfig())
+        apply_round(m, rnd, now)
+        if replay:
+            apply_round(m, decide(inputs, Memory(), now, BalancerConfig()), now)
+        units = sorted(t for t in failing if not t.startswith("job-l"))
+        if any(t.startswith("job-l") for t in failing):
+            units.append("group")
+        applied = restarts(m)[seen:]
+        for i, _ in enumerate(units):
+            counted = [t for t in counted if t > now - window]
+            if len(counted) >= limit:
+                assert m.jobs["job"].state == "failed"
+                assert len(applied) == i
+                assert "gave up after" in m.jobs["job"].message
+                break
+            counted.append(now)
+        else:
+            assert m.jobs["job"].state == "running"
+            assert len(applied) == len(units)
+            for task_id in failing:  # exactly one restart covers each failure
+                assert sum(task_id in e.fields["tasks"] for e in applied) == 1
+            if "group" in units:
+                assert all(
+                    m.tasks[f"job-l{i}"].generation == before[f"job-l{i}"] + 1 for i in range(RANKS)
+                )
+        settle(m, now)
+    if m.jobs["job"].state == "failed":
+        settle(m, now + 1)
+        assert all(t.state in ("stopped", "failed") for t in m.tasks.values())
