@@ -18,19 +18,25 @@ class LivenessTable:
         self._config = config
         self._seen: dict[str, float] = {}
         self._health: dict[str, tuple[dict[str, Any], float]] = {}
+        self._totals: dict[str, dict[str, int]] = {}
+        """Per node, the running error totals of its newest heartbeat (kept across batches)."""
 
     def heartbeat(self, node_id: str, now: float, health: dict[str, Any] | None) -> None:
         self._seen[node_id] = now
         if health is not None:
             pending = self._health.get(node_id)
-            if pending is not None:
-                health = _keep_errors(pending[0], health)
+            health = fold_errors(
+                None if pending is None else pending[0],
+                health,
+                self._totals.setdefault(node_id, {}),
+            )
             self._health[node_id] = (health, now)
 
     def reset(self, now: float) -> None:
         """Forget everything (leadership changed hands): every node starts a fresh grace period."""
         self._seen = {node_id: now for node_id in self._seen}
         self._health.clear()
+        self._totals.clear()
 
     def expected(self, node_id: str, now: float) -> str:
         age = now - self._seen.setdefault(node_id, now)
@@ -47,6 +53,7 @@ class LivenessTable:
                 out.append({"node_id": node_id, "liveness": expected})
         for node_id in set(self._seen) - set(current):
             del self._seen[node_id]
+            self._totals.pop(node_id, None)
         return out
 
     def take_health(self) -> list[dict[str, Any]]:
@@ -59,17 +66,33 @@ class LivenessTable:
         return reports
 
 
-# Error counts a node reports as "new since its last collection". Only the newest report of a
-# node reaches the next replicated batch, so a fault seen in an earlier heartbeat of the same
-# batch would be overwritten by a clean one; keep the largest count seen in the batch. (A node
-# may repeat one collection in several heartbeats, so the counts are not added up.)
-_ERROR_COUNTS = ("xid_errors", "ecc_errors")
+# A node's summary counts errors twice: new since its previous collection (`xid_errors`) and
+# in total since it started (`xid_total`). Heartbeats repeat the newest collection until the
+# next one, and only one summary per node reaches a replicated batch, so the batch must carry
+# the sum of the new errors of every distinct collection it covers — not the newest one alone
+# (a clean summary would hide a fault) nor the largest (a burst over two collections would be
+# under-counted). A summary whose total equals the previous heartbeat's brings nothing new; one
+# whose total differs (up, or down after the daemon restarted) brings its own new count.
+_ERROR_COUNTS = (("xid_errors", "xid_total"), ("ecc_errors", "ecc_total"))
 
 
-def _keep_errors(pending: dict[str, Any], health: dict[str, Any]) -> dict[str, Any]:
-    kept = {
-        key: max(pending[key], health.get(key, 0))
-        for key in _ERROR_COUNTS
-        if isinstance(pending.get(key), int) and pending[key] > 0
-    }
-    return {**health, **kept} if kept else health
+def fold_errors(
+    pending: dict[str, Any] | None, health: dict[str, Any], last_totals: dict[str, int]
+) -> dict[str, Any]:
+    """`health` whose summary's new-error counts add what the batch already held (`pending`)
+    to what this heartbeat brings; `last_totals` (this node's running totals as of its
+    previous heartbeat) is updated in place."""
+    summary = health.get("summary")
+    if not isinstance(summary, dict):
+        return health
+    before = pending.get("summary") if pending is not None else None
+    folded = dict(summary)
+    for new_key, total_key in _ERROR_COUNTS:
+        new, total = summary.get(new_key), summary.get(total_key)
+        if not isinstance(new, int) or not isinstance(total, int):
+            continue
+        brought = new if last_totals.get(total_key) != total else 0
+        last_totals[total_key] = total
+        held = before.get(new_key, 0) if isinstance(before, dict) else 0
+        folded[new_key] = (held if isinstance(held, int) else 0) + brought
+    return {**health, "summary": folded}

@@ -313,7 +313,8 @@ class NodeHealth:
     """One node's latest health summary, as its daemon reported it with the heartbeat.
 
     Fractions are 0..1 (utilisation may exceed 1 when a node is oversubscribed). `xid_errors`
-    and `ecc_errors` count NEW events since the previous report; `steps_baseline` is the node's
+    and `ecc_errors` count NEW events since the previous report, `xid_total` and `ecc_total`
+    the running counts they add to (how a repeated report is told from a new one); `steps_baseline` is the node's
     own recent env steps/s, so a slowdown is judged against itself, not against other hardware.
     """
 
@@ -324,6 +325,8 @@ class NodeHealth:
     gpu_memory: float = 0.0
     xid_errors: int = 0
     ecc_errors: int = 0
+    xid_total: int = 0
+    ecc_total: int = 0
     latency_ms: float = 0.0
     clock_offset_ms: float = 0.0
     steps_per_s: float | None = None
@@ -332,7 +335,7 @@ class NodeHealth:
     def __post_init__(self) -> None:
         for name in ("cpu", "memory", "gpu_util", "gpu_memory", "latency_ms"):
             _nonneg(name, getattr(self, name), f"health of {self.node!r}")
-        for name in ("xid_errors", "ecc_errors"):
+        for name in ("xid_errors", "ecc_errors", "xid_total", "ecc_total"):
             value = getattr(self, name)
             _require(
                 isinstance(value, int) and value >= 0,

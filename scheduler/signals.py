@@ -27,9 +27,10 @@ class BalancerConfig:
     cooldown_s: float = 120.0
     """A moved task, and its source and target nodes, are not touched again for this long."""
     max_xid_errors: int = 0
-    """New XID events tolerated per report before the node is drained."""
+    """New XID events tolerated per health batch (all GPUs of the node, every collection the
+    batch covers, each counted once) before the node is drained."""
     max_ecc_errors: int = 0
-    """New uncorrectable ECC errors tolerated per report before the node is drained."""
+    """New uncorrectable ECC errors tolerated per health batch before the node is drained."""
     max_latency_ms: float = 50.0
     """Above this network latency the node takes no migrated tasks."""
     max_clock_offset_ms: float = 100.0
@@ -71,7 +72,9 @@ def effective_load(h: NodeHealth, cfg: BalancerConfig) -> float:
 
 
 def fault(h: NodeHealth, cfg: BalancerConfig) -> str:
-    """Why the node must be drained ("" when it need not): new XID or uncorrectable ECC errors."""
+    """Why the node must be drained ("" when it need not): new XID or uncorrectable ECC errors.
+    Only the new ones count: the running totals say what the node went through, not what its
+    GPUs are worth now."""
     parts = []
     if h.xid_errors > cfg.max_xid_errors:
         parts.append(f"{h.xid_errors} new XID error(s)")

@@ -31,6 +31,11 @@ class GpuSample:
     ecc_uncorrected: int | None = None
     ecc_uncorrected_new: int = 0
     xid_events: tuple[int, ...] = ()
+    """XID codes new since the previous collection (each event is new in one collection)."""
+    xid_total: int = 0
+    """Every XID this GPU raised since the collector started; only grows."""
+    xid_last: int | None = None
+    """The newest XID's code, new or not."""
     nvlinks_up: int = 0
     nvlinks_total: int = 0
 
@@ -103,7 +108,9 @@ def summarise(node: str, reports: Iterable[Report]) -> NodeHealth:
 
     GPU utilisation is the mean over GPUs (a group's throughput follows the average), GPU
     memory the fullest GPU (one full GPU stalls its rank), XID and new uncorrectable ECC
-    errors are summed: any of them on any GPU makes the node faulty.
+    errors are summed: any of them on any GPU makes the node faulty. Beside the new ones,
+    `xid_total` and `ecc_total` carry the running counts, so a summary seen twice (heartbeats
+    repeat the newest collection) is told apart from a new collection.
     """
     values: dict[str, Any] = {"node": node}
     gpus: list[GpuSample] = []
@@ -131,5 +138,7 @@ def summarise(node: str, reports: Iterable[Report]) -> NodeHealth:
     if mems:
         values["gpu_memory"] = max(mems)
     values["xid_errors"] = values.get("xid_errors", 0) + sum(len(g.xid_events) for g in gpus)
+    values["xid_total"] = sum(g.xid_total for g in gpus)
     values["ecc_errors"] = sum(g.ecc_uncorrected_new for g in gpus)
+    values["ecc_total"] = sum(g.ecc_uncorrected or 0 for g in gpus)
     return NodeHealth(**values)

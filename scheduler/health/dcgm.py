@@ -19,6 +19,7 @@ from typing import Any
 
 from shoal.scheduler.errors import HealthError
 from shoal.scheduler.health.collector import GpuSample, Report, unavailable
+from shoal.scheduler.health.xids import XidLedger
 
 GPU_UTIL = 203  # DCGM_FI_DEV_GPU_UTIL, percent
 XID_ERRORS = 230  # DCGM_FI_DEV_XID_ERRORS, the last XID seen (0 = none)
@@ -119,18 +120,27 @@ def parse_health(text: str) -> HealthCheck:
 
 
 def report_from(
-    source: str, values: dict[int, dict[int, float | None]], health: HealthCheck | None
+    source: str,
+    values: dict[int, dict[int, float | None]],
+    health: HealthCheck | None,
+    xids: XidLedger,
 ) -> Report:
-    """One Report from dmon values (and the health check, when there is one)."""
+    """One Report from dmon values (and the health check, when there is one). The XID field
+    holds only the last XID's code: `xids` turns its changes into counted events."""
+    for index in sorted(values):
+        last = values[index].get(XID_ERRORS)
+        xids.observe_last(index, None if last is None else int(last))
+    counts = xids.take(sorted(values))
     gpus = []
     for index in sorted(values):
         util = values[index].get(GPU_UTIL)
-        xid = values[index].get(XID_ERRORS)
         gpus.append(
             GpuSample(
                 index=index,
                 utilisation=None if util is None else util / 100.0,
-                xid_events=(int(xid),) if xid else (),
+                xid_events=counts[index].new,
+                xid_total=counts[index].total,
+                xid_last=counts[index].last,
             )
         )
     metrics: dict[str, float] = {"gpus": float(len(gpus))}
@@ -156,6 +166,7 @@ class DcgmCollector:
         self._timeout = timeout_s
         self._bindings: _Bindings | None = None
         self._reason = ""
+        self._xids = XidLedger()
         self._dcgmi = shutil.which(dcgmi)
         try:
             self._bindings = _Bindings(host)
@@ -169,7 +180,7 @@ class DcgmCollector:
     def collect(self) -> Report:
         if self._bindings is not None:
             try:
-                return self._bindings.collect(self.name)
+                return self._bindings.collect(self.name, self._xids)
             except Exception as exc:  # the bindings raise their own DCGMError tree
                 return unavailable(self.name, f"DCGM query failed ({type(exc).__name__}: {exc})")
         if self._dcgmi is not None:
@@ -188,7 +199,7 @@ class DcgmCollector:
             health: HealthCheck | None = parse_health(health_text)
         except HealthError:
             health = None
-        return report_from(self.name, values, health)
+        return report_from(self.name, values, health, self._xids)
 
     def _run(self, argv: list[str]) -> str:
         done = subprocess.run(
@@ -221,14 +232,14 @@ class _Bindings:
         self._group.samples.WatchFields(self._fields, 1_000_000, 60.0, 0)
         self._group.health.Set(structs.DCGM_HEALTH_WATCH_ALL)
 
-    def collect(self, source: str) -> Report:
+    def collect(self, source: str, xids: XidLedger) -> Report:
         latest: Any = self._group.samples.GetLatest(self._fields).values
         values = {
             int(gpu): {f: _latest_value(fields.get(f)) for f in FIELDS}
             for gpu, fields in latest.items()
         }
         resp = self._group.health.Check()
-        return report_from(source, values, self._health_of(resp))
+        return report_from(source, values, self._health_of(resp), xids)
 
     def _health_of(self, resp: Any) -> HealthCheck:
         words = {

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from shoal.scheduler.health.collector import GpuSample, Report, unavailable
+from shoal.scheduler.health.xids import XidCount, XidLedger
 
 T = TypeVar("T")
 
@@ -82,10 +83,13 @@ def read_device(nvml: Any, handle: Any) -> dict[str, Any]:
     }
 
 
+NO_XIDS = XidCount()
+
+
 def parse_sample(
     index: int,
     raw: Mapping[str, Any],
-    xids: tuple[int, ...] = (),
+    xids: XidCount = NO_XIDS,
     previous_uncorrected: int | None = None,
 ) -> GpuSample:
     """NVML's units to ours: percent → fraction, bytes → MiB, mW → W; counts new ECC errors
@@ -112,7 +116,9 @@ def parse_sample(
         ecc_corrected=raw.get("ecc_corrected"),
         ecc_uncorrected=uncorrected,
         ecc_uncorrected_new=new,
-        xid_events=xids,
+        xid_events=xids.new,
+        xid_total=xids.total,
+        xid_last=xids.last,
         nvlinks_up=sum(1 for s in links if s == pynvml.NVML_FEATURE_ENABLED),
         nvlinks_total=len(links),
     )
@@ -128,7 +134,7 @@ class NvmlCollector:
         self._nvml = nvml
         self._poll_ms = xid_poll_ms
         self._lock = threading.Lock()
-        self._xids: dict[int, list[int]] = {}
+        self._xids = XidLedger()
         self._ecc: dict[int, int] = {}
         self._watch_error = ""
         self._stop = threading.Event()
@@ -156,13 +162,12 @@ class NvmlCollector:
             raws = [read_device(self._nvml, h) for h in self._handles]
         except pynvml.NVMLError as exc:
             return unavailable(self.name, f"NVML query failed ({type(exc).__name__}: {exc})")
+        xids = self._xids.take(list(range(len(raws))))
         with self._lock:
-            xids = {i: tuple(v) for i, v in self._xids.items()}
-            self._xids.clear()
             previous = dict(self._ecc)
             watch_error = self._watch_error
         samples = tuple(
-            parse_sample(i, raw, xids.get(i, ()), previous.get(i)) for i, raw in enumerate(raws)
+            parse_sample(i, raw, xids[i], previous.get(i)) for i, raw in enumerate(raws)
         )
         with self._lock:
             for s in samples:
@@ -184,7 +189,7 @@ class NvmlCollector:
             self._reason = "collector closed"
 
     def _watch_xids(self) -> None:
-        """Worker thread: wait on NVML's event set and queue each XID under its GPU index."""
+        """Worker thread: wait on NVML's event set and count each XID under its GPU index."""
         nvml = self._nvml
         try:
             events = nvml.nvmlEventSetCreate()
@@ -206,9 +211,7 @@ class NvmlCollector:
                     data = nvml.nvmlEventSetWait(events, self._poll_ms)
                 except pynvml.NVMLError_Timeout:
                     continue
-                index = nvml.nvmlDeviceGetIndex(data.device)
-                with self._lock:
-                    self._xids.setdefault(index, []).append(int(data.eventData))
+                self._xids.record(nvml.nvmlDeviceGetIndex(data.device), int(data.eventData))
         except pynvml.NVMLError as exc:
             self._note_watch_error(f"XID watch stopped ({type(exc).__name__}: {exc})")
         finally:

@@ -56,19 +56,61 @@ def test_health_is_batched_and_taken_once() -> None:
     assert table.take_health() == []
 
 
+def _summary(xid_new: int, xid_total: int, ecc_new: int = 0, ecc_total: int = 0) -> dict:
+    return {
+        "summary": {
+            "gpu_util": 0.5,
+            "xid_errors": xid_new,
+            "xid_total": xid_total,
+            "ecc_errors": ecc_new,
+            "ecc_total": ecc_total,
+        }
+    }
+
+
 @settings(deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=12))
-def test_an_error_seen_in_any_heartbeat_of_a_batch_reaches_the_batch(
-    counts: list[tuple[int, int]],
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 5), st.integers(1, 3), st.booleans()),
+        min_size=1,
+        max_size=15,
+    )
+)
+def test_every_error_of_every_collection_reaches_exactly_one_batch(
+    collections: list[tuple[int, int, int, bool]],
 ) -> None:
+    """A node collects (new XID and ECC errors each time), repeats each collection in one to
+    three heartbeats, and the leader takes a batch at arbitrary points: summed over batches,
+    every error counts once, and no batch counts a repeated collection again."""
     table = LivenessTable(CONFIG)
-    for n, (xid, ecc) in enumerate(counts):
-        table.heartbeat("n1", float(n), {"gpu_util": 0.5, "xid_errors": xid, "ecc_errors": ecc})
+    xid_total = ecc_total = 0
+    batches: list[dict] = []
+    now = 0.0
+    for xid, ecc, repeats, take_after in collections:
+        xid_total += xid
+        ecc_total += ecc
+        for _ in range(repeats):
+            now += 1.0
+            table.heartbeat("n1", now, _summary(xid, xid_total, ecc, ecc_total))
+        if take_after:
+            batches += [r["health"]["summary"] for r in table.take_health()]
+    batches += [r["health"]["summary"] for r in table.take_health()]
+    assert sum(b["xid_errors"] for b in batches) == xid_total
+    assert sum(b["ecc_errors"] for b in batches) == ecc_total
+    assert batches[-1]["xid_total"] == xid_total
+
+
+def test_a_burst_over_two_collections_is_added_up_not_maxed() -> None:
+    table = LivenessTable(CONFIG)
+    table.heartbeat("n1", 1.0, _summary(3, 3))
+    table.heartbeat("n1", 2.0, _summary(2, 5))
+    table.heartbeat("n1", 3.0, _summary(0, 5))
     (report,) = table.take_health()
-    assert report["health"]["xid_errors"] == max(xid for xid, _ in counts)
-    assert report["health"]["ecc_errors"] == max(ecc for _, ecc in counts)
-    table.heartbeat("n1", 99.0, {"gpu_util": 0.5, "xid_errors": 0, "ecc_errors": 0})
-    assert table.take_health()[0]["health"]["xid_errors"] == 0
+    assert report["health"]["summary"]["xid_errors"] == 5
+    table.heartbeat("n1", 4.0, _summary(0, 5))  # the same collection, into the next batch
+    assert table.take_health()[0]["health"]["summary"]["xid_errors"] == 0
+    table.heartbeat("n1", 5.0, _summary(1, 1))  # the daemon restarted: its count did too
+    assert table.take_health()[0]["health"]["summary"]["xid_errors"] == 1
 
 
 @pytest.mark.timeout(60)

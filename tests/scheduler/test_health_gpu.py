@@ -10,12 +10,15 @@ import time
 
 import pynvml
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.scheduler.balancer import balance
 from shoal.scheduler.errors import HealthError
 from shoal.scheduler.health.collector import GpuSample, Report, summarise
 from shoal.scheduler.health.nvml import NvmlCollector, init_failure_reason, parse_sample
 from shoal.scheduler.health.simgpu import SimGpuBackend, gpu_collector
+from shoal.scheduler.health.xids import XidCount, XidLedger
 from shoal.scheduler.model import BalancerState, LearnerGroup, RolloutActor
 from shoal.scheduler.placement import place
 from shoal.scheduler.topology import simulated_cluster
@@ -98,7 +101,7 @@ def test_parse_sample_converts_units_and_counts_new_ecc_errors():
         "ecc_uncorrected": 3,
         "nvlink_states": [1] * 17 + [0],
     }
-    s = parse_sample(5, raw, xids=(79,), previous_uncorrected=1)
+    s = parse_sample(5, raw, xids=XidCount(4, 79, (48, 79)), previous_uncorrected=1)
     assert s.index == 5
     assert s.name == "NVIDIA H100 80GB HBM3"
     assert s.utilisation == pytest.approx(0.87)
@@ -107,7 +110,7 @@ def test_parse_sample_converts_units_and_counts_new_ecc_errors():
     assert s.power_w == pytest.approx(512.345)
     assert s.ecc_uncorrected_new == 2
     assert (s.nvlinks_up, s.nvlinks_total) == (17, 18)
-    assert s.xid_events == (79,)
+    assert (s.xid_events, s.xid_total, s.xid_last) == ((48, 79), 4, 79)
     # first reading: nothing is "new"; a counter that went down was reset by the driver
     assert parse_sample(0, raw).ecc_uncorrected_new == 0
     assert parse_sample(0, raw, previous_uncorrected=9).ecc_uncorrected_new == 3
@@ -142,7 +145,56 @@ def test_xid_event_arrives_through_the_event_thread(sim_collector):
     sim_collector._nvml.raise_xid(3, 79)
     reports = _collect_until(sim_collector, lambda rs: _xids(rs))
     assert _xids(reports) == [(3, 79)]
-    assert sim_collector.collect().gpus[3].xid_events == ()  # delivered once
+    after = sim_collector.collect().gpus[3]
+    assert after.xid_events == ()  # delivered once
+    assert (after.xid_total, after.xid_last) == (1, 79)  # and counted for good
+
+
+@pytest.mark.timeout(30)
+def test_a_burst_between_two_collections_is_counted_in_full(sim_collector):
+    for code in (79, 48, 79, 13, 79):
+        sim_collector._nvml.raise_xid(1, code)
+    sim_collector._nvml.raise_xid(2, 31)
+    reports = _collect_until(sim_collector, lambda rs: len(_xids(rs)) == 6)
+    assert sorted(_xids(reports)) == sorted([(1, 79), (1, 48), (1, 79), (1, 13), (1, 79), (2, 31)])
+    last = sim_collector.collect()
+    assert [(g.xid_total, g.xid_last) for g in last.gpus] == [
+        (0, None),
+        (5, 79),
+        (1, 31),
+        (0, None),
+    ]
+    assert summarise("n", [last]).xid_total == 6
+    assert sum(summarise("n", [r]).xid_errors for r in reports) == 6
+
+
+@settings(deadline=None, max_examples=50)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("xid"), st.integers(0, 3), st.sampled_from([13, 31, 48, 79])),
+            st.tuples(st.just("take"), st.just(0), st.just(0)),
+        ),
+        max_size=40,
+    )
+)
+def test_the_ledger_hands_out_every_xid_once_and_its_totals_only_grow(steps) -> None:
+    ledger = XidLedger()
+    raised: dict[int, list[int]] = {}
+    handed: dict[int, list[int]] = {}
+    before = {g: 0 for g in range(4)}
+    for kind, gpu, code in [*steps, ("take", 0, 0)]:
+        if kind == "xid":
+            ledger.record(gpu, code)
+            raised.setdefault(gpu, []).append(code)
+            continue
+        for g, count in ledger.take(list(range(4))).items():
+            handed.setdefault(g, []).extend(count.new)
+            assert count.total >= before[g]
+            assert count.total - before[g] == len(count.new)
+            assert count.last == (raised[g][-1] if raised.get(g) else None)
+            before[g] = count.total
+    assert {g: v for g, v in handed.items() if v} == raised
 
 
 @pytest.mark.timeout(60)

@@ -7,7 +7,15 @@ import shutil
 import pytest
 
 from shoal.scheduler.errors import HealthError
-from shoal.scheduler.health.dcgm import DcgmCollector, parse_dmon, parse_health, report_from
+from shoal.scheduler.health.collector import summarise
+from shoal.scheduler.health.dcgm import (
+    GPU_UTIL,
+    XID_ERRORS,
+    DcgmCollector,
+    parse_dmon,
+    parse_health,
+    report_from,
+)
 from shoal.scheduler.health.host import (
     CpuTimes,
     HostCollector,
@@ -15,6 +23,7 @@ from shoal.scheduler.health.host import (
     parse_meminfo,
     parse_proc_stat,
 )
+from shoal.scheduler.health.xids import XidLedger
 
 PROC_STAT = """\
 cpu  4705 356 584 3699 23 23 0 0 0 0
@@ -142,11 +151,28 @@ def test_parse_health_reads_verdicts_and_wrapped_messages():
 
 
 def test_report_from_dcgm_values_and_health():
-    report = report_from("dcgm", parse_dmon(DMON), parse_health(WARNING))
+    xids = XidLedger()
+    report = report_from("dcgm", parse_dmon(DMON), parse_health(WARNING), xids)
     assert [g.utilisation for g in report.gpus] == [0.37, None, 1.0]
-    assert [g.xid_events for g in report.gpus] == [(), (), (79,)]
+    # The first sample is the baseline: an XID from before the node started is not new.
+    assert [g.xid_events for g in report.gpus] == [(), (), ()]
+    assert [(g.xid_total, g.xid_last) for g in report.gpus] == [(0, None), (0, None), (0, 79)]
     assert report.metrics["dcgm_healthy"] == 0.0
     assert report.reason.startswith("DCGM health Warning: GPU 0: Warning (PCIe system")
+
+
+def test_dcgm_counts_each_change_of_the_last_xid_field_once():
+    xids = XidLedger()
+    samples = [(0, 0), (0, 0), (79, 0), (79, 0), (48, 0), (48, 13), (48, 13), (79, 13)]
+    reports = []
+    for gpu0, gpu1 in samples:
+        values = {0: {GPU_UTIL: 50.0, XID_ERRORS: float(gpu0)}, 1: {XID_ERRORS: float(gpu1)}}
+        reports.append(report_from("dcgm", values, None, xids))
+    assert [r.gpus[0].xid_events for r in reports] == [(), (), (79,), (), (48,), (), (), (79,)]
+    assert [r.gpus[1].xid_events for r in reports] == [(), (), (), (), (), (13,), (), ()]
+    last = summarise("n", reports[-1:])
+    assert (last.xid_total, last.xid_errors) == (4, 1)
+    assert [(g.xid_total, g.xid_last) for g in reports[-1].gpus] == [(3, 79), (1, 13)]
 
 
 @pytest.mark.skipif(shutil.which("dcgmi") is not None, reason="DCGM is installed here")
