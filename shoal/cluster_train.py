@@ -199,13 +199,13 @@ class ClusterRun(LocalRun):
         if now - self._checked < CHECK_TASKS_EVERY_S:
             return
         self._checked = now
-        tasks = self._call(lambda c: c.tasks(job=self.job_id))
-        failed = [t for t in tasks if t.get("state") == "failed"]
-        if failed:
-            first = failed[0]
+        job = self._call(lambda c: c.job(self.job_id))
+        self.restarts = int(job.get("restarts", 0))
+        if job.get("state") == "failed":
+            nodes = sorted({str(t.get("node")) for t in job.get("tasks", []) if t.get("node")})
             raise TrainError(
-                f"task {first['id']} of job {self.job_id} failed: {first.get('message') or '?'}; "
-                f"read its log on node {first.get('node')}"
+                f"job {self.job_id} failed: {job.get('message') or '?'}; read its tasks' logs "
+                f"on node(s) {', '.join(nodes) or '?'}"
             )
 
     def shutdown(self) -> None:
