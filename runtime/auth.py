@@ -5,13 +5,21 @@ with HMAC(token, "server" | client nonce | server nonce), then the client answer
 HMAC(token, "client" | server nonce | client nonce). Each proof covers a nonce the verifier
 just chose, so a recorded handshake cannot be replayed, and both ends learn the credit window
 the other grants. Messages are ordinary wire frames, one per websocket message.
+
+The server also announces its bulk port; the client may then open a bulk stream (bulk.py)
+and tie it to this link with HMAC(token, "bulk" | server nonce | client nonce): the server
+nonce names the link, the proof shows the opener holds the token and took part in that
+handshake.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +27,12 @@ import aiohttp
 from aiohttp import web
 
 from shoal.runtime import wire
+from shoal.runtime.bulk import BulkStream
 from shoal.runtime.errors import AuthenticationFailed, LinkClosed, MalformedFrame, WireError
 
 PROTOCOL = 1
 NONCE_BYTES = 32
-_MAX_HANDSHAKE_BYTES = 4096
+MAX_HANDSHAKE_BYTES = 4096
 
 Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 
@@ -34,6 +43,17 @@ class Window:
 
     frames: int
     nbytes: int
+
+
+@dataclass(frozen=True)
+class Session:
+    """What one handshake settled: the window the other end grants, both nonces (which tie a
+    bulk stream to this link) and the server's bulk port (None: it takes no bulk stream)."""
+
+    window: Window
+    client_nonce: bytes
+    server_nonce: bytes
+    bulk_port: int | None
 
 
 def proof(token: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
@@ -66,9 +86,9 @@ async def receive(ws: Socket, timeout: float) -> dict[str, Any]:
         raise LinkClosed(f"the peer did not complete the handshake within {timeout}s") from exc
     if msg.type != aiohttp.WSMsgType.BINARY:
         raise LinkClosed(f"the peer closed the link during the handshake ({msg.type.name})")
-    if len(msg.data) > _MAX_HANDSHAKE_BYTES:
+    if len(msg.data) > MAX_HANDSHAKE_BYTES:
         raise MalformedFrame(f"a handshake message of {len(msg.data)} bytes is too long")
-    value = wire.decode(msg.data, _MAX_HANDSHAKE_BYTES)
+    value = wire.decode(msg.data, MAX_HANDSHAKE_BYTES)
     if not isinstance(value, dict):
         raise MalformedFrame("a handshake message must be a map")
     if "error" in value:
@@ -92,8 +112,8 @@ def _window(value: dict[str, Any]) -> Window:
     return Window(window[0], window[1])
 
 
-async def client_handshake(ws: Socket, token: bytes, window: Window, timeout: float) -> Window:
-    """Authenticate to a server; returns the window the server grants this client."""
+async def client_handshake(ws: Socket, token: bytes, window: Window, timeout: float) -> Session:
+    """Authenticate to a server; returns the window it grants this client, and its bulk port."""
     nonce = secrets.token_bytes(NONCE_BYTES)
     await send(ws, {"shoal": PROTOCOL, "nonce": nonce})
     reply = await receive(ws, timeout)
@@ -102,13 +122,18 @@ async def client_handshake(ws: Socket, token: bytes, window: Window, timeout: fl
         raise MalformedFrame("the server's handshake carries no valid nonce")
     verify(token, b"server", nonce, server_nonce, reply.get("proof"))
     granted = _window(reply)
+    bulk_port = reply.get("bulk")
+    if bulk_port is not None and not (type(bulk_port) is int and 0 < bulk_port < 65536):
+        raise MalformedFrame(f"the server's bulk port {bulk_port!r} is not a port number")
     answer = proof(token, b"client", server_nonce, nonce)
     await send(ws, {"proof": answer, "window": [window.frames, window.nbytes]})
     await receive(ws, timeout)
-    return granted
+    return Session(granted, nonce, server_nonce, bulk_port)
 
 
-async def server_handshake(ws: Socket, token: bytes, window: Window, timeout: float) -> Window:
+async def server_handshake(
+    ws: Socket, token: bytes, window: Window, timeout: float, bulk_port: int | None = None
+) -> Session:
     """Authenticate a connecting client; on failure tell it why before the caller closes."""
     try:
         hello = await receive(ws, timeout)
@@ -120,20 +145,79 @@ async def server_handshake(ws: Socket, token: bytes, window: Window, timeout: fl
         if not isinstance(client_nonce, bytes) or len(client_nonce) != NONCE_BYTES:
             raise MalformedFrame("the client's hello carries no valid nonce")
         nonce = secrets.token_bytes(NONCE_BYTES)
-        await send(
-            ws,
-            {
-                "nonce": nonce,
-                "proof": proof(token, b"server", client_nonce, nonce),
-                "window": [window.frames, window.nbytes],
-            },
-        )
+        offer: dict[str, Any] = {
+            "nonce": nonce,
+            "proof": proof(token, b"server", client_nonce, nonce),
+            "window": [window.frames, window.nbytes],
+        }
+        if bulk_port is not None:
+            offer["bulk"] = bulk_port
+        await send(ws, offer)
         answer = await receive(ws, timeout)
         verify(token, b"client", nonce, client_nonce, answer.get("proof"))
         granted = _window(answer)
         await send(ws, {"ok": True})
-        return granted
+        return Session(granted, client_nonce, nonce, bulk_port)
     except WireError as exc:
         if not ws.closed:
             await send(ws, {"error": type(exc).__name__, "message": str(exc)})
+        raise
+
+
+# -- the bulk stream's handshake ---------------------------------------------------------
+
+
+def _frame_bytes(value: Any) -> list[wire.Buffer]:
+    return wire.encode(value).parts
+
+
+async def _bulk_message(stream: BulkStream, timeout: float) -> dict[str, Any]:
+    try:
+        frame = await asyncio.wait_for(stream.next_frame(timeout), timeout)
+    except TimeoutError as exc:
+        raise LinkClosed(f"the peer did not complete the bulk handshake within {timeout}s") from exc
+    value = wire.decode(frame, MAX_HANDSHAKE_BYTES)
+    if not isinstance(value, dict):
+        raise MalformedFrame("a bulk handshake message must be a map")
+    if "error" in value:
+        raise _named_error(value)
+    return value
+
+
+async def bulk_client_handshake(
+    stream: BulkStream, token: bytes, session: Session, timeout: float
+) -> None:
+    """Tie a freshly connected bulk stream to the link `session` describes."""
+    proof_ = proof(token, b"bulk", session.server_nonce, session.client_nonce)
+    stream.write(_frame_bytes({"bulk": session.server_nonce, "proof": proof_}))
+    await _bulk_message(stream, timeout)
+
+
+Claim = Callable[[bytes], "Session | None"]
+
+
+async def bulk_server_handshake(
+    stream: BulkStream, token: bytes, claim: Claim, timeout: float
+) -> bytes:
+    """Check a bulk stream's hello; returns the server nonce of the link it belongs to.
+    `claim` finds the session of a link still waiting for its bulk stream. On failure the
+    opener is told why; the caller closes the stream (the link itself is untouched, so
+    someone who saw the nonces but lacks the token cannot disturb it)."""
+    try:
+        hello = await _bulk_message(stream, timeout)
+        nonce = hello.get("bulk")
+        if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
+            raise MalformedFrame("the bulk hello names no link (a 32-byte server nonce)")
+        session = claim(nonce)
+        if session is None:
+            raise AuthenticationFailed(
+                "the bulk hello names no link waiting for a bulk stream; open the websocket "
+                "link first and use its nonces"
+            )
+        verify(token, b"bulk", nonce, session.client_nonce, hello.get("proof"))
+        stream.write(_frame_bytes({"ok": True}))
+        return nonce
+    except WireError as exc:
+        with contextlib.suppress(LinkClosed):
+            stream.write(_frame_bytes({"error": type(exc).__name__, "message": str(exc)}))
         raise

@@ -6,6 +6,11 @@ by the sending task itself, with frames of the same loop turn coalesced into web
 messages of at most `chunk_bytes` (64 KiB by default: aiohttp moves 1 MiB messages at well
 under half the speed of 64 KiB ones, see docs/runtime.md). The link is a byte stream cut into
 messages anywhere, so one message may carry many small frames or a slice of a large tensor.
+Frames of at least `bulk_threshold` bytes go over the link's bulk stream (bulk.py) when it has
+one, each announced by a small `b` marker on the websocket in its place: the marker and the
+frame are queued in the same synchronous step, both streams keep their order, and the reader
+takes the next bulk frame when it meets a marker, so big and small requests reach the actors
+in the order they were sent and spend credit exactly as before.
 Any bytes the peer gets wrong close that link, never the process.
 """
 
@@ -15,12 +20,13 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from shoal.runtime import auth, wire
+from shoal.runtime.bulk import BulkStream
 from shoal.runtime.credit import ReceiveCredit, SendCredit
 from shoal.runtime.errors import (
     ActorError,
@@ -69,6 +75,7 @@ class Link:
         granted: auth.Window,
         peer: str,
         dead_letters: DeadLetters | None = None,
+        bulk: BulkStream | None = None,
     ) -> None:
         self.peer = peer
         self._dead_letters = dead_letters
@@ -87,6 +94,9 @@ class Link:
         self._serving: set[asyncio.Task[None]] = set()
         self._closed = asyncio.get_running_loop().create_future()
         self.error: WireError | None = None
+        self._bulk: BulkStream | None = None
+        if bulk is not None:
+            self.attach_bulk(bulk)
         self._tasks = [
             asyncio.create_task(self._read_loop(), name=f"shoal-link-read {peer}"),
             asyncio.create_task(self._deliver_loop(), name=f"shoal-link-deliver {peer}"),
@@ -99,6 +109,31 @@ class Link:
     @property
     def closed(self) -> bool:
         return self.error is not None
+
+    @property
+    def has_bulk(self) -> bool:
+        return self._bulk is not None
+
+    def attach_bulk(self, stream: BulkStream) -> None:
+        """From now on frames of `bulk_threshold` bytes or more go over `stream`; its failure
+        closes the link, and the link's closing closes it."""
+        if self.error is not None:
+            stream.close()
+            return
+        self._bulk = stream
+        stream.on_broken = self._bulk_broken
+        if stream.error is not None:
+            self._bulk_broken(stream.error)
+
+    def _bulk_broken(self, error: WireError) -> None:
+        # A malformed frame is the peer's fault (tell it); a dropped stream means the link is gone.
+        tell_peer = not isinstance(error, LinkClosed)
+        self._spawn(self.close(error, tell_peer=tell_peer))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
@@ -116,6 +151,8 @@ class Link:
         Like `_send`, the first small frame of a loop turn goes to the socket at once, so a
         lone reply costs no task and no extra loop turn; the rest queue for a task that
         writes them, coalesced, on the next turn."""
+        if frame.nbytes >= self._config.bulk_threshold and self._bulk is not None:
+            frame = self._to_bulk(frame, self._bulk)
         self._outbox.extend(frame.parts)
         if self._writing:
             return
@@ -139,13 +176,18 @@ class Link:
         except StopIteration:
             return
         except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
-            task = asyncio.create_task(
+            self._spawn(
                 self.close(LinkClosed(f"writing to {self.peer} failed: {exc}"), tell_peer=False)
             )
-            self._serving.add(task)
-            task.add_done_callback(self._serving.discard)
             return
         sending.close()
+
+    def _to_bulk(self, frame: wire.EncodedFrame, bulk: BulkStream) -> wire.EncodedFrame:
+        """Write `frame` on the bulk stream and return the marker that takes its place on the
+        websocket; the caller queues the marker before anything else can be sent, so the two
+        streams agree on the order."""
+        bulk.write(frame.parts)
+        return wire.encode(["b", frame.nbytes])
 
     async def _send(self, frame: wire.EncodedFrame) -> None:
         """Send a frame with the least latency that still batches.
@@ -154,6 +196,12 @@ class Link:
         through the event loop, which is most of a small ask's latency); later frames of the
         same turn queue and go out together on the next turn, coalesced into websocket
         messages of up to `chunk_bytes` (which is what makes pipelined tells cheap)."""
+        bulk = self._bulk
+        if frame.nbytes >= self._config.bulk_threshold and bulk is not None:
+            self._write(frame)
+            # Back-pressure: return once the kernel holds the frame (its arrays are free again).
+            await bulk.drain()
+            return
         self._outbox.extend(frame.parts)
         if self._writing:
             return
@@ -271,9 +319,11 @@ class Link:
                         f"the peer sent a {msg.type.name} websocket message; shoal links carry binary frames"
                     )
                 for frame in reader.feed(msg.data):
-                    self._dispatch(
-                        _envelope(wire.decode(frame, self._config.max_frame_bytes)), len(frame)
-                    )
+                    envelope = _envelope(wire.decode(frame, self._config.max_frame_bytes))
+                    if envelope[0] == "b":
+                        await self._dispatch_bulk(envelope[1])
+                    else:
+                        self._dispatch(envelope, len(frame))
         except _Broken as exc:
             await self.close(exc.error, tell_peer=False)
             return
@@ -286,6 +336,21 @@ class Link:
             return
         cut = " in the middle of a frame" if reader.mid_frame else ""
         await self.close(LinkClosed(f"{self.peer} closed the link{cut}"), tell_peer=False)
+
+    async def _dispatch_bulk(self, nbytes: int) -> None:
+        """A marker: the next frame on the bulk stream goes here, in the marker's place."""
+        bulk = self._bulk
+        if bulk is None:
+            raise MalformedFrame("the peer sent a bulk marker, but this link has no bulk stream")
+        frame = await bulk.next_frame(self._config.heartbeat)
+        if len(frame) != nbytes:
+            raise MalformedFrame(
+                f"the bulk marker announced {nbytes} bytes but the bulk frame has {len(frame)}"
+            )
+        envelope = _envelope(wire.decode(frame, self._config.max_frame_bytes))
+        if envelope[0] not in _BULK_KINDS:
+            raise MalformedFrame(f"a {envelope[0]!r} frame cannot travel on the bulk stream")
+        self._dispatch(envelope, nbytes)
 
     def _dispatch(self, envelope: list[Any], nbytes: int) -> None:
         kind = envelope[0]
@@ -426,6 +491,8 @@ class Link:
         others = [task for task in [*self._tasks, *self._serving] if task is not current]
         for task in others:
             task.cancel()
+        if self._bulk is not None:
+            self._bulk.close()
         await asyncio.gather(*others, return_exceptions=True)
         try:
             # Bounded: a peer that stopped reading must not keep this link half-closed.
@@ -541,7 +608,10 @@ _SHAPES: dict[str, tuple[type | tuple[type, ...], ...]] = {
     "f": (int, bool, str, str),
     "c": (int, int),
     "e": (str, str),
+    "b": (int,),
 }
+# What may travel on the bulk stream: requests and their answers, never control frames.
+_BULK_KINDS = frozenset("tarf")
 
 
 def _envelope(value: Any) -> list[Any]:

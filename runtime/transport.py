@@ -1,12 +1,15 @@
-"""Links between processes: one aiohttp server per process, one websocket per pair of peers.
+"""Links between processes: one aiohttp server per process, one websocket per pair of peers,
+and beside each websocket a raw TCP bulk stream for big frames.
 
 `TransportConfig` says how a process listens and paces its links; `Transport` is the server
-peers connect to plus the links this process opened (each an authenticated `Link`, see
-link.py); `attach` wires a transport to an `ActorSystem`.
+peers connect to (the websocket route and the bulk listener) plus the links this process
+opened (each an authenticated `Link`, see link.py); `attach` wires a transport to an
+`ActorSystem`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +20,7 @@ from aiohttp import web
 
 from shoal.errors import ConfigError
 from shoal.runtime import auth, wire
+from shoal.runtime.bulk import BulkStream
 from shoal.runtime.errors import ActorNotFound, LinkClosed, WireError
 from shoal.runtime.link import Link, Lookup
 from shoal.runtime.mailbox import DeadLetters
@@ -58,12 +62,24 @@ class TransportConfig:
     heartbeat: float = 10.0
     """Seconds between websocket pings; a peer silent for half that after a ping (stopped,
     partitioned) has its link closed, failing pending asks and waiting senders."""
+    bulk: bool = True
+    """Carry big frames on a raw TCP stream beside each websocket (see bulk.py)."""
+    bulk_port: int = 0
+    """Where this process listens for bulk streams; 0 picks a free port, announced to peers
+    in the link handshake."""
+    bulk_threshold: int = 256 * 1024
+    """Frames of at least this many bytes take the bulk stream; smaller ones the websocket."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, bytes | str) or not self.token:
             raise ConfigError("token is empty: give every process the same non-empty cluster token")
-        if type(self.port) is not int or not 0 <= self.port <= 65535:
-            raise ConfigError(f"port={self.port!r} is invalid: use 0 (any free port) to 65535")
+        for key in ("port", "bulk_port"):
+            value = getattr(self, key)
+            if type(value) is not int or not 0 <= value <= 65535:
+                raise ConfigError(f"{key}={value!r} is invalid: use 0 (any free port) to 65535")
+        if not isinstance(self.bulk, bool):
+            raise ConfigError(f"bulk={self.bulk!r} is invalid: use true or false")
+        self._positive_int("bulk_threshold", 1024)
         self._positive_int("max_frame_bytes", wire.PREFIX_SIZE)
         self._positive_int("chunk_bytes", 1024)
         if self.chunk_bytes > MAX_MESSAGE_BYTES // 2:
@@ -128,6 +144,12 @@ class Transport:
         self._peers: dict[str, Peer] = {}
         self.address = ""
         self._on_close: list[Callable[[], None]] = []
+        self._bulk_server: asyncio.AbstractServer | None = None
+        self._bulk_port: int | None = None
+        # Inbound links whose bulk stream has not arrived yet, by the server nonce.
+        self._awaiting_bulk: dict[bytes, tuple[auth.Session, Link]] = {}
+        self._bulk_pending: set[BulkStream] = set()
+        self._bulk_tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"<Transport {self.address or 'stopped'} in={len(self._inbound)} out={len(self._peers)}>"
@@ -147,12 +169,58 @@ class Transport:
             self._runner = None
             raise
         port = self._runner.addresses[0][1]
+        if self.config.bulk:
+            try:
+                await self._start_bulk()
+            except OSError:
+                await self._runner.cleanup()
+                self._runner = None
+                raise
         self.address = f"{SCHEME}{self.config.host}:{port}"
         # The session's timeout covers the websocket upgrade only; links live indefinitely.
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout)
         )
         return self.address
+
+    async def _start_bulk(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._bulk_server = await loop.create_server(
+            lambda: BulkStream(auth.MAX_HANDSHAKE_BYTES, self._bulk_connected),
+            self.config.host,
+            self.config.bulk_port,
+        )
+        self._bulk_port = self._bulk_server.sockets[0].getsockname()[1]
+
+    def _bulk_connected(self, stream: BulkStream) -> None:
+        self._bulk_pending.add(stream)
+        task = asyncio.create_task(self._accept_bulk(stream))
+        self._bulk_tasks.add(task)
+        task.add_done_callback(self._bulk_tasks.discard)
+
+    async def _accept_bulk(self, stream: BulkStream) -> None:
+        """Authenticate a bulk stream and hand it to the link it names; anything wrong closes
+        this connection only."""
+        try:
+            nonce = await auth.bulk_server_handshake(
+                stream,
+                self.config.token_bytes,
+                self._bulk_session,
+                self.config.handshake_timeout,
+            )
+        except WireError as exc:
+            logger.warning("refused a bulk stream: %s", exc)
+            stream.close()
+            return
+        finally:
+            self._bulk_pending.discard(stream)
+        _, link = self._awaiting_bulk.pop(nonce)
+        stream.limit = self.config.max_frame_bytes
+        link.attach_bulk(stream)
+
+    def _bulk_session(self, nonce: bytes) -> auth.Session | None:
+        waiting = self._awaiting_bulk.get(nonce)
+        return None if waiting is None else waiting[0]
 
     async def _accept(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(
@@ -165,19 +233,26 @@ class Transport:
         await ws.prepare(request)
         peer = f"inbound {request.remote}"
         try:
-            granted = await auth.server_handshake(
-                ws, self.config.token_bytes, self.config.window, self.config.handshake_timeout
+            session = await auth.server_handshake(
+                ws,
+                self.config.token_bytes,
+                self.config.window,
+                self.config.handshake_timeout,
+                self._bulk_port,
             )
         except WireError as exc:
             logger.warning("refused link from %s: %s", peer, exc)
             await ws.close()
             return ws
-        link = Link(ws, self.config, self._lookup, granted, peer, self._dead_letters)
+        link = Link(ws, self.config, self._lookup, session.window, peer, self._dead_letters)
         self._inbound.add(link)
+        if self._bulk_port is not None:
+            self._awaiting_bulk[session.server_nonce] = (session, link)
         try:
             await link.wait_closed()
         finally:
             self._inbound.discard(link)
+            self._awaiting_bulk.pop(session.server_nonce, None)
         return ws
 
     async def open_link(self, address: str) -> Link:
@@ -193,13 +268,41 @@ class Transport:
             timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
         )
         try:
-            granted = await auth.client_handshake(
+            session = await auth.client_handshake(
                 ws, self.config.token_bytes, self.config.window, self.config.handshake_timeout
             )
+            bulk = await self._open_bulk(address, session)
         except BaseException:
             await ws.close()
             raise
-        return Link(ws, self.config, self._lookup, granted, address, self._dead_letters)
+        return Link(
+            ws, self.config, self._lookup, session.window, address, self._dead_letters, bulk
+        )
+
+    async def _open_bulk(self, address: str, session: auth.Session) -> BulkStream | None:
+        """The bulk stream for a new link, or None when either end does without one or it
+        cannot be opened (then big frames go over the websocket, only slower)."""
+        if not self.config.bulk or session.bulk_port is None:
+            return None
+        host = address.removeprefix(SCHEME).rpartition(":")[0].strip("[]")
+        timeout = self.config.handshake_timeout
+        loop = asyncio.get_running_loop()
+        stream: BulkStream | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                _, stream = await loop.create_connection(
+                    lambda: BulkStream(auth.MAX_HANDSHAKE_BYTES), host, session.bulk_port
+                )
+            await auth.bulk_client_handshake(stream, self.config.token_bytes, session, timeout)
+        except (OSError, WireError, TimeoutError) as exc:
+            logger.warning(
+                "no bulk stream to %s (%s); its big frames go over the websocket", address, exc
+            )
+            if stream is not None:
+                stream.close()
+            return None
+        stream.limit = self.config.max_frame_bytes
+        return stream
 
     def peer(self, address: str) -> Peer:
         """The reconnecting connection to `address`, created on first use."""
@@ -239,6 +342,16 @@ class Transport:
         self._peers.clear()
         for link in list(self._inbound):
             await link.close()
+        for task in list(self._bulk_tasks):
+            task.cancel()
+        await asyncio.gather(*self._bulk_tasks, return_exceptions=True)
+        for stream in list(self._bulk_pending):
+            stream.close()
+        if self._bulk_server is not None:
+            self._bulk_server.close()
+            await self._bulk_server.wait_closed()
+            self._bulk_server = None
+            self._bulk_port = None
         if self._session is not None:
             await self._session.close()
             self._session = None

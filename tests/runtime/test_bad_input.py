@@ -282,8 +282,8 @@ def test_a_peer_that_ignores_its_credit_window_is_cut_off() -> None:
         async with server(credit_frames=4) as (system, transport):
             await system.spawn(Echo, name="jam", mailbox_size=1)
             async with raw_socket(transport.address) as ws:
-                window = await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
-                assert window.frames == 4
+                session = await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
+                assert session.window.frames == 4
                 flood = [frame(["t", "jam", "stuck", [], {}]) for _ in range(2000)]
                 await ws.send_bytes(b"".join(flood))
                 type_name, message = await refusal(ws)
