@@ -73,12 +73,16 @@ class BulkStream(asyncio.BufferedProtocol):
             self._on_connected(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self.error is not None:  # broken: what still arrives is read and dropped
+            return memoryview(self._head)
         frame = self._frame
         if frame is None:
             return memoryview(self._head)[self._filled :]
         return frame.data[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.error is not None:
+            return
         self.received += nbytes
         self._filled += nbytes
         frame = self._frame
@@ -168,6 +172,20 @@ class BulkStream(asyncio.BufferedProtocol):
         if self._transport is not None:
             self._transport.close()
 
+    def close_gently(self, grace: float) -> None:
+        """Close after telling the peer something: send EOF and keep reading (and dropping)
+        until it hangs up or `grace` passes. Closing at once with its bytes unread would make
+        the kernel reset the connection, and the peer might never read our last words."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self.error is None:
+            self.error = LinkClosed("the bulk stream was closed by this process")
+        if transport.can_write_eof():
+            transport.write_eof()
+        transport.resume_reading()
+        asyncio.get_running_loop().call_later(grace, transport.close)
+
     # -- internals -----------------------------------------------------------------------
 
     def _wake_reader(self) -> None:
@@ -179,11 +197,10 @@ class BulkStream(asyncio.BufferedProtocol):
         """Record the first failure, stop reading, wake the reader and tell the owner once."""
         if self.error is not None:
             return
+        # Not closed here: before it joins a link, its handshake still answers why.
         self.error = error
         self._frame = None
-        if self._transport is not None and not self._transport.is_closing():
-            # Not closed here: before it joins a link, its handshake still answers why.
-            self._transport.pause_reading()
+        self._filled = 0
         self._wake_reader()
         if self.on_broken is not None:
             self.on_broken(error)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -148,7 +149,8 @@ class Transport:
         self._bulk_port: int | None = None
         # Inbound links whose bulk stream has not arrived yet, by the server nonce.
         self._awaiting_bulk: dict[bytes, tuple[auth.Session, Link]] = {}
-        self._bulk_pending: set[BulkStream] = set()
+        # Bulk streams not (yet) handed to a link: closed with the transport.
+        self._bulk_pending: weakref.WeakSet[BulkStream] = weakref.WeakSet()
         self._bulk_tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
@@ -210,10 +212,9 @@ class Transport:
             )
         except WireError as exc:
             logger.warning("refused a bulk stream: %s", exc)
-            stream.close()
+            stream.close_gently(self.config.handshake_timeout)
             return
-        finally:
-            self._bulk_pending.discard(stream)
+        self._bulk_pending.discard(stream)
         _, link = self._awaiting_bulk.pop(nonce)
         stream.limit = self.config.max_frame_bytes
         link.attach_bulk(stream)

@@ -38,7 +38,9 @@ class Echo(Actor):
 
 
 @contextlib.asynccontextmanager
-async def server(credit_frames: int = 1024) -> AsyncIterator[tuple[ActorSystem, Transport]]:
+async def server(
+    credit_frames: int = 1024, **options: Any
+) -> AsyncIterator[tuple[ActorSystem, Transport]]:
     async with ActorSystem() as system:
         await system.spawn(Echo, name="echo")
         config = TransportConfig(
@@ -46,6 +48,7 @@ async def server(credit_frames: int = 1024) -> AsyncIterator[tuple[ActorSystem, 
             max_frame_bytes=LIMIT,
             handshake_timeout=0.5,
             credit_frames=credit_frames,
+            **options,
         )
         transport = await attach(system, config)
         try:
@@ -287,6 +290,212 @@ def test_a_peer_that_ignores_its_credit_window_is_cut_off() -> None:
                 flood = [frame(["t", "jam", "stuck", [], {}]) for _ in range(2000)]
                 await ws.send_bytes(b"".join(flood))
                 type_name, message = await refusal(ws)
+            assert type_name == "MalformedFrame"
+            assert "beyond the credit window" in message
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+# -- the bulk stream ----------------------------------------------------------------------
+
+
+class BulkPeer:
+    """A hand-driven client: an authenticated websocket and, beside it, a raw TCP connection
+    to the server's bulk port, so a test can put any bytes on either."""
+
+    def __init__(
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        session: auth.Session,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.ws, self.session, self.reader, self.writer = ws, session, reader, writer
+
+    def hello(self, token: bytes = TOKEN.encode(), nonce: bytes | None = None) -> bytes:
+        link = self.session.server_nonce if nonce is None else nonce
+        proof = auth.proof(token, b"bulk", link, self.session.client_nonce)
+        return frame({"bulk": link, "proof": proof})
+
+    async def answer(self) -> dict[str, Any]:
+        prefix = await self.reader.readexactly(wire.PREFIX_SIZE)
+        rest = await self.reader.readexactly(wire.frame_length(prefix) - wire.PREFIX_SIZE)
+        value: dict[str, Any] = wire.decode(prefix + rest)
+        return value
+
+    async def attached(self) -> None:
+        """Send a good hello and wait for the server's yes."""
+        self.writer.write(self.hello())
+        assert await self.answer() == {"ok": True}
+
+    async def link_still_serves(self) -> None:
+        await self.ws.send_bytes(frame(["a", 1, "echo", "echo", [5], {}, 5.0]))
+        assert wire.decode((await self.ws.receive(timeout=5)).data) == ["r", 1, 5]
+
+
+@contextlib.asynccontextmanager
+async def bulk_peer(address: str) -> AsyncIterator[BulkPeer]:
+    async with raw_socket(address) as ws:
+        session = await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
+        assert session.bulk_port is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", session.bulk_port)
+        try:
+            yield BulkPeer(ws, session, reader, writer)
+        finally:
+            writer.close()
+
+
+BAD_HELLOS: dict[str, tuple[Callable[[BulkPeer], bytes], str, str]] = {
+    "wrong token": (
+        lambda peer: peer.hello(token=b"not-the-token"),
+        "AuthenticationFailed",
+        "different cluster token",
+    ),
+    "unknown link": (
+        lambda peer: peer.hello(nonce=b"z" * auth.NONCE_BYTES),
+        "AuthenticationFailed",
+        "names no link",
+    ),
+    "no link named": (lambda peer: frame({"proof": b"x"}), "MalformedFrame", "names no link"),
+    "garbage": (lambda peer: b"GET / HTTP/1.1\r\n" * 4, "MalformedFrame", "magic"),
+    "oversized hello": (
+        lambda peer: wire.PREFIX.pack(wire.MAGIC, 0, 0, LIMIT),
+        "FrameTooLarge",
+        "limit of 4096 bytes",
+    ),
+    "silent": (lambda peer: b"", "LinkClosed", "did not complete the bulk handshake"),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", sorted(BAD_HELLOS))
+def test_bad_bulk_hellos_are_refused_without_harming_the_link(case: str) -> None:
+    """A bulk connection that fails to prove itself gets the reason and is closed; the
+    websocket link it tried to join keeps working (whoever saw the nonces cannot cut it)."""
+    hello, error, needle = BAD_HELLOS[case]
+
+    async def main() -> None:
+        async with server() as (_, transport), bulk_peer(transport.address) as peer:
+            peer.writer.write(hello(peer))
+            answer = await peer.answer()
+            assert answer["error"] == error
+            assert needle in answer["message"]
+            assert await peer.reader.read() == b""  # then the server closes the connection
+            await peer.link_still_serves()
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+def tell_frame(payload: bytes) -> bytes:
+    return frame(["t", "echo", "echo", [payload], {}])
+
+
+BAD_BULK: dict[str, tuple[Callable[[BulkPeer], Awaitable[None]], str, str]] = {
+    "garbage on the stream": (
+        lambda peer: _bulk_write(peer, b"GARBAGE!" * 8),
+        "MalformedFrame",
+        "magic",
+    ),
+    "over the limit": (
+        lambda peer: _bulk_write(peer, wire.PREFIX.pack(wire.MAGIC, 0, 0, LIMIT + 1)),
+        "FrameTooLarge",
+        f"limit of {LIMIT} bytes",
+    ),
+    "marker size mismatch": (
+        lambda peer: _bulk_send(peer, tell_frame(b"x" * 1000), announce=999),
+        "MalformedFrame",
+        "announced 999 bytes",
+    ),
+    "control frame on the bulk stream": (
+        lambda peer: _bulk_send(peer, frame(["c", 1, 1])),
+        "MalformedFrame",
+        "cannot travel on the bulk stream",
+    ),
+    "bad header in a bulk frame": (
+        lambda peer: _bulk_send(peer, header_only_frame(b"\xc1\xc1")),
+        "MalformedFrame",
+        "header is not valid",
+    ),
+    "marker without its frame": (
+        lambda peer: peer.ws.send_bytes(frame(["b", 4096])),
+        "LinkClosed",
+        "sent nothing on the bulk stream",
+    ),
+}
+
+
+async def _bulk_write(peer: BulkPeer, data: bytes) -> None:
+    peer.writer.write(data)
+    await peer.writer.drain()
+
+
+async def _bulk_send(peer: BulkPeer, data: bytes, announce: int | None = None) -> None:
+    await _bulk_write(peer, data)
+    await peer.ws.send_bytes(frame(["b", len(data) if announce is None else announce]))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", sorted(BAD_BULK))
+def test_bad_bulk_frames_close_only_their_link(case: str) -> None:
+    send, error, needle = BAD_BULK[case]
+
+    async def main() -> None:
+        async with server(heartbeat=1.0) as (_, transport):
+            async with bulk_peer(transport.address) as peer:
+                await peer.attached()
+                await peer.link_still_serves()
+                await send(peer)
+                type_name, message = await refusal(peer.ws)
+                assert await peer.reader.read() == b""  # the bulk stream closes with its link
+            assert type_name == error
+            assert needle in message
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_bulk_marker_on_a_link_without_a_bulk_stream_is_refused() -> None:
+    async def main() -> None:
+        async with server() as (_, transport), raw_socket(transport.address) as ws:
+            await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
+            await ws.send_bytes(frame(["b", 4096]))
+            type_name, message = await refusal(ws)
+            assert type_name == "MalformedFrame"
+            assert "no bulk stream" in message
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_that_dies_mid_bulk_frame_closes_its_link_only() -> None:
+    async def main() -> None:
+        async with server() as (_, transport), bulk_peer(transport.address) as peer:
+            await peer.attached()
+            whole = tell_frame(b"x" * 500_000)
+            await _bulk_write(peer, whole[: len(whole) // 2])
+            peer.writer.transport.abort()  # a reset, no goodbye
+            closing = await peer.ws.receive(timeout=5)
+            assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+            await good_client_works(transport.address)
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+def test_bulk_frames_beyond_the_credit_window_cut_the_peer_off() -> None:
+    async def main() -> None:
+        async with server(credit_frames=4) as (system, transport):
+            await system.spawn(Echo, name="jam", mailbox_size=1)
+            async with bulk_peer(transport.address) as peer:
+                await peer.attached()
+                big = frame(["t", "jam", "stuck", [], {"pad": b"x" * 4096}])
+                for _ in range(20):
+                    await _bulk_send(peer, big)
+                type_name, message = await refusal(peer.ws)
             assert type_name == "MalformedFrame"
             assert "beyond the credit window" in message
             await good_client_works(transport.address)
