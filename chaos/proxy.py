@@ -16,11 +16,16 @@ import random
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shoal.chaos.errors import ProxyError
 from shoal.chaos.netfaults import NetFaults, TokenBucket, due_time
 from shoal.chaos.sockets import ConnectionFilter, Endpoint
+
+LinkFaults = Callable[[Endpoint, Endpoint], NetFaults | None]
+"""(client end, server end) of a connection -> the faults for it alone, or None for the
+proxy's own. Only delay, jitter and loss can be set per connection."""
 
 CHUNK = 64 * 1024
 QUEUE_CHUNKS = 64
@@ -60,6 +65,8 @@ class _Link:
     upstream: asyncio.StreamWriter | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closed: bool = False
+    faults: NetFaults | None = None
+    """This connection's own faults (`FaultProxy.set_link_faults`), over the proxy's."""
 
     def reset(self) -> None:
         self.closed = True
@@ -88,6 +95,7 @@ class FaultProxy:
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[object]] = set()
         self._refused_from: ConnectionFilter | None = None
+        self._link_faults: LinkFaults | None = None
 
     def __repr__(self) -> str:
         return f"<FaultProxy :{self._listen_port} -> {self.target} {self.faults} links={len(self._links)}>"
@@ -162,6 +170,18 @@ class FaultProxy:
         self.stats.reset += len(links)
         return len(links)
 
+    def set_link_faults(self, choose: LinkFaults | None) -> int:
+        """Give the connections `choose` picks faults of their own (delay, jitter, loss), now
+        and as they are accepted; None gives every connection the proxy's faults again.
+        Returns how many open connections got faults of their own. This is how one peer's
+        links among several behind the same proxy are slowed or made lossy."""
+        links = list(self._links)
+        chosen = [None if choose is None else _per_link(choose(*link.ends)) for link in links]
+        self._link_faults = choose
+        for link, faults in zip(links, chosen, strict=True):
+            link.faults = faults
+        return sum(faults is not None for faults in chosen)
+
     # -- data path ---------------------------------------------------------------------------
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -172,7 +192,8 @@ class FaultProxy:
             _rst_close(writer)
             return
         self.stats.accepted += 1
-        link = _Link(writer, ends)
+        choose = self._link_faults
+        link = _Link(writer, ends, faults=None if choose is None else _per_link(choose(*ends)))
         self._links.add(link)
         self.stats.open += 1
         handler = asyncio.current_task()
@@ -230,7 +251,7 @@ class FaultProxy:
                 return
             if not data:
                 return
-            faults = self.faults
+            faults = link.faults or self.faults
             if faults.loss and self._random.random() < faults.loss:
                 if faults.loss_mode == "drop":
                     self.stats.dropped += 1
@@ -276,3 +297,12 @@ class FaultProxy:
         if bucket is None:
             bucket = self._buckets[direction] = TokenBucket(rate, max(rate / 20, 1024.0), now)
         return bucket.reserve(size, now)
+
+
+def _per_link(faults: NetFaults | None) -> NetFaults | None:
+    if faults is not None and (faults.partition is not None or faults.bandwidth_bps is not None):
+        raise ProxyError(
+            "only delay_s, jitter_s and loss can be set per connection; partition a peer "
+            "with refuse_from and limit bandwidth on the whole proxy"
+        )
+    return faults

@@ -10,17 +10,22 @@ Cutting R's proxy alone therefore leaves R connected to its lower peers. A parti
     peers), recognised by the kernel's socket tables (`chaos.sockets`), since all peers connect
     from 127.0.0.1 and the bytes are encrypted.
 The majority's links among themselves are untouched, in both directions.
+
+Delay, jitter and loss on R's links follow the same map: R's own proxy gets the faults (links
+into R), and every other proxy gives them to the connections R opened (R's links out), so each
+of R's links is degraded in both directions and the links among its peers are not.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
 from shoal.chaos.cluster import Cluster, ProcessSpec
-from shoal.chaos.errors import ChaosError, FaultError
+from shoal.chaos.errors import ChaosError, FaultError, ProxyError
 from shoal.chaos.netfaults import NetFaults
-from shoal.chaos.proxy import FaultProxy
+from shoal.chaos.proxy import FaultProxy, LinkFaults
 from shoal.chaos.sockets import Endpoint, opened_by
 
 
@@ -35,6 +40,7 @@ class RaftMesh:
         self.cluster = cluster
         self.proxies: dict[str, FaultProxy] = {}
         self._isolated: dict[str, int] = {}
+        self._degraded: dict[str, tuple[int, NetFaults]] = {}
 
     async def start(self, specs: Sequence[ProcessSpec]) -> list[int]:
         """Start the proxies (before the replicas, who need them to elect); returns the ports
@@ -67,11 +73,80 @@ class RaftMesh:
             f"{outgoing} out of it"
         )
 
+    def delay(self, name: str, delay_s: float, jitter_s: float = 0.0) -> str:
+        """Every Raft link of `name` delayed by `delay_s` ± `jitter_s` each way, per chunk
+        (order kept); combines with `loss` until `heal`."""
+        return self._degrade(
+            name, "delayed", lambda f: dataclasses.replace(f, delay_s=delay_s, jitter_s=jitter_s)
+        )
+
+    def loss(self, name: str, p: float, mode: str = "stall", stall_s: float = 0.2) -> str:
+        """Each chunk on a Raft link of `name` is lost with probability `p`: "stall" holds the
+        stream `stall_s` (a TCP retransmission; 0.2 s is Linux's minimum timeout), "drop"
+        cuts the connection (loss that outlasts retransmission; pysyncobj reconnects)."""
+        return self._degrade(
+            name,
+            "lossy",
+            lambda f: dataclasses.replace(f, loss=p, loss_mode=mode, stall_s=stall_s),
+        )
+
+    def _degrade(self, name: str, what: str, change: Callable[[NetFaults], NetFaults]) -> str:
+        pid = self.cluster.pid(name)
+        if pid is None:
+            raise FaultError(f"{name} is not running; there is nothing to degrade")
+        if name not in self.proxies:
+            raise FaultError(f"no Raft proxy for {name!r}; known: {sorted(self.proxies)}")
+        if name in self._isolated:
+            raise FaultError(f"{name} is partitioned; heal it before delaying its links")
+        _, old = self._degraded.get(name, (pid, NetFaults()))
+        try:
+            faults = change(old)
+        except ProxyError as exc:
+            raise FaultError(f"Raft links of {name}: {exc}") from exc
+        self._degraded[name] = (pid, faults)
+        own = self.proxies[name]
+        own.set_faults(faults)
+        inward = own.stats.open
+        outward = self._apply_degraded()
+        return (
+            f"Raft links of {name} (pid {pid}) {what}: {_describe(faults)} "
+            f"({inward} into it, {outward} opened by degraded replicas)"
+        )
+
     def heal(self, name: str) -> str:
         self.proxies[name].heal()
         self._isolated.pop(name, None)
+        self._degraded.pop(name, None)
         self._refuse_isolated()
+        self._apply_degraded()
         return f"Raft links of {name} healed"
+
+    def _apply_degraded(self) -> int:
+        """Give every other proxy's connections opened by a degraded replica that replica's
+        faults; returns how many open connections carry such faults now."""
+        total = 0
+        for owner, proxy in self.proxies.items():
+            choose = self._chooser(owner)
+            total += proxy.set_link_faults(choose)
+        return total
+
+    def _chooser(self, owner: str) -> LinkFaults | None:
+        """Per connection into `owner`'s proxy: the faults of the degraded replica that opened
+        it, added to `owner`'s own when both ends are degraded; else None (the proxy's)."""
+        matchers = [
+            (opened_by(pid), faults)
+            for name, (pid, faults) in self._degraded.items()
+            if name != owner
+        ]
+        if not matchers:
+            return None
+        own = self._degraded[owner][1] if owner in self._degraded else NetFaults()
+
+        def choose(client: Endpoint, server: Endpoint) -> NetFaults | None:
+            dialler = next((f for match, f in matchers if match(client, server)), None)
+            return None if dialler is None else both_ends(own, dialler)
+
+        return choose
 
     def _refuse_isolated(self) -> int:
         """Make every proxy refuse the connections opened by any isolated replica."""
@@ -89,3 +164,25 @@ class RaftMesh:
             with contextlib.suppress(Exception):
                 await proxy.close()
         self.proxies.clear()
+
+
+def both_ends(a: NetFaults, b: NetFaults) -> NetFaults:
+    """The faults of a link whose two ends are degraded: delays and jitters add up, losses
+    are independent (1 − (1 − a)(1 − b)), and the lossier end's mode holds."""
+    lossier = a if a.loss >= b.loss else b
+    return NetFaults(
+        delay_s=min(a.delay_s + b.delay_s, 3600.0),
+        jitter_s=min(a.jitter_s + b.jitter_s, 3600.0),
+        loss=1.0 - (1.0 - a.loss) * (1.0 - b.loss),
+        loss_mode=lossier.loss_mode,
+        stall_s=lossier.stall_s,
+    )
+
+
+def _describe(faults: NetFaults) -> str:
+    parts = []
+    if faults.delay_s or faults.jitter_s:
+        parts.append(f"delay {faults.delay_s:g} ± {faults.jitter_s:g} s")
+    if faults.loss:
+        parts.append(f"loss {faults.loss:g} ({faults.loss_mode})")
+    return ", ".join(parts) or "no faults"

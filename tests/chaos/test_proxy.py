@@ -212,3 +212,35 @@ async def test_control_endpoint(proxy: FaultProxy) -> None:
                 assert listed["port"] == proxy.port
     finally:
         await runner.cleanup()
+
+
+@with_proxy
+async def test_link_faults_hit_only_the_connections_chosen(proxy: FaultProxy) -> None:
+    """One client's connection made lossy, the other's untouched; per-connection faults may
+    not partition or limit bandwidth (the proxy does that for everyone)."""
+    marked_reader, marked = await _connect(proxy)
+    other_reader, other = await _connect(proxy)
+    try:
+        mark = marked.get_extra_info("sockname")[:2]
+        lossy = NetFaults(loss=1.0, loss_mode="drop")
+        for writer, reader in ((marked, marked_reader), (other, other_reader)):
+            writer.write(b"warm")
+            await writer.drain()
+            assert await reader.readexactly(4) == b"warm"  # both accepted by the proxy
+        chosen = proxy.set_link_faults(lambda client, server: lossy if client == mark else None)
+        assert chosen == 1
+        marked.write(b"lost")
+        await marked.drain()
+        with pytest.raises((ConnectionResetError, asyncio.IncompleteReadError)):
+            await marked_reader.readexactly(4)
+        other.write(b"kept")
+        await other.drain()
+        assert await other_reader.readexactly(4) == b"kept"
+        assert proxy.stats.dropped == 1
+        with pytest.raises(ProxyError, match="only delay_s, jitter_s and loss"):
+            proxy.set_link_faults(lambda client, server: NetFaults(partition="refuse"))
+        assert proxy.set_link_faults(None) == 0
+        assert await _round_trip(proxy, b"back") == b"back"
+    finally:
+        marked.close()
+        other.close()

@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shoal.chaos import invariants
 from shoal.chaos.errors import ChaosError, FaultError
-from shoal.chaos.raftnet import RaftMesh
+from shoal.chaos.netfaults import NetFaults
+from shoal.chaos.raftnet import RaftMesh, both_ends
 from shoal.chaos.runner import run_scenario
 from shoal.chaos.scenario import parse
 from shoal.chaos.workload import make_client
@@ -168,3 +171,120 @@ def test_partitioning_a_replica_that_is_not_running_is_refused(tmp_path: Path) -
             await mesh.close()
 
     asyncio.run(main())
+
+
+def _dropped(mesh: RaftMesh) -> int:
+    return sum(p.stats.dropped for p in mesh.proxies.values())
+
+
+def test_raft_links_delayed_and_lossy_still_commit_and_converge(tmp_path: Path) -> None:
+    """The leader's links delayed with jitter, then a follower's made lossy (connections cut):
+    writes still commit, a leader stays or is re-elected, and after healing every replica's
+    digest is equal. Each degraded replica has both its links degraded, whatever its address."""
+    cluster = LocalCluster(tmp_path / "run")
+    cluster.create(coordinator_specs(cluster.run_dir, 3, raft_bind=True))
+
+    async def write(n: int, what: str) -> None:
+        async with make_client(cluster.api_urls(), cluster.token) as client:
+            for i in range(n):
+                await client.add_event("raft-links", f"{what} {i}")
+
+    async def main() -> None:
+        mesh = RaftMesh(cluster)
+        try:
+            await mesh.start(cluster.specs())
+            await asyncio.to_thread(cluster.start_all)
+            leader_api = await asyncio.to_thread(cluster.wait_ready, None, 60.0)
+            await _until("every link is up", lambda: _all_connected(cluster))
+            leader = next(s.name for s in cluster.specs() if s.api_url == leader_api)
+            follower = next(s.name for s in cluster.specs() if s.name != leader)
+
+            detail = mesh.delay(leader, 0.05, 0.02)
+            assert "delay 0.05 ± 0.02 s" in detail
+            assert (
+                "(1 into it, 1 opened" in detail
+                or "(2 into it, 0 opened" in detail
+                or ("(0 into it, 2 opened" in detail)
+            )
+            await write(5, "delayed")
+
+            detail = mesh.loss(follower, 0.3, mode="drop")
+            assert "loss 0.3 (drop)" in detail
+            await write(5, "lossy")
+            await _until("a lossy link was cut", lambda: _dropped(mesh) > 0)
+            await asyncio.to_thread(cluster.wait_ready, None, 60.0)  # a leader, agreed on
+
+            mesh.heal(leader)
+            mesh.heal(follower)
+            await _until("every link is back", lambda: _all_connected(cluster))
+            await write(3, "healed")
+
+            def converged() -> bool:
+                return invariants.digests_equal(_views(cluster, digest=True)).held
+
+            await _until("digests are equal", converged)
+        finally:
+            await mesh.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.stop_all()
+
+
+def test_degrading_raft_links_refuses_bad_input(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "run")
+    cluster.create(coordinator_specs(cluster.run_dir, 3, raft_bind=True))
+
+    async def main() -> None:
+        mesh = RaftMesh(cluster)
+        try:
+            await mesh.start(cluster.specs())
+            with pytest.raises(FaultError, match="c2 is not running"):
+                mesh.delay("c2", 0.1)
+            await asyncio.to_thread(cluster.start, "c1")
+            with pytest.raises(FaultError, match=r"Raft links of c1: loss=2\.0 must be"):
+                mesh.loss("c1", 2.0)
+            with pytest.raises(FaultError, match="Raft links of c1: loss_mode='cut' is not one"):
+                mesh.loss("c1", 0.1, mode="cut")
+            mesh.isolate("c1")
+            with pytest.raises(FaultError, match="c1 is partitioned; heal it"):
+                mesh.delay("c1", 0.1)
+            assert "healed" in mesh.heal("c1")
+            assert "delay 0.1 ± 0 s" in mesh.delay("c1", 0.1)
+        finally:
+            await mesh.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.stop_all()
+
+
+link_faults = st.builds(
+    NetFaults,
+    delay_s=st.floats(0, 10),
+    jitter_s=st.floats(0, 10),
+    loss=st.floats(0, 1),
+    loss_mode=st.sampled_from(["drop", "stall"]),
+    stall_s=st.floats(0, 10),
+)
+
+
+@given(link_faults, link_faults)
+def test_a_link_degraded_at_both_ends_is_at_least_as_bad_as_either(a, b):
+    ab, ba = both_ends(a, b), both_ends(b, a)
+    assert ab.delay_s == pytest.approx(a.delay_s + b.delay_s)
+    assert ab.jitter_s == pytest.approx(a.jitter_s + b.jitter_s)
+    assert max(a.loss, b.loss) - 1e-12 <= ab.loss <= 1.0
+    assert ab.loss == pytest.approx(ba.loss)
+    assert ab.loss_mode == (a if a.loss >= b.loss else b).loss_mode
+
+
+@given(link_faults)
+def test_an_undegraded_far_end_changes_nothing(a):
+    alone = both_ends(a, NetFaults())
+    assert alone.delay_s == a.delay_s
+    assert alone.jitter_s == a.jitter_s
+    assert alone.loss == pytest.approx(a.loss)
+    assert (alone.loss_mode, alone.stall_s) == (a.loss_mode, a.stall_s)
