@@ -14,7 +14,9 @@ adopts the restored weights and version.
 With a `ledger_dir`, the actor records which sequence numbers it sent and, per learner
 incarnation and admission, which the learner acknowledged; it writes them to
 `ledger_dir/rollout-<actor id>.json` at most every LEDGER_EVERY_S and when it stops, for the
-chaos checker's cross-restart accounting (`fragment_ledger` in chaos/invariants.py).
+chaos checker's cross-restart accounting (`fragment_ledger` in chaos/invariants.py). Each send
+and each acknowledgement is also appended to `rollout-<actor id>.jsonl` (`learner/journal.py`)
+before it is acted on, so a SIGKILL loses none of them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 
 from shoal.envs.vector import VectorEnvironment
 from shoal.learner.fragment import Fragment
+from shoal.learner.journal import Journal
 from shoal.learner.policy import ActorCritic
 from shoal.learner.seqranges import SeqRanges, ranges_json
 from shoal.runtime.actor import Actor
@@ -225,6 +228,7 @@ class RolloutActor(Actor):
         self.acked: dict[str, dict[str, SeqRanges]] = {}
         """Per learner incarnation, per admission ("accepted", "stale", ...): acknowledged seqs."""
         self._ledger_written = 0.0
+        self._journal: Journal | None = None
         self._failed = failed
         self._pending: tuple[int, dict[str, np.ndarray]] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -253,6 +257,10 @@ class RolloutActor(Actor):
         actor_id = f"{spec.name}#{os.urandom(4).hex()}"
         digest = env_hash(spec.env_id, dict(spec.env_kwargs), spec.seed)
         self._collector = Collector(actor_id, env, policy, spec.horizon, digest, spec.seed)
+        if self.ledger_dir is not None:
+            self.ledger_dir.mkdir(parents=True, exist_ok=True)
+            self._journal = Journal(self.ledger_dir / f"rollout-{actor_id}.jsonl")
+            self._journal.append({"actor_id": actor_id, "sent": [], "acked": {}})
         self._learner = self.context.system.ref(spec.learner_path)
         self._task = asyncio.create_task(
             self._run(self._collector, self._learner), name=f"rollout {spec.name}"
@@ -266,6 +274,8 @@ class RolloutActor(Actor):
         if self._collector is not None:
             self._collector.env.close()
             self.write_ledger()
+        if self._journal is not None:
+            self._journal.close()
 
     def set_weights(self, version: int, weights: dict[str, np.ndarray]) -> None:
         """Newer weights from the learner; adopted before the next environment step."""
@@ -332,6 +342,8 @@ class RolloutActor(Actor):
             fragment = collector.finish(buf, version)
             if self._in_flight is not None and not await self._in_flight:
                 await self._register(collector, learner)
+            if self._journal is not None:
+                self._journal.append({"sent": fragment.seq})
             self._in_flight = asyncio.create_task(self._push(learner, fragment))
             self.sent.add(fragment.seq)
             self.pacer.produced += 1
@@ -370,8 +382,13 @@ class RolloutActor(Actor):
             return False
         self.pushed += 1
         if isinstance(reply, dict):
-            kinds = self.acked.setdefault(str(reply.get("incarnation")), {})
-            kinds.setdefault(str(reply.get("admission")), SeqRanges()).add(fragment.seq)
+            incarnation, admission = str(reply.get("incarnation")), str(reply.get("admission"))
+            if self._journal is not None:  # on record before anything acts on the ack
+                self._journal.append(
+                    {"acked": fragment.seq, "incarnation": incarnation, "admission": admission}
+                )
+            kinds = self.acked.setdefault(incarnation, {})
+            kinds.setdefault(admission, SeqRanges()).add(fragment.seq)
         # A new learner incarnation, or one that stopped sending us weights: register again.
         return (
             isinstance(reply, dict)

@@ -1,0 +1,113 @@
+"""Accounting records that survive the process: one JSON line per event, appended with a single
+os.write on an O_APPEND file descriptor before the event is acted on.
+
+A write(2) that returned is in the kernel's page cache, which outlives a SIGKILLed process
+(only a host crash loses it, and fsync per record would cost far more than the fragment), so a
+rollout actor that records each acknowledgement this way before it counts it never has an
+acknowledged fragment missing from its record, where the periodic JSON snapshot
+(`rollout-<actor id>.json`) can be a second behind. One write per line and O_APPEND keep lines
+whole; a reader still skips a torn last line (a full disk can cut one short).
+
+The journal of a rollout actor is `rollout-<actor id>.jsonl` beside its snapshot:
+  {"actor_id": "...", "sent": [], "acked": {}}      first line (what a snapshot starts as)
+  {"sent": 12}                                      fragment 12 pushed
+  {"acked": 12, "incarnation": "ab12", "admission": "accepted"}   the learner's reply
+`rollout_ledger` rebuilds the snapshot's form from those lines; `rollout_ledgers` reads a whole
+accounting folder, preferring each actor's journal to its snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from shoal.learner.errors import LearnerError
+from shoal.learner.seqranges import SeqRanges, ranges_json
+
+
+class Journal:
+    """An append-only JSON-lines file; one owner, one `append` per record."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise LearnerError(
+                f"cannot open the accounting journal {path}: {exc.strerror}; "
+                "make the run directory's accounting/ writable"
+            ) from exc
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Write one line; when this returns, a SIGKILL of this process cannot lose it."""
+        if self._fd is None:
+            raise LearnerError(f"the accounting journal {self.path} is closed")
+        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        written = os.write(self._fd, line)
+        if written != len(line):  # a full disk cut it short: the reader skips the torn line
+            raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The records of a journal; a torn or unreadable line is skipped, never fatal."""
+    records = []
+    for line in path.read_bytes().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def rollout_ledger(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """A rollout actor's journal as its ledger: `{"actor_id", "sent", "acked"}`, the acked
+    ranges per learner incarnation and admission (the form the JSON snapshot has)."""
+    actor_id = ""
+    sent = SeqRanges()
+    acked: dict[str, dict[str, SeqRanges]] = {}
+    for record in records:
+        if "actor_id" in record:
+            actor_id = str(record["actor_id"])
+        elif "sent" in record:
+            sent.add(_seq(record, "sent"))
+        elif "acked" in record:
+            kinds = acked.setdefault(str(record.get("incarnation")), {})
+            kinds.setdefault(str(record.get("admission")), SeqRanges()).add(_seq(record, "acked"))
+    return {
+        "actor_id": actor_id,
+        "sent": sent.to_json(),
+        "acked": {inc: ranges_json(kinds) for inc, kinds in acked.items()},
+    }
+
+
+def _seq(record: dict[str, Any], key: str) -> int:
+    seq = record[key]
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise LearnerError(f"malformed journal record {record!r}: {key} must be an int >= 0")
+    return seq
+
+
+def rollout_ledgers(folder: Path) -> list[dict[str, Any]]:
+    """Every rollout actor's ledger in an accounting folder: from its journal where it has
+    one (complete to the last acknowledgement even after a SIGKILL), else its snapshot."""
+    ledgers = []
+    journals = {p.with_suffix(".json") for p in folder.glob("rollout-*.jsonl")}
+    for path in sorted(folder.glob("rollout-*.jsonl")):
+        ledgers.append(rollout_ledger(read_lines(path)))
+    for path in sorted(folder.glob("rollout-*.json")):
+        if path not in journals:
+            try:
+                ledgers.append(dict(json.loads(path.read_text())))
+            except (OSError, ValueError, TypeError):
+                ledgers.append({})
+    return ledgers
