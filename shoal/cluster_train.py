@@ -1,20 +1,21 @@
-"""`shoal train` through a running cluster: the same run, its processes placed by the leader.
+"""The training run: ONE coordinator job whose tasks are the learner ranks and rollout workers.
 
-`ClusterRun` lays out the run directory exactly as the embedded run does (job.json,
-cluster.token, checkpoints/), then submits ONE job to the coordinators whose tasks run the same
-two programs, learner ranks and rollout workers, as node child processes (task kinds
-`learner-rank`, which the leader gang-places, and `rollout-worker`, which it spreads), with
-`spec.placement = "auto"` so the leader places them. Progress, the progress bar and the stop rule are the embedded run's, read from the
-ranks' status files in the run directory (nodes here share this machine's filesystem). On
-stop it asks the coordinator to stop the job, waits for the tasks to stop (rank 0 writes the
-final checkpoint on SIGTERM) and records that checkpoint with the coordinator. Restarts are the
-coordinator's and nodes' business, not this process's: a failed task ends the run with its
-reason.
+`ClusterRun` lays out the run directory (job.json, cluster.token, checkpoints/), then submits
+one job to the coordinators whose tasks run two programs as node child processes: learner
+ranks (kind `learner-rank`, which the leader gang-places) and rollout workers
+(`rollout-worker`, which it spreads), with `spec.placement = "auto"` so the leader places them
+and `spec.restart` so it restarts what fails (a failed rank restarts its whole group, which
+resumes from the newest complete checkpoint). Progress, the progress bar and the stop rule
+come from the ranks' status files in the run directory (the nodes share this machine's file
+system). On stop it asks the coordinator to stop the job, waits for the tasks to stop (rank 0
+writes the final checkpoint on SIGTERM) and records that checkpoint with the coordinator.
+The coordinators are those of a `shoal up` cluster, or of the embedded one `train` starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -23,10 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shoal.train import LocalRun, TrainError, TrainResult
+from shoal.local import free_port
+from shoal.train import (
+    RunStatus,
+    TrainError,
+    TrainResult,
+    write_job,
+    write_token,
+)
 
 if TYPE_CHECKING:
     from shoal.learner.config import TrainConfig
+    from shoal.local import LocalCluster
+    from shoal.progress import ProgressLine
     from shoal.raft.client import CoordinatorClient
 
 T = TypeVar("T")
@@ -34,7 +44,9 @@ LEARNER_KIND = "learner-rank"
 ROLLOUT_KIND = "rollout-worker"
 LEARNER_ENTRY = "shoal.learner.learner_main:main"
 ROLLOUT_ENTRY = "shoal.learner.rollout_main:main"
+POLL_S = 0.05
 CHECK_TASKS_EVERY_S = 1.0
+RESTART_WINDOW_S = 600.0
 STOP_WAIT_S = 40.0
 CLIENT_TIMEOUT_S = 5.0
 ACTIVE = ("pending", "running")
@@ -47,6 +59,8 @@ class Coordinators:
     urls: list[str]
     token_file: Path
     job_id: str = field(default_factory=lambda: f"train-{os.urandom(4).hex()}")
+    embedded: bool = False
+    """Started by this run for itself (and stopped with it)."""
 
     def __post_init__(self) -> None:
         from shoal.errors import ConfigError
@@ -142,15 +156,31 @@ def find_cluster(run_dir: Path) -> Coordinators | None:
     return Coordinators([s.api_url for s in specs if s.api_url], local.run_dir / "api-token")
 
 
-class ClusterRun(LocalRun):
-    """One training run whose processes are a coordinator job's tasks."""
+class ClusterRun:
+    """One training run; `run()` blocks until it is over and every task has stopped."""
 
     def __init__(
-        self, cfg: TrainConfig, env_id: str, run_dir: Path, coordinators: Coordinators, **kw: Any
+        self,
+        cfg: TrainConfig,
+        env_id: str,
+        run_dir: Path,
+        coordinators: Coordinators,
+        *,
+        progress: ProgressLine | None = None,
+        max_restarts: int = 5,
+        on_poll: Callable[[ClusterRun], None] | None = None,
+        embedded: LocalCluster | None = None,
     ) -> None:
-        super().__init__(cfg, env_id, run_dir.resolve(), **kw)
+        self.cfg = cfg
+        self.env_id = env_id
+        self.run_dir = run_dir.resolve()
         self.coordinators = coordinators
         self.job_id = coordinators.job_id
+        self.max_restarts = max_restarts
+        self.on_poll = on_poll
+        self.embedded = embedded
+        self.status = RunStatus(cfg, env_id, self.run_dir, progress)
+        self.restarts = 0
         self._checked = 0.0
         self._submitted = False
 
@@ -174,25 +204,100 @@ class ClusterRun(LocalRun):
                 f"the coordinators {self.coordinators.urls} refused or did not answer: {exc}"
             ) from exc
 
-    # -- hooks of the embedded run -------------------------------------------------------------
+    # -- the job -------------------------------------------------------------------------------
 
-    def _job_extra(self) -> dict[str, Any]:
-        return {"coordinator": self.coordinators.to_job()}
+    def tasks(self) -> list[dict[str, Any]]:
+        """The job's task records; writes the token and job.json the processes read."""
+        from shoal.learner.group import GroupSpec
 
-    def _child_env(self, extra: dict[str, str]) -> dict[str, str]:
-        """Only what differs from the node's own environment travels in the task."""
-        return {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+        cfg = self.cfg
+        write_token(self.run_dir)
+        ports = [free_port() for _ in range(cfg.learner.ranks)]
+        write_job(
+            self.run_dir, cfg, self.env_id, ports, {"coordinator": self.coordinators.to_job()}
+        )
+        rendezvous = free_port() if cfg.learner.ranks > 1 else 0
+        learners = []
+        for rank, port in enumerate(ports):
+            group = GroupSpec(rank, cfg.learner.ranks, port=rendezvous, backend=cfg.learner.backend)
+            argv = ["--run-dir", str(self.run_dir), "--port", str(port)]
+            env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **group.to_env()}
+            learners.append((argv, env))
+        rollouts = [
+            ["--run-dir", str(self.run_dir), "--worker", str(w)] for w in range(cfg.rollout.workers)
+        ]
+        return job_tasks(self.job_id, learners, rollouts)
 
-    def _launch(self) -> None:
-        learners = [(child.argv[3:], child.env) for child in self.learners]
-        rollouts = [child.argv[3:] for child in self.rollouts]
-        tasks = job_tasks(self.job_id, learners, rollouts)
-        spec = {"placement": "auto", "kind": "train", "env_id": self.env_id}
-        self._call(lambda c: c.submit_job(spec=spec, tasks=tasks, job_id=self.job_id))
-        self._submitted = True
+    def _submit(self, tasks: list[dict[str, Any]]) -> None:
         from shoal.learner.learner_main import append_event
 
+        spec = {
+            "placement": "auto",
+            "kind": "train",
+            "env_id": self.env_id,
+            "restart": {"max_restarts": self.max_restarts, "window_s": RESTART_WINDOW_S},
+        }
         append_event(self.run_dir, {"event": "submitted", "job": self.job_id})
+        self._call(lambda c: c.submit_job(spec=spec, tasks=tasks, job_id=self.job_id))
+        self._submitted = True
+
+    def _embedded_exited(self) -> str | None:
+        """The name of an embedded cluster's process that is no longer running, if any."""
+        if self.embedded is None:
+            return None
+        specs = self.embedded.specs()
+        return next((s.name for s in specs if self.embedded.pid(s.name) is None), None)
+
+    def _check_cluster(self) -> None:
+        """An embedded cluster's process that died ends the run with its log's last lines."""
+        name = self._embedded_exited()
+        if name is not None and self.embedded is not None:
+            raise TrainError(
+                f"{name} of the embedded cluster exited; see {self.embedded.log_path(name)}:\n"
+                f"{self.embedded.tail(name, 15)}"
+            )
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self, started: float | None = None) -> TrainResult:
+        """Submit, watch and stop the job; `started` (time.monotonic()) is when the run began
+        (before its cluster started, for an embedded one). Ctrl-C is an orderly stop."""
+        from shoal.learner.learner_main import append_event
+
+        tasks = self.tasks()
+        started = time.monotonic() if started is None else started
+        append_event(self.run_dir, {"event": "run", "pid": os.getpid(), "env_id": self.env_id})
+        stopped_by = "error"
+        solve_s = stop_return = startup_s = None
+        try:
+            self._submit(tasks)
+            while True:
+                time.sleep(POLL_S)
+                self._check_cluster()
+                self._check_children()
+                self.status.read()
+                elapsed = time.monotonic() - started
+                if startup_s is None and self.status.version() > 0:
+                    startup_s = elapsed
+                self.status.draw(elapsed)
+                if self.on_poll is not None:
+                    self.on_poll(self)
+                reason = self.status.stop_reason(elapsed)
+                if reason is not None:
+                    if reason == "target":
+                        solve_s, stop_return = elapsed, self.status.recent_return()
+                    stopped_by = reason
+                    break
+        except KeyboardInterrupt:
+            stopped_by = "interrupted"
+        except BaseException:
+            with contextlib.suppress(TrainError):  # the first error is the one to report
+                self.shutdown()
+            raise
+        self.shutdown()
+        self.status.read()
+        wall_s = time.monotonic() - started
+        return self._result(self.status.result(stopped_by, wall_s, solve_s, stop_return, startup_s))
 
     def _check_children(self) -> None:
         now = time.monotonic()
@@ -209,16 +314,25 @@ class ClusterRun(LocalRun):
             )
 
     def shutdown(self) -> None:
-        """Stop the job (ranks get SIGTERM; rank 0 checkpoints), then wait for every task."""
+        """Stop the job (ranks get SIGTERM; rank 0 checkpoints), then wait for every task.
+        With a broken embedded cluster there is no one to ask: its processes are stopped (a
+        node still alive drains its tasks; those of a dead one got SIGTERM when it died)."""
         if not self._submitted:
             return
-        self._call(lambda c: c.stop_job(self.job_id))
         deadline = time.monotonic() + STOP_WAIT_S
+        if self.embedded is not None and self._embedded_exited() is not None:
+            self.embedded.stop_all()
+            while time.monotonic() < deadline and not self._processes_gone():
+                time.sleep(POLL_S)
+            return
+        self._call(lambda c: c.stop_job(self.job_id))
+        while time.monotonic() < deadline and not self._processes_gone():
+            time.sleep(POLL_S)
         while time.monotonic() < deadline:
             tasks = self._call(lambda c: c.tasks(job=self.job_id))
-            if not any(t.get("state") in ACTIVE for t in tasks) and self._processes_gone():
+            if not any(t.get("state") in ACTIVE for t in tasks):
                 return
-            time.sleep(0.2)
+            time.sleep(POLL_S)
         from shoal.learner.learner_main import append_event
 
         # Not raised: an error that ended the run early (no rank ever started) matters more.
@@ -231,9 +345,23 @@ class ClusterRun(LocalRun):
         lines = events.read_text().splitlines() if events.exists() else []
         return not any(_alive(pid) for pid in started_pids(lines, self.job_id))
 
-    def _result(self, stopped_by: str, wall_s: float) -> TrainResult:
-        result = super()._result(stopped_by, wall_s)
+    def _result(self, result: TrainResult) -> TrainResult:
+        """The summary with the job's id, restarts and cluster; its checkpoint recorded."""
         result.job_id = self.job_id
+        job = self._call(lambda c: c.job(self.job_id))
+        result.restarts = int(job.get("restarts", self.restarts))
+        result.cluster = {"coordinators": list(self.coordinators.urls), "embedded": False}
+        if self.embedded is not None:
+            result.cluster = {
+                "coordinators": list(self.coordinators.urls),
+                "embedded": True,
+                "logs": str(self.embedded.run_dir / "logs"),
+                "task_logs": [
+                    str(self.embedded.run_dir / "data" / s.name / "tasks")
+                    for s in self.embedded.specs()
+                    if s.kind == "node"
+                ],
+            }
         if result.checkpoint is not None:
             from shoal.train import find_checkpoint
 

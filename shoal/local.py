@@ -13,9 +13,12 @@ pid is never signalled.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,13 @@ from typing import Any
 from shoal.errors import ShoalError
 
 STOP_GRACE = 5.0
+EMBEDDED_HEARTBEAT_S = 0.2
+"""The embedded node's heartbeat period. Its heartbeat is also its watch for assignments, so a
+task placed on it starts within this; one node on loopback can afford five requests a second."""
+EMBEDDED_SCHEDULER_PERIOD_S = 0.1
+"""The embedded leader's scheduling period: a submitted job is placed within this. A round
+with nothing new committed since the last one returns at once, so a short period costs little."""
+_PR_SET_PDEATHSIG = 1
 
 
 class LocalClusterError(ShoalError):
@@ -183,7 +194,10 @@ class LocalCluster:
                 "choose a writable --run-dir (or SHOAL_RUN_DIR)"
             ) from exc
 
-    def start(self, name: str) -> int:
+    def start(self, name: str, die_with_parent: bool = False) -> int:
+        """Start `name` in its own session (Ctrl-C in a terminal does not reach it). With
+        `die_with_parent` it gets SIGTERM when this process dies, even by SIGKILL: an embedded
+        cluster must not outlive the `shoal train` that started it; `shoal up`'s must."""
         spec = self.spec(name)
         if self.pid(name):
             raise LocalClusterError(f"{name} is already running (pid {self.pid(name)})")
@@ -194,6 +208,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_sigterm_on_parent_death if die_with_parent else None,
                 env={**os.environ, **spec.env} if spec.env else None,
             )
         (self.run_dir / "pids" / f"{name}.pid").write_text(str(proc.pid))
@@ -244,16 +259,22 @@ class LocalCluster:
         return True
 
     def stop_all(self) -> list[str]:
+        """Node daemons first (they drain their tasks and report it while a coordinator still
+        answers), then the replicas; the names of those that were running."""
         specs = self.specs()
-        pids = {s.name: self.pid(s.name) for s in specs}
-        for pid in pids.values():
-            if pid:
-                os.kill(pid, signal.SIGTERM)
-        for name, pid in pids.items():
-            if pid and not self._wait_gone(name, STOP_GRACE):
-                os.kill(pid, signal.SIGKILL)
-                self._wait_gone(name, STOP_GRACE)
-        return [name for name, pid in pids.items() if pid]
+        stopped = []
+        for kind in ("node", "coordinator"):
+            pids = {s.name: self.pid(s.name) for s in specs if s.kind == kind}
+            for pid in pids.values():
+                if pid:
+                    os.kill(pid, signal.SIGTERM)
+            for name, pid in pids.items():
+                if pid and not self._wait_gone(name, STOP_GRACE):
+                    os.kill(pid, signal.SIGKILL)
+                    self._wait_gone(name, STOP_GRACE)
+                (self.run_dir / "pids" / f"{name}.pid").unlink(missing_ok=True)
+            stopped += [name for name, pid in pids.items() if pid]
+        return [s.name for s in specs if s.name in stopped]
 
     def _wait_gone(self, name: str, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -370,3 +391,45 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def _sigterm_on_parent_death() -> None:
+    """In the child before exec: SIGTERM when the parent dies (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def embedded_specs(run_dir: Path) -> list[ProcessSpec]:
+    """One coordinator replica and one node daemon with this host's own GPUs (if any), tuned
+    so that a job submitted to them starts quickly (the replica reads its settings from
+    `run_dir/coordinator.toml`, which `embedded_cluster` writes)."""
+    config = run_dir / "coordinator.toml"
+    specs = coordinator_specs(run_dir, 1, extra_args=("--config", str(config)))
+    urls = [s.api_url for s in specs if s.api_url]
+    node_args = ("--heartbeat", str(EMBEDDED_HEARTBEAT_S))
+    return specs + node_specs(run_dir, urls, 1, 0, extra_args=node_args)
+
+
+@contextlib.contextmanager
+def embedded_cluster(run_dir: Path) -> Iterator[LocalCluster]:
+    """A fresh one-replica, one-node cluster in `run_dir` for the length of the block, stopped
+    on the way out however the block ends (its processes also die with this one).
+
+    The processes are started and the block entered at once, so the caller's own start-up
+    overlaps theirs; `wait_ready` before the first write. The replica starts from an empty Raft
+    log even when `run_dir` held an earlier run's: a job that was running when that run was
+    killed must not come back to life and start its tasks again."""
+    local = LocalCluster(run_dir)
+    specs = embedded_specs(local.run_dir)
+    local.create(specs)
+    settings = f"[scheduler]\nperiod = {EMBEDDED_SCHEDULER_PERIOD_S}\n"
+    (local.run_dir / "coordinator.toml").write_text(settings)
+    for spec in specs:
+        if spec.kind == "coordinator":
+            shutil.rmtree(local.run_dir / "data" / spec.name, ignore_errors=True)
+    try:
+        for spec in specs:
+            local.start(spec.name, die_with_parent=True)
+        yield local
+    finally:
+        local.stop_all()

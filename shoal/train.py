@@ -1,49 +1,42 @@
-"""The embedded local run behind `shoal train`: learner ranks and rollout workers as child processes.
+"""`shoal train`: the run directory, what the learner ranks report, and the final evaluation.
 
-`LocalRun` lays out a run directory (per-process logs, pid files, the cluster token readable by
-its owner only, checkpoints/, reports/), starts every learner rank and rollout worker as a real
-process talking over the transport on 127.0.0.1, and watches them: it draws the progress bar
-from the ranks' status files, stops at the target return, the time limit or the step budget,
-and restarts what dies — a dead learner rank takes its whole group down, which is started again
-and resumes from the newest complete checkpoint; a dead rollout worker is started again alone.
-On stop, the learners are asked to finish first (so rank 0 writes the final checkpoint), then
-the rollout workers; anything still alive after a grace period is killed, and every child is
-reaped, so no process outlives the run. Then the final checkpoint is evaluated.
+Every run is a coordinator job (shoal/cluster_train.py, `ClusterRun`): its learner ranks and
+rollout workers are tasks that a node daemon runs as child processes. With a `shoal up` cluster
+the job goes there; otherwise `train` starts an embedded cluster of its own in the run
+directory (one coordinator replica and one node daemon, shoal/local.py `embedded_cluster`)
+and stops it when the run is over, however it ends. This module lays out the run directory
+(the transport token readable by its owner only, job.json, checkpoints/, reports/), turns the
+ranks' status files into the progress line, the stop decision and the summary, and evaluates
+the final checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import math
 import os
 import secrets
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shoal.errors import ShoalError
-from shoal.local import free_port
 from shoal.progress import ProgressLine, si
 
 if TYPE_CHECKING:
-    from shoal.cluster_train import Coordinators
+    from shoal.cluster_train import ClusterRun, Coordinators
     from shoal.learner.config import TrainConfig
+    from shoal.local import LocalCluster
 
-POLL_S = 0.05
-STOP_GRACE_S = 20.0
 LEARNER_NAME = "learner"
 
 
 class TrainError(ShoalError):
-    """The local run could not start, or kept failing; the message names the log to read."""
+    """The run could not start, or its job failed; the message names the log to read."""
 
 
 @dataclass
@@ -59,14 +52,15 @@ class TrainResult:
     wall_s: float
     solve_s: float | None
     startup_s: float | None
-    """Seconds from the start until the first policy update (process start-up, imports, first
-    fragment)."""
+    """Seconds from the start (of the embedded cluster, when there is one) until the first
+    policy update: cluster start, placement, process start-up, imports, first fragment."""
     sps: float
     """Environment steps per second over the whole run, process start-up included."""
     learner_sps: float
     """Environment steps per second the learners received, from their start (steady state)."""
     policy_lag_median: float | None
     restarts: int
+    """Restarts of the job's tasks by the coordinator (a learner group counts once)."""
     stopped_by: str
     checkpoint: str | None = None
     checkpoint_step: int | None = None
@@ -75,30 +69,15 @@ class TrainResult:
     eval_mean_return: float | None = None
     intake: dict[str, int] = field(default_factory=dict)
     job_id: str | None = None
-    """The coordinator job the run was, when it ran through a cluster."""
+    """The coordinator job the run was."""
+    cluster: dict[str, Any] = field(default_factory=dict)
+    """Where it ran: `coordinators` (API URLs), `embedded` (started by this run, in its run
+    directory) and, for an embedded one, `logs` (coordinator, node) and `task_logs`."""
 
 
-@dataclass
-class _Child:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-
-def _interrupt(signum: int, frame: object) -> None:
+def interrupt_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM stops a run in order, exactly like Ctrl-C."""
     raise KeyboardInterrupt
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the `shoal train` process dies (Linux)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    libc = ctypes.CDLL(name, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def make_run_dir(root: Path, env_id: str) -> Path:
@@ -133,215 +112,72 @@ def write_token(run_dir: Path) -> None:
         handle.write(secrets.token_hex(32) + "\n")
 
 
-class LocalRun:
-    """One embedded training run; `run()` blocks until it is over and everything is reaped."""
+def write_job(
+    run_dir: Path,
+    cfg: TrainConfig,
+    env_id: str,
+    learner_ports: list[int],
+    extra: dict[str, Any],
+) -> None:
+    """job.json: the resolved config and every rollout actor's spec, which the rollout workers
+    read (each actor names the learner rank it feeds by that rank's transport port), plus
+    `extra` keys (where rank 0 posts its metrics)."""
+    from shoal.learner.group import assign
+
+    names = [
+        f"rollout-{w}-{a}"
+        for w in range(cfg.rollout.workers)
+        for a in range(cfg.rollout.actors_per_worker)
+    ]
+    shares = assign(names, cfg.learner.ranks)
+    rank_of = {name: rank for rank, share in enumerate(shares) for name in share}
+    workers: list[list[dict[str, Any]]] = []
+    for w in range(cfg.rollout.workers):
+        specs = []
+        for a in range(cfg.rollout.actors_per_worker):
+            name = f"rollout-{w}-{a}"
+            port = learner_ports[rank_of[name]]
+            specs.append(
+                {
+                    "name": name,
+                    "env_id": env_id,
+                    "env_kwargs": cfg.env_kwargs,
+                    "num_envs": cfg.rollout.num_envs,
+                    "horizon": cfg.rollout.horizon,
+                    "seed": cfg.seed + 1000 * (w * cfg.rollout.actors_per_worker + a + 1),
+                    "learner_path": f"shoal://127.0.0.1:{port}/{LEARNER_NAME}",
+                    "hidden": list(cfg.hidden),
+                    "fragments_per_version": _pace_share(cfg),
+                }
+            )
+        workers.append(specs)
+    job = {"env_id": env_id, "config": asdict(cfg), "workers": workers, **extra}
+    (run_dir / "job.json").write_text(json.dumps(job, indent=1))
+
+
+def _pace_share(cfg: TrainConfig) -> float:
+    """Each actor's share of the fragments its rank trains on per version (0: unpaced)."""
+    if not cfg.rollout.pace:
+        return 0.0
+    return cfg.intake.fragments_per_update * cfg.learner.ranks / cfg.total_actors
+
+
+class RunStatus:
+    """What the learner ranks report in their status files, and what the run makes of it: the
+    progress line, the stop rule and the summary."""
 
     def __init__(
-        self,
-        cfg: TrainConfig,
-        env_id: str,
-        run_dir: Path,
-        progress: ProgressLine | None = None,
-        max_restarts: int = 5,
-        on_poll: Callable[[LocalRun], None] | None = None,
+        self, cfg: TrainConfig, env_id: str, run_dir: Path, progress: ProgressLine | None
     ) -> None:
         self.cfg = cfg
         self.env_id = env_id
         self.run_dir = run_dir
         self.progress = progress
-        self.max_restarts = max_restarts
-        self.on_poll = on_poll
         self.target = cfg.resolved_target(env_id)
-        self.restarts = 0
-        self.learners: list[_Child] = []
-        self.rollouts: list[_Child] = []
         self.statuses: dict[int, dict[str, Any]] = {}
-        self.started = 0.0
-        self.solve_s: float | None = None
-        self.stop_return: float | None = None
-        self.startup_s: float | None = None
 
-    # -- layout ------------------------------------------------------------------------------
-
-    def _learner_ports(self) -> list[int]:
-        return [free_port() for _ in range(self.cfg.learner.ranks)]
-
-    def _write_job(self, learner_ports: list[int]) -> None:
-        from shoal.learner.group import assign
-
-        cfg = self.cfg
-        names = [
-            f"rollout-{w}-{a}"
-            for w in range(cfg.rollout.workers)
-            for a in range(cfg.rollout.actors_per_worker)
-        ]
-        shares = assign(names, cfg.learner.ranks)
-        rank_of = {name: rank for rank, share in enumerate(shares) for name in share}
-        workers: list[list[dict[str, Any]]] = []
-        for w in range(cfg.rollout.workers):
-            specs = []
-            for a in range(cfg.rollout.actors_per_worker):
-                name = f"rollout-{w}-{a}"
-                port = learner_ports[rank_of[name]]
-                specs.append(
-                    {
-                        "name": name,
-                        "env_id": self.env_id,
-                        "env_kwargs": cfg.env_kwargs,
-                        "num_envs": cfg.rollout.num_envs,
-                        "horizon": cfg.rollout.horizon,
-                        "seed": cfg.seed + 1000 * (w * cfg.rollout.actors_per_worker + a + 1),
-                        "learner_path": f"shoal://127.0.0.1:{port}/{LEARNER_NAME}",
-                        "hidden": list(cfg.hidden),
-                        "fragments_per_version": self._pace_share(),
-                    }
-                )
-            workers.append(specs)
-        job = {
-            "env_id": self.env_id,
-            "config": asdict(cfg),
-            "workers": workers,
-            **self._job_extra(),
-        }
-        (self.run_dir / "job.json").write_text(json.dumps(job, indent=1))
-
-    def _job_extra(self) -> dict[str, Any]:
-        """More keys for job.json (a cluster run adds where rank 0 posts its metrics)."""
-        return {}
-
-    def _pace_share(self) -> float:
-        """Each actor's share of the fragments its rank trains on per version (0: unpaced)."""
-        cfg = self.cfg
-        if not cfg.rollout.pace:
-            return 0.0
-        return cfg.intake.fragments_per_update * cfg.learner.ranks / cfg.total_actors
-
-    def _child_env(self, extra: dict[str, str]) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra})
-        return env
-
-    def _prepare(self) -> None:
-        write_token(self.run_dir)
-        ports = self._learner_ports()
-        self._write_job(ports)
-        py = sys.executable
-        self.learners = []
+    def read(self) -> None:
         for rank in range(self.cfg.learner.ranks):
-            argv = [py, "-m", "shoal.learner.learner_main", "--run-dir", str(self.run_dir)]
-            argv += ["--port", str(ports[rank])]
-            self.learners.append(_Child(f"learner-{rank}", argv, {}))
-        self._assign_group()
-        self.rollouts = [
-            _Child(
-                f"rollout-{w}",
-                [
-                    py,
-                    "-m",
-                    "shoal.learner.rollout_main",
-                    "--run-dir",
-                    str(self.run_dir),
-                    "--worker",
-                    str(w),
-                ],
-                self._child_env({}),
-            )
-            for w in range(self.cfg.rollout.workers)
-        ]
-
-    def _assign_group(self) -> None:
-        """Fresh rendezvous port for a (re-)formed learner group."""
-        from shoal.learner.group import GroupSpec
-
-        port = free_port()
-        world = self.cfg.learner.ranks
-        for rank, child in enumerate(self.learners):
-            spec = GroupSpec(
-                rank=rank,
-                world_size=world,
-                port=port if world > 1 else 0,
-                backend=self.cfg.learner.backend,
-            )
-            child.env = self._child_env(spec.to_env())
-
-    # -- processes ---------------------------------------------------------------------------
-
-    def _start(self, child: _Child) -> None:
-        log_path = self.run_dir / "logs" / f"{child.name}.log"
-        with log_path.open("ab") as log:
-            child.proc = subprocess.Popen(
-                child.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child.env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
-        child.starts += 1
-        (self.run_dir / "pids" / f"{child.name}.pid").write_text(f"{child.proc.pid}\n")
-
-    def _launch(self) -> None:
-        for child in (*self.learners, *self.rollouts):
-            self._start(child)
-
-    def _signal(self, children: list[_Child], signum: int) -> None:
-        for child in children:
-            if child.proc is not None and child.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.proc.send_signal(signum)
-
-    def _reap(self, children: list[_Child], grace_s: float) -> None:
-        """Wait for `children` to exit; SIGKILL whatever is left after `grace_s`."""
-        deadline = time.monotonic() + grace_s
-        for child in children:
-            proc = child.proc
-            if proc is None:
-                continue
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            (self.run_dir / "pids" / f"{child.name}.pid").unlink(missing_ok=True)
-
-    def _restart_learners(self, why: str) -> None:
-        self._count_restart(why)
-        self._signal(self.learners, signal.SIGKILL)
-        self._reap(self.learners, 0.0)
-        for rank in range(len(self.learners)):
-            (self.run_dir / f"learner-{rank}.addr").unlink(missing_ok=True)
-        self._assign_group()
-        for child in self.learners:
-            self._start(child)
-
-    def _count_restart(self, why: str) -> None:
-        from shoal.learner.learner_main import append_event
-
-        self.restarts += 1
-        append_event(self.run_dir, {"event": "restart", "why": why, "restarts": self.restarts})
-        if self.restarts > self.max_restarts:
-            raise TrainError(
-                f"gave up after {self.max_restarts} restarts ({why}); read the logs in "
-                f"{self.run_dir / 'logs'}"
-            )
-
-    def _check_children(self) -> None:
-        for child in self.learners:
-            code = child.proc.poll() if child.proc is not None else None
-            if code is not None:
-                self._restart_learners(f"{child.name} exited with status {code}")
-                return
-        for child in self.rollouts:
-            code = child.proc.poll() if child.proc is not None else None
-            if code is not None:
-                self._count_restart(f"{child.name} exited with status {code}")
-                self._start(child)
-
-    # -- progress ----------------------------------------------------------------------------
-
-    def _read_statuses(self) -> None:
-        for rank in range(len(self.learners)):
             path = self.run_dir / f"status-{rank}.json"
             with contextlib.suppress(OSError, ValueError):
                 self.statuses[rank] = json.loads(path.read_text())
@@ -357,18 +193,20 @@ class LocalRun:
     def env_steps(self) -> int:
         return int(sum(s.get("env_steps", 0) for s in self.statuses.values()))
 
+    def version(self) -> int:
+        return int(max((s.get("version", 0) for s in self.statuses.values()), default=0))
+
     def policy_lag(self) -> float | None:
         lags = [s.get("policy_lag_median") for s in self.statuses.values()]
         finite = [float(x) for x in lags if isinstance(x, int | float) and math.isfinite(x)]
         return max(finite) if finite else None
 
-    def _draw(self, elapsed: float) -> None:
+    def draw(self, elapsed: float) -> None:
         if self.progress is None:
             return
         ret = self.recent_return()
         steps = self.env_steps()
         lag = self.policy_lag()
-        version = max((s.get("version", 0) for s in self.statuses.values()), default=0)
         fraction = elapsed / self.cfg.time_limit_s
         if self.target is not None and ret is not None:
             fraction = max(
@@ -378,11 +216,11 @@ class LocalRun:
             f"{self.env_id} steps {si(steps)} | {si(steps / elapsed if elapsed > 0 else 0)} sps | "
             f"return {'-' if ret is None else f'{ret:.1f}'}"
             f"{'' if self.target is None else f'/{self.target:g}'} | "
-            f"lag {'-' if lag is None else f'{lag:.1f}'} | v{version} | {elapsed:.1f}s"
+            f"lag {'-' if lag is None else f'{lag:.1f}'} | v{self.version()} | {elapsed:.1f}s"
         )
         self.progress.update(text, fraction)
 
-    def _stop_reason(self, elapsed: float) -> str | None:
+    def stop_reason(self, elapsed: float) -> str | None:
         ret = self.recent_return()
         if self.target is not None and ret is not None and ret >= self.target:
             return "target"
@@ -392,54 +230,14 @@ class LocalRun:
             return "max_env_steps"
         return None
 
-    # -- the run -----------------------------------------------------------------------------
-
-    def run(self) -> TrainResult:
-        """Run to a stop; SIGTERM to this process is handled like Ctrl-C (an orderly stop)."""
-        from shoal.learner.learner_main import append_event
-
-        self._prepare()
-        self.started = time.monotonic()
-        append_event(self.run_dir, {"event": "run", "pid": os.getpid(), "env_id": self.env_id})
-        stopped_by = "error"
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            self._launch()
-            while True:
-                time.sleep(POLL_S)
-                self._check_children()
-                self._read_statuses()
-                elapsed = time.monotonic() - self.started
-                if self.startup_s is None and any(
-                    s.get("version", 0) for s in self.statuses.values()
-                ):
-                    self.startup_s = elapsed
-                self._draw(elapsed)
-                if self.on_poll is not None:
-                    self.on_poll(self)
-                reason = self._stop_reason(elapsed)
-                if reason is not None:
-                    if reason == "target":
-                        self.solve_s = elapsed
-                        self.stop_return = self.recent_return()
-                    stopped_by = reason
-                    break
-        except KeyboardInterrupt:
-            stopped_by = "interrupted"
-        finally:
-            self.shutdown()
-            signal.signal(signal.SIGTERM, previous)
-        self._read_statuses()
-        return self._result(stopped_by, time.monotonic() - self.started)
-
-    def shutdown(self) -> None:
-        """Learners first (final checkpoint), then rollout workers; everything reaped."""
-        self._signal(self.learners, signal.SIGTERM)
-        self._reap(self.learners, STOP_GRACE_S)
-        self._signal(self.rollouts, signal.SIGTERM)
-        self._reap(self.rollouts, STOP_GRACE_S)
-
-    def _result(self, stopped_by: str, wall_s: float) -> TrainResult:
+    def result(
+        self,
+        stopped_by: str,
+        wall_s: float,
+        solve_s: float | None,
+        stop_return: float | None,
+        startup_s: float | None,
+    ) -> TrainResult:
         ret = self.recent_return()
         steps = self.env_steps()
         lead = self.statuses.get(0, {})
@@ -447,16 +245,16 @@ class LocalRun:
             run_dir=str(self.run_dir),
             env_id=self.env_id,
             solved=stopped_by == "target",
-            final_return=self.stop_return if stopped_by == "target" else ret,
+            final_return=stop_return if stopped_by == "target" else ret,
             target_return=self.target,
             env_steps=steps,
             wall_s=wall_s,
-            solve_s=self.solve_s,
-            startup_s=self.startup_s,
+            solve_s=solve_s,
+            startup_s=startup_s,
             sps=steps / wall_s if wall_s > 0 else 0.0,
             learner_sps=float(sum(s.get("sps", 0.0) for s in self.statuses.values())),
             policy_lag_median=self.policy_lag(),
-            restarts=self.restarts,
+            restarts=0,
             stopped_by=stopped_by,
             checkpoint=lead.get("checkpoint"),
             checkpoint_step=lead.get("checkpoint_step"),
@@ -558,30 +356,40 @@ def train(
     runs_root: Path = Path("runs"),
     progress: ProgressLine | None = None,
     evaluate_at_end: bool = True,
-    on_poll: Callable[[LocalRun], None] | None = None,
+    on_poll: Callable[[ClusterRun], None] | None = None,
     coordinators: Coordinators | None = None,
+    max_restarts: int = 5,
 ) -> TrainResult:
-    """Run `cfg` (a TrainConfig) to its target or limit; checkpoint, evaluate, report. With
-    `coordinators`, the processes are a job on that cluster; otherwise children of this one."""
-    import torch
-
+    """Run `cfg` (a TrainConfig) to its target or limit; checkpoint, evaluate, report. The
+    processes are a job on `coordinators`' cluster, or on an embedded one started here.
+    `max_restarts` restarts of its tasks within 10 minutes, and one more failure fails the job."""
+    from shoal.cluster_train import ClusterRun
     from shoal.envs import registry
 
     env_id = registry.spec(cfg.env_id).id  # unknown ids fail here, before any process starts
     _check_env(env_id, cfg)
-    # Small batches on many threads spin more than they compute; the children do the same.
-    torch.set_num_threads(1)
-    if cfg.learner.backend == "nccl" and not torch.cuda.is_available():
-        raise TrainError("learner.backend = 'nccl' needs CUDA, which this machine lacks")
-    run_dir = make_run_dir(runs_root, env_id) if run_dir is None else _fresh_dir(run_dir)
-    local: LocalRun
-    if coordinators is None:
-        local = LocalRun(cfg, env_id, run_dir, progress=progress, on_poll=on_poll)
-    else:
-        from shoal.cluster_train import ClusterRun
+    if cfg.learner.backend == "nccl":
+        import torch
 
-        local = ClusterRun(cfg, env_id, run_dir, coordinators, progress=progress, on_poll=on_poll)
-    result = local.run()
+        if not torch.cuda.is_available():
+            raise TrainError("learner.backend = 'nccl' needs CUDA, which this machine lacks")
+    run_dir = make_run_dir(runs_root, env_id) if run_dir is None else _fresh_dir(run_dir)
+    previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    try:
+        with _cluster(run_dir, coordinators) as (where, local, started):
+            run = ClusterRun(
+                cfg,
+                env_id,
+                run_dir,
+                where,
+                progress=progress,
+                max_restarts=max_restarts,
+                on_poll=on_poll,
+                embedded=local,
+            )
+            result = run.run(started)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if progress is not None:
         progress.close()
     if evaluate_at_end and result.checkpoint is not None:
@@ -592,10 +400,43 @@ def train(
             run_dir / "reports",
             seed=cfg.seed + 12345,
             env_kwargs=cfg.env_kwargs,
-            success_threshold=local.target,
+            success_threshold=run.status.target,
         )
         result.report = str(json_path)
         result.report_html = str(html_path)
         result.eval_mean_return = float(eval_result.mean_return)
     (run_dir / "result.json").write_text(json.dumps(asdict(result), indent=1))
     return result
+
+
+@contextlib.contextmanager
+def _cluster(
+    run_dir: Path, coordinators: Coordinators | None
+) -> Iterator[tuple[Coordinators, LocalCluster | None, float]]:
+    """(the cluster to submit to, the embedded cluster if it is one, when the run started):
+    `coordinators` as given, or an embedded cluster in `run_dir`, started before the rest of
+    the run's start-up so the two overlap, and ready (a leader) on entry; it is stopped when
+    the block ends."""
+    from shoal.cluster_train import Coordinators
+    from shoal.local import LocalClusterError, embedded_cluster
+
+    if coordinators is not None:
+        yield coordinators, None, time.monotonic()
+        return
+    started = time.monotonic()
+    try:
+        with embedded_cluster(run_dir) as local:
+            where = Coordinators(local.api_urls(), local.run_dir / "api-token", embedded=True)
+            _import_torch()
+            local.wait_ready(timeout=60.0)
+            yield where, local, started
+    except LocalClusterError as exc:
+        raise TrainError(f"the embedded cluster did not start: {exc}") from exc
+
+
+def _import_torch() -> None:
+    """Checks that need torch, run here while the embedded cluster starts up."""
+    import torch
+
+    # Small batches on many threads spin more than they compute; the children do the same.
+    torch.set_num_threads(1)

@@ -1,4 +1,5 @@
-"""`shoal train ENV_ID | job.toml`: train a policy; with no cluster running, an embedded local run."""
+"""`shoal train ENV_ID | job.toml`: train a policy as a job on the local cluster, or, with none
+running, on an embedded one (a coordinator and a node daemon) that lives as long as the run."""
 
 from __future__ import annotations
 
@@ -49,7 +50,10 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--coordinators", help="run as a job on the cluster at these API URLs (comma-separated)"
     )
     where.add_argument(
-        "--embedded", action="store_true", help="run here even when a local cluster is up"
+        "--embedded",
+        action="store_true",
+        help="start an embedded cluster for this run (in its run directory) even when a local "
+        "cluster is up",
     )
     parser.add_argument("--token-file", type=Path, help="the API token file for --coordinators")
     parser.set_defaults(func=run)
@@ -163,9 +167,11 @@ def run(args: argparse.Namespace) -> int:
         f"{result.env_steps:,} env steps in {result.wall_s:.1f}s"
     )
     print(f"run dir:    {result.run_dir}")
-    print(f"checkpoint: {result.checkpoint or '-'}")
     if result.job_id:
         print(f"job:        {result.job_id}")
+    if result.cluster.get("embedded"):
+        print(f"logs:       {' '.join([result.cluster['logs'], *result.cluster['task_logs']])}")
+    print(f"checkpoint: {result.checkpoint or '-'}")
     if result.report:
         print(f"report:     {result.report}")
         print(f"html:       {result.report_html}")

@@ -1,4 +1,5 @@
-"""`shoal train` end to end: real learner and rollout processes on 127.0.0.1, then the report.
+"""`shoal train` end to end with no cluster up: an embedded coordinator and node daemon, the
+learner and rollout processes they run on 127.0.0.1, then the report; nothing left behind.
 
 The runs are tiny (a low target return) so they finish in seconds; they still cross every
 process boundary a full run does.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -24,6 +26,28 @@ def _assert_all_gone(pids: list[int]) -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def _naming(run_dir: Path) -> list[int]:
+    """Live processes whose command line names `run_dir`: the embedded cluster and its tasks."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(run_dir.resolve()) in cmdline and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+def _port_closed(url: str) -> bool:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.socket() as s:
+        return s.connect_ex((host, int(port))) != 0
 
 
 @pytest.mark.timeout(180)
@@ -49,8 +73,18 @@ def test_train_cli_reaches_a_small_target_and_cleans_up(
     assert f"checkpoint: {summary['checkpoint']}" in out
     token = run_dir / "cluster.token"
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
-    assert (run_dir / "logs" / "learner-0.log").is_file()
-    assert (run_dir / "logs" / "rollout-0.log").is_file()
+    # It ran as a job on an embedded cluster in the run directory, logs and all.
+    cluster = summary["cluster"]
+    assert cluster["embedded"] is True
+    assert any(line.startswith("logs:") for line in out)
+    job = summary["job_id"]
+    assert (run_dir / "logs" / "c1.log").is_file()
+    assert (run_dir / "logs" / "n1.log").is_file()
+    tasks = Path(cluster["task_logs"][0])
+    assert (tasks / f"{job}-learner-0.g1.log").is_file()
+    assert (tasks / f"{job}-rollout-0.g1.log").is_file()
+    assert _naming(run_dir) == []
+    assert all(_port_closed(url) for url in cluster["coordinators"])
     intake = summary["intake"]
     assert intake["received"] == (
         intake["trained"] + intake["dropped_stale"] + intake["duplicates"] + intake["queued"]
@@ -174,3 +208,60 @@ def test_sigterm_to_shoal_train_stops_every_process_and_keeps_a_checkpoint(
     stop = [e for e in events if e["event"] == "stop"]
     assert len(stop) == 1
     assert (run_dir / "checkpoints" / f"ckpt-{int(stop[0]['step']):012d}.json").is_file()  # type: ignore[call-overload]
+    assert _naming(run_dir) == []
+
+
+@pytest.mark.timeout(180)
+def test_sigkill_to_shoal_train_takes_its_embedded_cluster_and_tasks_down(
+    tmp_path: Path,
+) -> None:
+    """No orderly stop is possible, yet nothing outlives it: the coordinator and node get
+    SIGTERM from the kernel (PDEATHSIG), the node's tasks likewise when the node exits."""
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "shoal", "train", "cartpole", "--quiet", "--no-eval"]
+    argv += ["--time-limit", "150", "--target-return", "1000", "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        status = run_dir / "status-0.json"
+        deadline = time.monotonic() + 120
+        while not status.exists() and time.monotonic() < deadline:
+            assert proc.poll() is None
+            time.sleep(0.1)
+        assert len(_naming(run_dir)) >= 4  # coordinator, node, learner, rollout worker
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while _naming(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _naming(run_dir) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _naming(run_dir):
+            os.kill(pid, 9)
+
+
+@pytest.mark.timeout(180)
+def test_a_dead_embedded_node_ends_the_run_with_its_log(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from shoal.cluster_train import ClusterRun
+    from shoal.learner.config import TrainConfig
+    from shoal.train import TrainError, train
+
+    run_dir = tmp_path / "run"
+    cfg = replace(TrainConfig(), target_return=1e9, time_limit_s=120.0)
+
+    def kill_the_node(run: ClusterRun) -> None:
+        pid = run.embedded.pid("n1") if run.embedded is not None else None
+        if run.status.version() >= 1 and pid is not None:
+            os.kill(pid, 9)
+
+    with pytest.raises(TrainError, match=r"n1 of the embedded cluster exited; see .*n1\.log"):
+        train(cfg, run_dir=run_dir, on_poll=kill_the_node, evaluate_at_end=False)
+    assert _naming(run_dir) == []
