@@ -293,28 +293,54 @@ def _fate(
     return None
 
 
-def resumed_from_checkpoint(
-    events: Sequence[dict[str, Any]], ranks: int, checkpoint_step: int | None
-) -> Verdict:
-    """After a restart every rank started again from a checkpoint no older than the newest one
-    complete when the fault hit (a rank starting from scratch would retrain lost work)."""
-    restarts = [i for i, e in enumerate(events) if e.get("event") == "restart"]
-    if not restarts:
-        return Verdict(False, "the run recorded no learner restart")
-    later = [e for e in events[restarts[0] :] if e.get("event") == "start"]
-    by_rank = {int(e.get("rank", -1)): e for e in later if e.get("process") == "learner"}
-    missing = sorted(set(range(ranks)) - set(by_rank))
-    if missing:
-        return Verdict(False, f"ranks {missing} never started again after the restart")
-    floor = checkpoint_step if checkpoint_step is not None else 0
-    behind = {
-        rank: e.get("step")
-        for rank, e in by_rank.items()
-        if not e.get("resumed_from") or int(e.get("step", -1)) < floor
-    }
+def both(first: Verdict, second: Verdict, second_label: str) -> Verdict:
+    """One verdict that holds only if both do, with both details."""
+    return Verdict(first.held and second.held, f"{first.detail}; {second_label}: {second.detail}")
+
+
+def restarts_resumed(events: Sequence[dict[str, Any]], restarted: bool) -> Verdict:
+    """Every learner start after a rank's first (a restart, in a cluster job) resumed from a
+    checkpoint (`resumed_from`) at a step no older than the newest checkpoint recorded before
+    it (a `checkpoint` event comes after its manifest, so a later start could have seen it).
+    With `restarted`, the run must also show at least one such restart."""
+    newest, seen, restarts = 0, set(), 0
+    behind = []
+    for event in events:
+        if event.get("event") == "checkpoint":
+            newest = max(newest, int(event.get("step", 0)))
+        if event.get("event") != "start" or event.get("process") != "learner":
+            continue
+        rank = int(event.get("rank", -1))
+        if rank not in seen:
+            seen.add(rank)
+            continue
+        restarts += 1
+        if not event.get("resumed_from") or int(event.get("step", -1)) < newest:
+            behind.append(f"rank {rank} at step {event.get('step')} (newest checkpoint {newest})")
     if behind:
         return Verdict(
-            False, f"ranks restarted without the checkpoint at step {floor}: steps {behind}"
+            False, "learner restarts without the newest checkpoint: " + "; ".join(behind)
         )
-    steps = sorted({int(e["step"]) for e in by_rank.values()})
-    return Verdict(True, f"{ranks} ranks resumed from checkpoint step(s) {steps} (>= {floor})")
+    if restarted and not restarts:
+        return Verdict(False, "a fault hit the learners but no learner rank ever started again")
+    return Verdict(
+        True, f"{restarts} learner rank restarts, each resumed from the newest checkpoint"
+    )
+
+
+def training_progress(faults: Sequence[dict[str, Any]]) -> Verdict:
+    """After every fault the job trained again (policy version and env steps rose) within
+    that fault's bound; each fault gives `progress_s` (None: never) and `bound_s`."""
+    late = [
+        f"{f['kind']} {f['target']} ({f['progress_s']} s > {f['bound_s']:g} s)"
+        if f["progress_s"] is not None
+        else f"{f['kind']} {f['target']} (never)"
+        for f in faults
+        if f["progress_s"] is None or f["progress_s"] > f["bound_s"]
+    ]
+    if late:
+        return Verdict(False, f"training did not progress again in time after: {late}")
+    slowest = max((float(f["progress_s"]) for f in faults), default=0.0)
+    return Verdict(
+        True, f"training progressed after each of {len(faults)} faults, slowest {slowest:.2f} s"
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shoal.chaos.curve import Sample, plot, recovery_stats
 from shoal.chaos.invariants import Verdict
 
 
@@ -19,6 +20,10 @@ class FaultRecord:
     recovered: bool = False
     recovery_s: float | None = None
     detail: str = ""
+    bound_s: float = 0.0
+    """duration + recover_within_s: recovery (and training progress) must come within it."""
+    progress_s: float | None = None
+    """Seconds from injection until the training job progressed again after the heal."""
 
 
 @dataclass
@@ -29,6 +34,7 @@ class RunReport:
     invariants: dict[str, Verdict]
     operations: int
     workload: dict[str, Any] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -42,7 +48,9 @@ class RunReport:
             "operations": self.operations,
             "workload": self.workload,
             "faults": [asdict(f) for f in self.faults],
+            "recovery": recovery_stats([asdict(f) for f in self.faults]),
             "invariants": {name: v.to_dict() for name, v in self.invariants.items()},
+            "training": self.training,
         }
 
 
@@ -53,10 +61,41 @@ def render_text(report: RunReport) -> str:
     for f in report.faults:
         took = "not recovered" if f.recovery_s is None else f"recovered in {f.recovery_s:.2f} s"
         at = "-" if f.injected_at is None else f"{f.injected_at:.1f}"
-        lines.append(f"    t={at:>6} s  {f.kind:<14} {f.target:<9} {f.processes}  {took}")
+        trained = "" if f.progress_s is None else f"; training again after {f.progress_s:.2f} s"
+        lines.append(f"    t={at:>6} s  {f.kind:<14} {f.target:<9} {f.processes}  {took}{trained}")
+    lines.append("  recovery (s):")
+    for kind, stats in recovery_stats([asdict(f) for f in report.faults]).items():
+        lines.append(
+            f"    {kind:<15} {stats['faults']:>3} faults  p50 {_secs(stats['p50_s'])}  "
+            f"max {_secs(stats['max_s'])}  unrecovered {stats['unrecovered']}"
+        )
+    lines += _training_lines(report)
     lines.append("  invariants:")
     for name, verdict in report.invariants.items():
         lines.append(f"    {'ok  ' if verdict.held else 'FAIL'} {name}: {verdict.detail}")
     if not report.ok:
         lines.append(f"  run directory kept: {report.run_dir}")
     return "\n".join(lines)
+
+
+def _secs(value: float | None) -> str:
+    return "    -" if value is None else f"{value:5.2f}"
+
+
+def _training_lines(report: RunReport) -> list[str]:
+    """The job's curve (policy version and mean return against time), faults marked `^`."""
+    training = report.training
+    if not training:
+        return []
+    samples = [Sample(**s) for s in training.get("curve", [])]
+    faults = [f.injected_at for f in report.faults if f.injected_at is not None]
+    lines = [
+        f"  training: {training.get('env')} job {training.get('job')}, "
+        f"{training.get('ranks')} ranks, {training.get('workers')} rollout workers, "
+        f"{training.get('env_steps')} env steps, {training.get('restarts')} task restarts",
+        "  policy version (^ = fault injected):",
+    ]
+    lines += [f"    {line}" for line in plot(samples, faults, "version")]
+    lines.append("  mean return of recent episodes:")
+    lines += [f"    {line}" for line in plot(samples, faults, "mean_return")]
+    return lines

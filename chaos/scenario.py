@@ -12,11 +12,15 @@ would be valid.
     sim_gpus = 4
     invariants = ["linearizable", "digests_equal", "checkpoints_forward", "no_leaks", "recovered"]
 
+    [training]              # one training job through the cluster for the whole scenario
+    env = "acrobot"         # ranks, workers, checkpoint_interval_s, seed, start_within_s too
+
     [[faults]]
     kind = "kill"           # see FAULT_KINDS; raft-partition cuts a replica's Raft links;
-                            # learner-kill runs a short training job (ranks = 2) and SIGKILLs
-                            # target = "rank0".."rankN-1" after its first checkpoint
-    target = "leader"       # leader | follower | c1..cN | all (api-* kinds) | n1..nN (node kinds)
+                            # learner-kill / rollout-kill SIGKILL a task process of the job
+    target = "leader"       # leader | follower | c1..cN | all (api-* kinds) | n1..nN (node
+                            # kinds; also "learners": the node running learner rank 0) |
+                            # rank0.. (learner-kill) | w0.. (rollout-kill)
     at = 5.0                # seconds after the workload started
     duration = 3.0          # then healed (a killed process is restarted)
 """
@@ -30,18 +34,15 @@ from typing import Any
 
 from shoal.chaos.errors import ProxyError, ScenarioError
 from shoal.chaos.netfaults import NetFaults
+from shoal.chaos.trainjob import JobConfig
+from shoal.errors import ConfigError
 
 PROCESS_KINDS = ("kill", "pause")
 NET_KINDS = ("api-partition", "api-delay", "api-loss", "api-bandwidth", "api-reset")
-NODE_KINDS = ("node-kill", "gpu-xid")
+NODE_KINDS = ("node-kill", "gpu-xid", "clock-skew")
 RAFT_KINDS = ("raft-partition",)
-TRAINING_KINDS = ("learner-kill",)
+TRAINING_KINDS = ("learner-kill", "rollout-kill", "disk-full")
 FAULT_KINDS = PROCESS_KINDS + NET_KINDS + NODE_KINDS + RAFT_KINDS + TRAINING_KINDS
-# Kinds implemented in chaos.faults that a run cannot wire up yet, and why.
-NOT_WIRED = {
-    "clock-skew": "the node's ClockCollector takes no clock to skew yet",
-    "disk-full": "no process in a local cluster writes checkpoints to disk yet",
-}
 BASE_INVARIANTS = (
     "linearizable",
     "digests_equal",
@@ -50,9 +51,20 @@ BASE_INVARIANTS = (
     "recovered",
     "nodes_alive",
 )
-# Checked on the training run of a learner-kill fault, so only with one.
-TRAINING_INVARIANTS = ("resumed_from_checkpoint", "fragment_accounting")
+# Checked on the scenario's training job, so only with a [training] table.
+TRAINING_INVARIANTS = (
+    "training_progress",
+    "resumed_from_checkpoint",
+    "fragment_accounting",
+    "job_stopped_in_order",
+)
+# Faults whose target may be "learners": the node that runs learner rank 0 when injected.
+LEARNERS = "learners"
 INVARIANTS = BASE_INVARIANTS + TRAINING_INVARIANTS
+MIN_SKEW_S = 0.5
+# A disk-full fault caps learner rank 0's file size (RLIMIT_FSIZE): a checkpoint (100+ KiB)
+# no longer fits, the small status and event files still do.
+DISK_LIMIT_BYTES = 64 * 1024
 # Extra keys each network kind takes, passed on to NetFaults.
 NET_PARAMS: dict[str, tuple[str, ...]] = {
     "api-partition": ("partition",),
@@ -61,9 +73,12 @@ NET_PARAMS: dict[str, tuple[str, ...]] = {
     "api-bandwidth": ("bandwidth_bps",),
     "api-reset": (),
 }
-NODE_PARAMS: dict[str, tuple[str, ...]] = {"node-kill": (), "gpu-xid": ("gpu", "xid")}
-TRAINING_PARAMS: dict[str, tuple[str, ...]] = {"learner-kill": ("ranks",)}
-MAX_RANKS = 4
+NODE_PARAMS: dict[str, tuple[str, ...]] = {
+    "node-kill": (),
+    "gpu-xid": ("gpu", "xid"),
+    "clock-skew": ("offset_s",),
+}
+TRAINING_PARAMS: dict[str, tuple[str, ...]] = {"disk-full": ("limit_bytes",)}
 _FAULT_KEYS = ("kind", "target", "at", "duration", "recover_within_s")
 _TOP_KEYS = (
     "name",
@@ -77,7 +92,9 @@ _TOP_KEYS = (
     "faults",
     "nodes",
     "sim_gpus",
+    "training",
 )
+_TRAINING_KEYS = ("env", "ranks", "workers", "checkpoint_interval_s", "seed", "start_within_s")
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,7 @@ class Scenario:
     description: str = ""
     nodes: int = 0
     sim_gpus: int = 4
+    training: JobConfig | None = None
 
 
 def parse(text: str, source: str = "scenario") -> Scenario:
@@ -136,24 +154,27 @@ def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
         raise ScenarioError(f"{source}: faults must be an array of tables ([[faults]])")
+    training = _training(data.get("training"), source)
     cluster = _Shape(
         replicas,
         _int(data, "nodes", 0, 0, 16, source),
         _int(data, "sim_gpus", 4, 0, 64, source),
+        training,
     )
     faults = tuple(
         _fault(item, f"{source}: faults[{i}]", cluster, duration, bound)
         for i, item in enumerate(raw_faults)
     )
-    training = any(f.kind in TRAINING_KINDS for f in faults)
     if invariants is None:
-        invariants = list(BASE_INVARIANTS + (TRAINING_INVARIANTS if training else ()))
+        invariants = list(BASE_INVARIANTS + (TRAINING_INVARIANTS if training is not None else ()))
     needs_training = sorted(set(invariants) & set(TRAINING_INVARIANTS))
-    if needs_training and not training:
+    if needs_training and training is None:
         raise ScenarioError(
-            f"{source}: invariants {needs_training} are checked on a training run; "
-            "add a learner-kill fault or leave them out"
+            f"{source}: invariants {needs_training} are checked on the training job; "
+            "add a [training] table or leave them out"
         )
+    if training is not None and cluster.nodes == 0:
+        raise ScenarioError(f"{source}: a [training] job needs nodes >= 1 to run its tasks on")
     name = data.get("name", "scenario")
     description = data.get("description", "")
     if not isinstance(name, str) or not isinstance(description, str):
@@ -170,7 +191,29 @@ def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
         description=description,
         nodes=cluster.nodes,
         sim_gpus=cluster.sim_gpus,
+        training=training,
     )
+
+
+def _training(table: Any, source: str) -> JobConfig | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ScenarioError(f"{source}: training must be a table ([training])")
+    where = f"{source}: training"
+    _no_unknown(table, _TRAINING_KEYS, where)
+    if not isinstance(table.get("env", ""), str):
+        raise ScenarioError(f"{where}.env={table['env']!r} must be an environment id string")
+    for key in ("ranks", "workers", "seed"):
+        if key in table:
+            _int(table, key, 0, 0, 2**31, where)
+    for key in ("checkpoint_interval_s", "start_within_s"):
+        if key in table:
+            _number(table, key, None, 0.1, 3600.0, where)
+    try:
+        return JobConfig(**table)
+    except (ConfigError, TypeError) as exc:
+        raise ScenarioError(f"{source}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -178,17 +221,13 @@ class _Shape:
     replicas: int
     nodes: int
     sim_gpus: int
+    training: JobConfig | None
 
 
 def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) -> FaultSpec:
     if not isinstance(item, dict):
         raise ScenarioError(f"{where} must be a table with kind, target, at, duration")
     kind = item.get("kind")
-    if kind in NOT_WIRED:
-        raise ScenarioError(
-            f"{where}.kind={kind!r} cannot run yet: {NOT_WIRED[kind]}; "
-            f"the kinds a run can inject now are {list(FAULT_KINDS)}"
-        )
     if kind not in FAULT_KINDS:
         raise ScenarioError(f"{where}.kind={kind!r} is not one of {list(FAULT_KINDS)}")
     params = NET_PARAMS.get(kind, ()) + NODE_PARAMS.get(kind, ()) + TRAINING_PARAMS.get(kind, ())
@@ -198,9 +237,19 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
         if shape.nodes == 0:
             raise ScenarioError(f"{where}.kind={kind!r} needs nodes >= 1 in the scenario")
         targets = [f"n{i + 1}" for i in range(shape.nodes)]
+        if shape.training is not None:
+            targets.append(LEARNERS)
     elif kind in TRAINING_KINDS:
-        ranks = _int(item, "ranks", 2, 1, MAX_RANKS, where)
-        targets = [f"rank{i}" for i in range(ranks)]
+        if shape.training is None:
+            raise ScenarioError(
+                f"{where}.kind={kind!r} hits the training job: add a [training] table"
+            )
+        if kind == "learner-kill":
+            targets = [f"rank{i}" for i in range(shape.training.ranks)]
+        elif kind == "disk-full":
+            targets = ["rank0"]  # the rank that writes the checkpoints
+        else:
+            targets = [f"w{i}" for i in range(shape.training.workers)]
     else:
         targets = ["leader", "follower", *(f"c{i + 1}" for i in range(shape.replicas))]
     if kind in NET_KINDS:
@@ -226,6 +275,15 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
             raise ScenarioError(f"{where}.kind='gpu-xid' needs sim_gpus >= 1 in the scenario")
         _int(item, "gpu", 0, 0, shape.sim_gpus - 1, where)
         _int(item, "xid", 79, 1, 1000, where)
+    if kind == "disk-full":
+        _int(item, "limit_bytes", DISK_LIMIT_BYTES, 0, 1 << 30, where)
+    if kind == "clock-skew":
+        offset = _number(item, "offset_s", 2.5, -3600.0, 3600.0, where)
+        if abs(offset) < MIN_SKEW_S:
+            raise ScenarioError(
+                f"{where}.offset_s={offset!r} is too small to tell from clock noise; "
+                f"use at least {MIN_SKEW_S:g} s either way"
+            )
     return spec
 
 

@@ -77,6 +77,18 @@ async def run_client(
             await _read(client, name, key, history, stats)
 
 
+async def prepare_registers(
+    client: CoordinatorClient, keys: int, history: HistoryRecorder, stats: WorkloadStats
+) -> None:
+    """Write every register once (in the history, like any write) and cordon its node record:
+    a register looks like a live node to the leader's scheduler, which must never place a
+    task of the scenario's training job on it."""
+    for k in range(keys):
+        key = register_id(k)
+        await _write(client, "setup", key, "setup-0", history, stats)
+        await client.cordon(key)
+
+
 async def _write(
     client: CoordinatorClient,
     name: str,

@@ -95,10 +95,13 @@ def _chaos_line(name: str, elapsed: float, expected: float, message: str) -> tup
 
 def _node_specs(run_dir: Path, coordinators: list[Any], count: int, gpus: int) -> list[Any]:
     """Node daemons n1..nN on free loopback ports, each with its data dir under the run dir
-    (where chaos finds its simulated GPUs' state file)."""
+    (where chaos finds its simulated GPUs' state file) and its clock read through an offset
+    file there (the clock-skew hook)."""
     import sys
 
+    from shoal.chaos.runner import clock_file
     from shoal.local import ProcessSpec
+    from shoal.scheduler.health.clock import CHAOS_CLOCK_ENV
 
     urls = ",".join(c.api_url for c in coordinators)
     specs = []
@@ -109,7 +112,9 @@ def _node_specs(run_dir: Path, coordinators: list[Any], count: int, gpus: int) -
             "--data-dir", str(run_dir / "nodes" / name), "--token-file", str(run_dir / "api-token"),
             "--node-id", name, "--listen", "127.0.0.1:0", "--sim-gpus", str(gpus),
         ]  # fmt: skip
-        specs.append(ProcessSpec(name, argv, "node"))
+        clock = clock_file(run_dir, name)
+        clock.parent.mkdir(parents=True, exist_ok=True)
+        specs.append(ProcessSpec(name, argv, "node", env={CHAOS_CLOCK_ENV: str(clock)}))
     return specs
 
 

@@ -89,3 +89,53 @@ def test_checkpoints_forward_holds_exactly_for_non_decreasing_watches(observed: 
 def test_digests_equal_holds_exactly_when_all_digests_agree(digests: dict[str, str]) -> None:
     views = {n: {"digest": d * 64, "commit_index": 1} for n, d in digests.items()}
     assert invariants.digests_equal(views).held == (len(set(digests.values())) == 1)
+
+
+def _start(rank: int, step: int, resumed: str | None) -> dict[str, object]:
+    return {
+        "event": "start",
+        "process": "learner",
+        "rank": rank,
+        "step": step,
+        "resumed_from": resumed,
+    }
+
+
+def test_restarts_resume_from_the_newest_checkpoint_before_them() -> None:
+    events: list[dict[str, object]] = [
+        _start(0, 0, None),
+        _start(1, 0, None),
+        {"event": "start", "process": "rollout", "pid": 9},
+        {"event": "checkpoint", "step": 40},
+        _start(0, 40, "ckpt-40"),
+        _start(1, 40, "ckpt-40"),
+    ]
+    held = invariants.restarts_resumed(events, restarted=True)
+    assert held.held, held.detail
+    assert "2 learner rank restarts" in held.detail
+    assert not invariants.restarts_resumed(events[:4], restarted=True).held
+    assert invariants.restarts_resumed(events[:4], restarted=False).held
+    behind = invariants.restarts_resumed([*events, _start(0, 12, "ckpt-12")], restarted=True)
+    assert not behind.held
+    assert "rank 0 at step 12 (newest checkpoint 40)" in behind.detail
+    fresh = invariants.restarts_resumed([*events, _start(1, 40, None)], restarted=True)
+    assert not fresh.held
+
+
+def test_training_progress_names_late_and_missing_faults() -> None:
+    ok = {"kind": "kill", "target": "leader", "progress_s": 1.5, "bound_s": 10.0}
+    late = {"kind": "learner-kill", "target": "rank0", "progress_s": 31.0, "bound_s": 30.0}
+    never = {"kind": "node-kill", "target": "n1", "progress_s": None, "bound_s": 30.0}
+    assert invariants.training_progress([ok]).held
+    verdict = invariants.training_progress([ok, late, never])
+    assert not verdict.held
+    assert "learner-kill rank0 (31.0 s > 30 s)" in verdict.detail
+    assert "node-kill n1 (never)" in verdict.detail
+    assert "kill leader" not in verdict.detail
+
+
+def test_both_holds_only_when_both_do() -> None:
+    yes, no = invariants.Verdict(True, "a"), invariants.Verdict(False, "b")
+    assert invariants.both(yes, yes, "x").held
+    assert not invariants.both(yes, no, "x").held
+    assert invariants.both(no, yes, "across").detail == "b; across: a"

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 import shoal.chaos
 from shoal.chaos.errors import ScenarioError
-from shoal.chaos.scenario import FAULT_KINDS, from_dict, parse
+from shoal.chaos.scenario import FAULT_KINDS, TRAINING_INVARIANTS, from_dict, parse
 
 SCENARIOS = Path(shoal.chaos.__file__).parent / "scenarios"
+TRAINED = "nodes = 1\n[training]\nenv = 'acrobot'\n"
 
 
 @pytest.mark.parametrize("name", ["smoke", "stress"])
@@ -54,13 +55,36 @@ def test_defaults_and_params() -> None:
             "[[faults]]\nkind = 'api-loss'\ntarget = 'all'\nat = 1\nloss = 2",
             "faults\\[0\\]: loss=2",
         ),
-        ("[[faults]]\nkind = 'disk-full'\ntarget = 'c1'\nat = 1", "cannot run yet"),
+        ("[[faults]]\nkind = 'disk-full'\ntarget = 'rank0'\nat = 1", "add a \\[training\\]"),
+        (f"{TRAINED}[[faults]]\nkind = 'disk-full'\ntarget = 'rank1'\nat = 1", "target='rank1'"),
+        (
+            f"{TRAINED}[[faults]]\nkind = 'disk-full'\ntarget = 'rank0'\nat = 1\nlimit_bytes = -1",
+            "limit_bytes=-1",
+        ),
         ("[[faults]]\nkind = 'gpu-xid'\ntarget = 'n1'\nat = 1", "needs nodes >= 1"),
         ("nodes = 1\n[[faults]]\nkind = 'gpu-xid'\ntarget = 'c1'\nat = 1", "target='c1'"),
-        ("[[faults]]\nkind = 'learner-kill'\ntarget = 'rank2'\nat = 1", "target='rank2'"),
-        ("[[faults]]\nkind = 'learner-kill'\ntarget = 'rank0'\nat = 1\nranks = 9", "ranks=9"),
+        ("[[faults]]\nkind = 'learner-kill'\ntarget = 'rank0'\nat = 1", "add a \\[training\\]"),
+        (f"{TRAINED}[[faults]]\nkind = 'learner-kill'\ntarget = 'rank2'\nat = 1", "target='rank2'"),
+        (f"{TRAINED}[[faults]]\nkind = 'rollout-kill'\ntarget = 'w2'\nat = 1", "target='w2'"),
+        (
+            f"{TRAINED}[[faults]]\nkind = 'learner-kill'\ntarget = 'rank0'\nat = 1\nranks = 2",
+            "unknown",
+        ),
+        ("nodes = 1\n[[faults]]\nkind = 'node-kill'\ntarget = 'learners'\nat = 1", "learners"),
+        ("nodes = 1\n[training]\nranks = 9", "training.ranks=9 must be in 1..4"),
+        ("nodes = 1\n[training]\nranks = 2\nworkers = 1", "training.workers=1"),
+        ("nodes = 1\n[training]\nenv = 3", "training.env=3"),
+        ("nodes = 1\n[training]\nbogus = 3", "training: unknown keys \\['bogus'\\]"),
+        ("nodes = 1\n[training]\ncheckpoint_interval_s = 0", "checkpoint_interval_s=0"),
+        ("nodes = 1\ntraining = 3", "training must be a table"),
+        ("[training]\nenv = 'acrobot'", "needs nodes >= 1"),
+        (
+            "nodes = 1\n[[faults]]\nkind = 'clock-skew'\ntarget = 'n1'\nat = 1\noffset_s = 0.1",
+            "too small",
+        ),
+        ("[[faults]]\nkind = 'clock-skew'\ntarget = 'c1'\nat = 1", "needs nodes >= 1"),
         ("[[faults]]\nkind = 'raft-partition'\ntarget = 'all'\nat = 1", "target='all'"),
-        ("invariants = ['fragment_accounting']", "add a learner-kill fault"),
+        ("invariants = ['fragment_accounting']", "add a \\[training\\] table"),
         ("nodes = 1\n[[faults]]\nkind = 'gpu-xid'\ntarget = 'n1'\nat = 1\ngpu = 4", "gpu=4"),
         (
             "nodes = 1\nsim_gpus = 0\n[[faults]]\nkind = 'gpu-xid'\ntarget = 'n1'\nat = 1",
@@ -80,14 +104,19 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
     max_leaves=12,
 )
-_keys = st.sampled_from(["replicas", "duration_s", "clients", "keys", "faults", "invariants"])
+_keys = st.sampled_from(
+    ["replicas", "duration_s", "clients", "keys", "faults", "invariants", "nodes", "training"]
+)
 _fault = st.fixed_dictionaries(
     {"kind": st.sampled_from([*FAULT_KINDS, "x"]), "target": st.sampled_from(["leader", "all"])},
     optional={"at": _json | st.floats(0, 40), "duration": _json, "loss": _json},
 )
+_training = st.dictionaries(
+    st.sampled_from(["env", "ranks", "workers", "checkpoint_interval_s", "seed", "x"]), _json
+)
 
 
-@given(st.dictionaries(_keys, _json | st.lists(_fault, max_size=3), max_size=5))
+@given(st.dictionaries(_keys, _json | st.lists(_fault, max_size=3) | _training, max_size=5))
 def test_junk_is_refused_cleanly(data: dict[str, object]) -> None:
     try:
         from_dict(data)
@@ -95,9 +124,21 @@ def test_junk_is_refused_cleanly(data: dict[str, object]) -> None:
         pass
 
 
-def test_training_invariants_are_checked_by_default_only_with_a_learner_kill() -> None:
+def test_training_invariants_are_checked_by_default_only_with_a_training_job() -> None:
     plain = parse("[[faults]]\nkind = 'raft-partition'\ntarget = 'leader'\nat = 1")
-    assert "fragment_accounting" not in plain.invariants
-    trained = parse("[[faults]]\nkind = 'learner-kill'\ntarget = 'rank1'\nat = 1")
-    assert {"fragment_accounting", "resumed_from_checkpoint"} <= set(trained.invariants)
+    assert "training_progress" not in plain.invariants
+    assert plain.training is None
+    trained = parse(f"{TRAINED}[[faults]]\nkind = 'learner-kill'\ntarget = 'rank1'\nat = 1")
+    assert set(TRAINING_INVARIANTS) <= set(trained.invariants)
+    assert trained.training is not None
+    assert trained.training.env == "acrobot"
     assert trained.faults[0].params == {}
+
+
+def test_learners_is_a_node_target_with_a_training_job() -> None:
+    scenario = parse(
+        f"{TRAINED}[[faults]]\nkind = 'gpu-xid'\ntarget = 'learners'\nat = 1\n"
+        "[[faults]]\nkind = 'clock-skew'\ntarget = 'n1'\nat = 2\noffset_s = -3"
+    )
+    assert [f.target for f in scenario.faults] == ["learners", "n1"]
+    assert scenario.faults[1].params == {"offset_s": -3}
