@@ -7,11 +7,19 @@ Rank 0 leads: it publishes weights to rollout actors and writes checkpoints. Ran
 the rendezvous address come from whoever starts the process (the embedded run or a node daemon),
 as `GroupSpec` arguments or `SHOAL_GROUP_*` environment variables. A group that lost a rank is not
 repaired in place: its processes are replaced and the new group resumes from a checkpoint.
+
+The rendezvous port is fixed for a job, so a replaced group can meet its predecessor there: the
+old rank 0 may still hold the port while it checkpoints and exits. Rank 0 therefore retries
+while the port is in use, a joining rank retries when the store it reached goes away, and
+every incarnation meets under its own store prefix (its `epoch`, the task generation the node
+daemon hands it) so a new rank never mistakes the old group's keys for its peers'.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +33,8 @@ from shoal.errors import ConfigError
 from shoal.learner.errors import LearnerError
 
 Backend = Literal["auto", "gloo", "nccl"]
+RETRY_PAUSE_S = 0.5
+log = logging.getLogger(__name__)
 
 
 class GroupError(LearnerError):
@@ -41,6 +51,10 @@ class GroupSpec:
     port: int = 0
     backend: Backend = "auto"
     timeout_s: float = 60.0
+    epoch: str = ""
+    """This incarnation's name, the same on every rank of it (the task generation)."""
+    retry_s: float = 60.0
+    """How long to keep trying while the rendezvous address is busy with an old group."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -58,10 +72,13 @@ class GroupSpec:
             raise ConfigError(f"group backend = {self.backend!r}; valid: 'auto', 'gloo', 'nccl'")
         if self.timeout_s <= 0:
             raise ConfigError(f"group timeout_s = {self.timeout_s} must be > 0")
+        if self.retry_s < 0:
+            raise ConfigError(f"group retry_s = {self.retry_s} must be >= 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GroupSpec:
-        """Read SHOAL_GROUP_RANK, _WORLD_SIZE, _ADDR, _PORT, _BACKEND (defaults: a group of one)."""
+        """Read SHOAL_GROUP_RANK, _WORLD_SIZE, _ADDR, _PORT, _BACKEND (defaults: a group of one);
+        the epoch is SHOAL_TASK_GENERATION, which a node daemon sets for every task it starts."""
         env = os.environ if environ is None else environ
 
         def number(key: str, default: str) -> int:
@@ -80,6 +97,7 @@ class GroupSpec:
             addr=env.get("SHOAL_GROUP_ADDR", "127.0.0.1"),
             port=number("SHOAL_GROUP_PORT", "0"),
             backend=backend,  # type: ignore[arg-type]
+            epoch=env.get("SHOAL_TASK_GENERATION", ""),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -142,20 +160,70 @@ class LearnerGroup:
         """Rendezvous with the other ranks (blocks until all have joined or the timeout passes)."""
         if self.world_size == 1 or self._joined:
             return
+        timeout = timedelta(seconds=self.spec.timeout_s)
+        store = self._store(timeout)
         try:
             dist.init_process_group(
                 backend=self.backend,
-                init_method=f"tcp://{self.spec.addr}:{self.spec.port}",
+                store=dist.PrefixStore(f"shoal/{self.spec.epoch}/", store),
                 rank=self.rank,
                 world_size=self.world_size,
-                timeout=timedelta(seconds=self.spec.timeout_s),
+                timeout=timeout,
             )
         except (RuntimeError, ValueError) as exc:
             raise GroupError(
-                f"rank {self.rank} could not join the group at {self.spec.addr}:{self.spec.port} "
-                f"within {self.spec.timeout_s:.0f} s: {exc}"
+                f"rank {self.rank} could not join the group at {self._where} within "
+                f"{self.spec.timeout_s:.0f} s: {exc}"
             ) from exc
         self._joined = True
+
+    @property
+    def _where(self) -> str:
+        return f"{self.spec.addr}:{self.spec.port}"
+
+    def _store(self, timeout: timedelta) -> dist.Store:
+        """This incarnation's rendezvous store, retried for up to `retry_s` while the address
+        is busy with an old group (before the process group exists: torch names a group by
+        how many were created, so a retried `init_process_group` would not meet its peers)."""
+        deadline = time.monotonic() + self.spec.retry_s
+        while True:
+            try:
+                return self._store_once(timeout)
+            except RuntimeError as exc:
+                if not _transient(exc):
+                    raise GroupError(
+                        f"rank {self.rank} could not join the group at {self._where}: its store "
+                        f"did not answer within {self.spec.timeout_s:.0f} s: {exc}"
+                    ) from exc
+                if time.monotonic() >= deadline:
+                    raise GroupError(
+                        f"rank {self.rank} could not join the group at {self._where}: the "
+                        f"address stayed busy for {self.spec.retry_s:.0f} s ({exc}); is another "
+                        "job using that rendezvous port?"
+                    ) from exc
+                log.info(
+                    "rank %d: rendezvous at %s busy (%s); retrying", self.rank, self._where, exc
+                )
+                time.sleep(RETRY_PAUSE_S)
+
+    def _store_once(self, timeout: timedelta) -> dist.Store:
+        """Rank 0 serves the store and marks it this epoch's; the others connect and wait for
+        that mark, so a store still served by the old rank 0 is never taken for the new one
+        (it closes under them instead, a transient error)."""
+        store = dist.TCPStore(
+            self.spec.addr,
+            self.spec.port,
+            self.world_size,
+            self.rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+        ready = f"shoal/{self.spec.epoch}/ready"
+        if self.rank == 0:
+            store.set(ready, "1")
+        else:
+            store.wait([ready])
+        return store
 
     def leave(self) -> None:
         if self._joined:
@@ -202,6 +270,13 @@ class LearnerGroup:
             raise GroupError(
                 f"collective on rank {self.rank} failed (a peer rank is probably gone): {exc}"
             ) from exc
+
+
+def _transient(exc: BaseException) -> bool:
+    """An error worth another try: the port is still bound, or the store we reached (an old
+    group's) went away. A time-out is not: peers that never came will not come sooner."""
+    text = str(exc).lower()
+    return isinstance(exc, dist.DistNetworkError) and "timed out" not in text
 
 
 def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:

@@ -17,13 +17,17 @@ rank up to it (the resumed checkpoint's plus what the ranks gathered at save tim
 SIGUSR1 asks for a checkpoint on demand (rank 0 writes it after the current update).
 SIGTERM or SIGINT stops it gracefully: the current update finishes, the ranks agree to stop
 after the same update, rank 0 writes a final checkpoint, and the process exits 0. On start,
-every rank resumes from the newest complete checkpoint in the run directory, if there is one.
+every rank resumes from the newest complete checkpoint in the run directory, if there is one,
+read once the group has formed (see `LearnerCore.restore`). A rank's transport port and the
+group's rendezvous port are fixed per job, so a rank started while its previous incarnation
+is still exiting waits for them (up to `GroupSpec.retry_s`) instead of failing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import math
@@ -53,12 +57,15 @@ from shoal.learner.seqranges import SeqRanges, ranges_by_actor, ranges_json
 from shoal.runtime.actor import Actor
 from shoal.runtime.errors import ActorError, MailboxFull, WireError
 from shoal.runtime.ref import ActorRef
+from shoal.runtime.system import ActorSystem
+from shoal.runtime.transport import Transport, TransportConfig
 
 log = logging.getLogger("shoal.learner")
 
 LEARNER_NAME = "learner"
 STATUS_EVERY_S = 0.25
 LEDGER_EVERY_S = 1.0
+LISTEN_RETRY_PAUSE_S = 0.5
 
 
 class LearnerCore:
@@ -83,7 +90,6 @@ class LearnerCore:
         self.device = _device(group)
         self.model = ActorCritic(obs_shape or (), action_space, cfg.hidden).to(self.device)
         self._ppo: PPOLearner | None = None
-        self._optimizer_state: dict[str, Any] | None = None
         self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness)
         self.checkpoints = CheckpointManager(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
         self.schedule = self.checkpoints.periodic(cfg.checkpoint.interval_s)
@@ -108,13 +114,16 @@ class LearnerCore:
     # -- checkpoints -------------------------------------------------------------------------
 
     def restore(self) -> CheckpointInfo | None:
-        """Load the newest complete checkpoint, if any; every rank reads the same one."""
+        """Load the newest complete checkpoint, if any, into the model and the built optimiser.
+        `serve` calls it once the group has formed: by then the previous incarnation's rank 0
+        has released the group's address, so its final checkpoint is complete and every rank
+        of the new group reads the same one."""
         info = self.checkpoints.latest()
         if info is None:
             return None
         state = self.checkpoints.load(info)
         self.model.load_state_dict(state["model"])
-        self._optimizer_state = state["optimizer"]
+        self.ppo.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.env_steps = self.base_env_steps = int(state["env_steps"])
         self.trained_steps = int(state["trained_steps"])
@@ -131,14 +140,9 @@ class LearnerCore:
         self.checkpoint_requested = True
 
     def make_optimizer(self) -> None:
-        """Build the PPO learner (and restore its optimiser state). Its first torch optimiser
-        imports torch._dynamo (≈1.5 s here), so `serve` runs this in a thread while the
-        transport comes up and the first fragments arrive."""
-        ppo = PPOLearner(self.model, self.cfg.ppo)
-        if self._optimizer_state is not None:
-            ppo.optimizer.load_state_dict(self._optimizer_state)
-            self._optimizer_state = None
-        self._ppo = ppo
+        """Build the PPO learner. Its first torch optimiser imports torch._dynamo (≈1.5 s
+        here), so `serve` runs this in a thread while the transport and the group come up."""
+        self._ppo = PPOLearner(self.model, self.cfg.ppo)
 
     @property
     def ppo(self) -> PPOLearner:
@@ -392,14 +396,10 @@ async def serve(
 ) -> int:
     """Run one rank until it is told to stop; returns the exit status. Rank 0 posts
     `job_metrics` events to `metrics`' coordinators meanwhile, when given."""
-    from shoal.runtime.system import ActorSystem
-    from shoal.runtime.transport import TransportConfig, attach
-
     token = (run_dir / "cluster.token").read_text().strip()
     torch.set_num_threads(cfg.learner.threads)
     group = LearnerGroup(spec)
     core = LearnerCore(cfg, env_id, group, run_dir)
-    resumed = core.restore()
     optimizer_ready = asyncio.ensure_future(asyncio.to_thread(core.make_optimizer))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -407,11 +407,13 @@ async def serve(
         loop.add_signal_handler(signum, stopping.set)
     loop.add_signal_handler(signal.SIGUSR1, core.request_checkpoint)
     async with ActorSystem(f"learner-{group.rank}") as system:
-        transport = await attach(system, TransportConfig(token=token, port=port))
+        transport = await listen(system, TransportConfig(token=token, port=port), spec.retry_s)
         try:
-            await system.spawn(LearnerActor, core, name=LEARNER_NAME, mailbox_size=4096)
-            await asyncio.to_thread(_join, group, core)
+            await asyncio.to_thread(group.join)
             await optimizer_ready
+            resumed = core.restore()
+            await asyncio.to_thread(_broadcast, group, core)
+            await system.spawn(LearnerActor, core, name=LEARNER_NAME, mailbox_size=4096)
             write_json_atomically(
                 run_dir / f"learner-{group.rank}.addr", {"address": transport.address}
             )
@@ -422,6 +424,7 @@ async def serve(
                     "process": "learner",
                     "rank": group.rank,
                     "pid": os.getpid(),
+                    "incarnation": core.incarnation,
                     "step": core.version,
                     "env_steps": core.env_steps,
                     "resumed_from": None if resumed is None else str(resumed.path),
@@ -453,10 +456,31 @@ async def serve(
     return 0
 
 
-def _join(group: LearnerGroup, core: LearnerCore) -> None:
-    group.join()
+def _broadcast(group: LearnerGroup, core: LearnerCore) -> None:
     group.broadcast_module(core.model)
     core.published = core.model.get_weights()
+
+
+async def listen(system: ActorSystem, config: TransportConfig, retry_s: float) -> Transport:
+    """Attach the transport on its fixed port, retrying for up to `retry_s` while the port is
+    in use: the previous incarnation of this rank may still be checkpointing on it."""
+    from shoal.runtime.transport import attach
+
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            return await attach(system, config)
+        except OSError as exc:
+            busy = exc.errno == errno.EADDRINUSE and config.port != 0
+            if busy and time.monotonic() < deadline:
+                log.info("port %d in use (an old incarnation exiting?); retrying", config.port)
+                await asyncio.sleep(LISTEN_RETRY_PAUSE_S)
+                continue
+            why = f"it stayed in use for {retry_s:.0f} s" if busy else str(exc)
+            raise LearnerError(
+                f"cannot listen on {config.host}:{config.port}: {why}; free the port or give "
+                "the rank another one (--port)"
+            ) from exc
 
 
 def main(argv: list[str] | None = None) -> int:

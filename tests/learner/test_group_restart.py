@@ -1,0 +1,140 @@
+"""A replaced learner group meets where its predecessor is still leaving: rank 0 waits for the
+rendezvous port, a joining rank that reached the old group's store tries again, and a rank's
+transport waits for its fixed port. Real processes, real TCPStore, real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from shoal.learner.errors import LearnerError
+from shoal.learner.group import GroupSpec
+from shoal.learner.learner_main import listen
+from shoal.local import free_port
+from shoal.runtime.system import ActorSystem
+from shoal.runtime.transport import TransportConfig
+
+# The old incarnation's rank 0: it holds the group's store (and port) while it "checkpoints".
+_OLD_RANK0 = textwrap.dedent(
+    """
+    import datetime, sys, time
+    import torch.distributed as dist
+    store = dist.TCPStore(
+        "127.0.0.1", int(sys.argv[1]), 2, True,
+        timeout=datetime.timedelta(seconds=30), wait_for_workers=False,
+    )
+    store.set("shoal/1/leftover", "old")
+    print("holding", flush=True)
+    time.sleep(float(sys.argv[2]))
+    """
+)
+
+# A rank of the new incarnation: join, agree on a flag, leave.
+_NEW_RANK = textwrap.dedent(
+    """
+    import logging
+    from shoal.learner.group import GroupSpec, LearnerGroup
+    logging.basicConfig(level=logging.INFO)
+    spec = GroupSpec.from_env()
+    group = LearnerGroup(spec)
+    group.join()
+    assert group.all_agree(spec.rank == 1)
+    group.leave()
+    """
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_new_group_forms_once_the_old_rank0_lets_go_of_the_port(tmp_path: Path) -> None:
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        old = subprocess.Popen(
+            [sys.executable, "-c", _OLD_RANK0, str(port), "8"], stdout=subprocess.PIPE
+        )
+        procs.append(old)
+        assert old.stdout is not None
+        assert old.stdout.readline().strip() == b"holding"
+        for rank in (1, 0):  # rank 1 first: it reaches the old store before it goes away
+            spec = GroupSpec(rank=rank, world_size=2, port=port, backend="gloo", timeout_s=30)
+            env = {
+                **os.environ,
+                **spec.to_env(),
+                "SHOAL_TASK_GENERATION": "2",
+                "OMP_NUM_THREADS": "1",
+            }
+            log = (tmp_path / f"rank{rank}.log").open("w")
+            procs.append(subprocess.Popen([sys.executable, "-c", _NEW_RANK], env=env, stderr=log))
+            log.close()
+        assert [p.wait(timeout=100) for p in procs[1:]] == [0, 0]
+        assert old.wait(timeout=10) == 0
+        # Both really met the old group: rank 0 found the port bound, rank 1 the old store.
+        assert "busy" in (tmp_path / "rank0.log").read_text()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def test_the_epoch_comes_from_the_task_generation_and_retry_s_is_checked() -> None:
+    spec = GroupSpec.from_env({"SHOAL_TASK_GENERATION": "7"})
+    assert spec.epoch == "7"
+    assert GroupSpec.from_env({}).epoch == ""
+    from shoal.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="retry_s = -1"):
+        GroupSpec(retry_s=-1)
+
+
+def _held_port() -> tuple[socket.socket, int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock, sock.getsockname()[1]
+
+
+@pytest.mark.timeout(60)
+def test_the_transport_waits_for_its_port_while_an_old_incarnation_holds_it() -> None:
+    sock, port = _held_port()
+    release = threading.Timer(1.0, sock.close)
+
+    async def main() -> str:
+        async with ActorSystem("rank") as system:
+            transport = await listen(system, TransportConfig(token="t" * 32, port=port), 30.0)
+            try:
+                return transport.address
+            finally:
+                await transport.close()
+
+    release.start()
+    try:
+        assert asyncio.run(main()).endswith(f":{port}")
+    finally:
+        release.cancel()
+        sock.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_port_that_stays_taken_fails_with_the_port_and_the_fix() -> None:
+    sock, port = _held_port()
+
+    async def main() -> None:
+        async with ActorSystem("rank") as system:
+            await listen(system, TransportConfig(token="t" * 32, port=port), 0.5)
+
+    try:
+        with pytest.raises(LearnerError, match=f"cannot listen on 127.0.0.1:{port}: it stayed"):
+            asyncio.run(main())
+    finally:
+        sock.close()
