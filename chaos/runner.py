@@ -324,9 +324,9 @@ class ChaosRun:
         if spec.kind in NET_KINDS:
             proxies = [self.proxies[n] for n in names]
             return {"inject": [lambda: self._net(spec, proxies)], "heal": [lambda: _heal(proxies)]}
-        if spec.kind == "raft-partition":
+        if spec.kind in RAFT_KINDS:
             return {
-                "inject": [functools.partial(_now, self.mesh.isolate, names[0])],
+                "inject": [functools.partial(_now, self._raft_fault(spec), names[0])],
                 "heal": [functools.partial(_now, self.mesh.heal, names[0])],
             }
         if spec.kind == "clock-skew":
@@ -343,6 +343,19 @@ class ChaosRun:
             "inject": [functools.partial(asyncio.to_thread, f.inject) for f in made],
             "heal": [functools.partial(asyncio.to_thread, f.heal) for f in made],
         }
+
+    def _raft_fault(self, spec: FaultSpec) -> Callable[[str], str]:
+        """What the mesh does to every Raft link of the replica it is given."""
+        if spec.kind == "raft-partition":
+            return self.mesh.isolate
+        faults = spec.net_faults()
+        if spec.kind == "raft-delay":
+            return functools.partial(
+                self.mesh.delay, delay_s=faults.delay_s, jitter_s=faults.jitter_s
+            )
+        return functools.partial(
+            self.mesh.loss, p=faults.loss, mode=faults.loss_mode, stall_s=faults.stall_s
+        )
 
     def _clock_fault(self, spec: FaultSpec, node: str) -> ClockSkew:
         offset = float(spec.params.get("offset_s", DEFAULT_SKEW_S))

@@ -40,7 +40,7 @@ from shoal.errors import ConfigError
 PROCESS_KINDS = ("kill", "pause")
 NET_KINDS = ("api-partition", "api-delay", "api-loss", "api-bandwidth", "api-reset")
 NODE_KINDS = ("node-kill", "gpu-xid", "clock-skew")
-RAFT_KINDS = ("raft-partition",)
+RAFT_KINDS = ("raft-partition", "raft-delay", "raft-loss")
 TRAINING_KINDS = ("learner-kill", "rollout-kill", "disk-full")
 FAULT_KINDS = PROCESS_KINDS + NET_KINDS + NODE_KINDS + RAFT_KINDS + TRAINING_KINDS
 BASE_INVARIANTS = (
@@ -72,6 +72,11 @@ NET_PARAMS: dict[str, tuple[str, ...]] = {
     "api-loss": ("loss", "loss_mode", "stall_s"),
     "api-bandwidth": ("bandwidth_bps",),
     "api-reset": (),
+}
+RAFT_PARAMS: dict[str, tuple[str, ...]] = {
+    "raft-partition": (),
+    "raft-delay": ("delay_s", "jitter_s"),
+    "raft-loss": ("loss", "loss_mode", "stall_s"),
 }
 NODE_PARAMS: dict[str, tuple[str, ...]] = {
     "node-kill": (),
@@ -107,8 +112,9 @@ class FaultSpec:
     params: dict[str, Any] = field(default_factory=dict)
 
     def net_faults(self) -> NetFaults:
-        """The proxy setting of an api-* fault (api-reset has none: it is one RST)."""
-        if self.kind == "api-partition":
+        """The proxy setting of an api-* or raft-* fault (api-reset has none: it is one RST;
+        a raft-partition is the mesh's own)."""
+        if self.kind in ("api-partition", "raft-partition"):
             return NetFaults(partition=self.params.get("partition", "refuse"))
         return NetFaults.from_dict(self.params)
 
@@ -230,7 +236,12 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
     kind = item.get("kind")
     if kind not in FAULT_KINDS:
         raise ScenarioError(f"{where}.kind={kind!r} is not one of {list(FAULT_KINDS)}")
-    params = NET_PARAMS.get(kind, ()) + NODE_PARAMS.get(kind, ()) + TRAINING_PARAMS.get(kind, ())
+    params = (
+        NET_PARAMS.get(kind, ())
+        + RAFT_PARAMS.get(kind, ())
+        + NODE_PARAMS.get(kind, ())
+        + TRAINING_PARAMS.get(kind, ())
+    )
     _no_unknown(item, _FAULT_KEYS + params, where)
     target = item.get("target")
     if kind in NODE_KINDS:
@@ -265,7 +276,7 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
         recover_within_s=_number(item, "recover_within_s", bound, 0.1, 3600.0, where),
         params={k: item[k] for k in params if k in item},
     )
-    if kind in NET_KINDS:
+    if kind in NET_KINDS or kind in RAFT_KINDS:
         try:
             spec.net_faults()
         except ProxyError as exc:

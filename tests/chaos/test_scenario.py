@@ -83,6 +83,9 @@ def test_defaults_and_params() -> None:
             "too small",
         ),
         ("[[faults]]\nkind = 'clock-skew'\ntarget = 'c1'\nat = 1", "needs nodes >= 1"),
+        ("[[faults]]\nkind = 'raft-loss'\ntarget = 'c1'\nat = 1\nloss = 2", "loss=2"),
+        ("[[faults]]\nkind = 'raft-delay'\ntarget = 'c1'\nat = 1\ndelay_s = -1", "delay_s=-1"),
+        ("[[faults]]\nkind = 'raft-delay'\ntarget = 'c1'\nat = 1\nloss = 0.1", "unknown keys"),
         ("[[faults]]\nkind = 'raft-partition'\ntarget = 'all'\nat = 1", "target='all'"),
         ("invariants = ['fragment_accounting']", "add a \\[training\\] table"),
         ("nodes = 1\n[[faults]]\nkind = 'gpu-xid'\ntarget = 'n1'\nat = 1\ngpu = 4", "gpu=4"),
@@ -142,3 +145,14 @@ def test_learners_is_a_node_target_with_a_training_job() -> None:
     )
     assert [f.target for f in scenario.faults] == ["learners", "n1"]
     assert scenario.faults[1].params == {"offset_s": -3}
+
+
+def test_raft_link_faults_take_the_proxy_settings() -> None:
+    scenario = parse(
+        "[[faults]]\nkind = 'raft-delay'\ntarget = 'leader'\nat = 1\ndelay_s = 0.05\n"
+        "jitter_s = 0.01\n[[faults]]\nkind = 'raft-loss'\ntarget = 'c2'\nat = 2\nloss = 0.1\n"
+        "loss_mode = 'drop'"
+    )
+    delay, loss = (f.net_faults() for f in scenario.faults)
+    assert (delay.delay_s, delay.jitter_s) == (0.05, 0.01)
+    assert (loss.loss, loss.loss_mode) == (0.1, "drop")
