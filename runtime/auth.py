@@ -6,10 +6,10 @@ HMAC(token, "client" | server nonce | client nonce). Each proof covers a nonce t
 just chose, so a recorded handshake cannot be replayed, and both ends learn the credit window
 the other grants. Messages are ordinary wire frames, one per websocket message.
 
-The server also announces its bulk port; the client may then open a bulk stream (bulk.py)
-and tie it to this link with HMAC(token, "bulk" | server nonce | client nonce): the server
-nonce names the link, the proof shows the opener holds the token and took part in that
-handshake.
+The server also announces its stream port; the client may then open the link's frame
+stream (stream.py) and tie it to this link with HMAC(token, "stream" | server nonce | client
+nonce): the server nonce names the link, the proof shows the opener holds the token and took
+part in that handshake.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import aiohttp
 from aiohttp import web
 
 from shoal.runtime import wire
-from shoal.runtime.bulk import BulkStream
 from shoal.runtime.errors import AuthenticationFailed, LinkClosed, MalformedFrame, WireError
+from shoal.runtime.stream import FrameStream
 
 PROTOCOL = 1
 NONCE_BYTES = 32
@@ -48,12 +48,12 @@ class Window:
 @dataclass(frozen=True)
 class Session:
     """What one handshake settled: the window the other end grants, both nonces (which tie a
-    bulk stream to this link) and the server's bulk port (None: it takes no bulk stream)."""
+    frame stream to this link) and the server's stream port (None: it takes no stream)."""
 
     window: Window
     client_nonce: bytes
     server_nonce: bytes
-    bulk_port: int | None
+    stream_port: int | None
 
 
 def proof(token: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
@@ -113,7 +113,7 @@ def _window(value: dict[str, Any]) -> Window:
 
 
 async def client_handshake(ws: Socket, token: bytes, window: Window, timeout: float) -> Session:
-    """Authenticate to a server; returns the window it grants this client, and its bulk port."""
+    """Authenticate to a server; returns the window it grants this client, and its stream port."""
     nonce = secrets.token_bytes(NONCE_BYTES)
     await send(ws, {"shoal": PROTOCOL, "nonce": nonce})
     reply = await receive(ws, timeout)
@@ -122,17 +122,17 @@ async def client_handshake(ws: Socket, token: bytes, window: Window, timeout: fl
         raise MalformedFrame("the server's handshake carries no valid nonce")
     verify(token, b"server", nonce, server_nonce, reply.get("proof"))
     granted = _window(reply)
-    bulk_port = reply.get("bulk")
-    if bulk_port is not None and not (type(bulk_port) is int and 0 < bulk_port < 65536):
-        raise MalformedFrame(f"the server's bulk port {bulk_port!r} is not a port number")
+    stream_port = reply.get("stream")
+    if stream_port is not None and not (type(stream_port) is int and 0 < stream_port < 65536):
+        raise MalformedFrame(f"the server's stream port {stream_port!r} is not a port number")
     answer = proof(token, b"client", server_nonce, nonce)
     await send(ws, {"proof": answer, "window": [window.frames, window.nbytes]})
     await receive(ws, timeout)
-    return Session(granted, nonce, server_nonce, bulk_port)
+    return Session(granted, nonce, server_nonce, stream_port)
 
 
 async def server_handshake(
-    ws: Socket, token: bytes, window: Window, timeout: float, bulk_port: int | None = None
+    ws: Socket, token: bytes, window: Window, timeout: float, stream_port: int | None = None
 ) -> Session:
     """Authenticate a connecting client; on failure tell it why before the caller closes."""
     try:
@@ -150,71 +150,73 @@ async def server_handshake(
             "proof": proof(token, b"server", client_nonce, nonce),
             "window": [window.frames, window.nbytes],
         }
-        if bulk_port is not None:
-            offer["bulk"] = bulk_port
+        if stream_port is not None:
+            offer["stream"] = stream_port
         await send(ws, offer)
         answer = await receive(ws, timeout)
         verify(token, b"client", nonce, client_nonce, answer.get("proof"))
         granted = _window(answer)
         await send(ws, {"ok": True})
-        return Session(granted, client_nonce, nonce, bulk_port)
+        return Session(granted, client_nonce, nonce, stream_port)
     except WireError as exc:
         if not ws.closed:
             await send(ws, {"error": type(exc).__name__, "message": str(exc)})
         raise
 
 
-# -- the bulk stream's handshake ---------------------------------------------------------
+# -- the frame stream's handshake --------------------------------------------------------
 
 
 def _frame_bytes(value: Any) -> list[wire.Buffer]:
     return wire.encode(value).parts
 
 
-async def _bulk_message(stream: BulkStream, timeout: float) -> dict[str, Any]:
+async def _stream_message(stream: FrameStream, timeout: float) -> dict[str, Any]:
     try:
         frame = await asyncio.wait_for(stream.next_frame(timeout), timeout)
     except TimeoutError as exc:
-        raise LinkClosed(f"the peer did not complete the bulk handshake within {timeout}s") from exc
+        raise LinkClosed(
+            f"the peer did not complete the stream handshake within {timeout}s"
+        ) from exc
     value = wire.decode(frame, MAX_HANDSHAKE_BYTES)
     if not isinstance(value, dict):
-        raise MalformedFrame("a bulk handshake message must be a map")
+        raise MalformedFrame("a stream handshake message must be a map")
     if "error" in value:
         raise _named_error(value)
     return value
 
 
-async def bulk_client_handshake(
-    stream: BulkStream, token: bytes, session: Session, timeout: float
+async def stream_client_handshake(
+    stream: FrameStream, token: bytes, session: Session, timeout: float
 ) -> None:
-    """Tie a freshly connected bulk stream to the link `session` describes."""
-    proof_ = proof(token, b"bulk", session.server_nonce, session.client_nonce)
-    stream.write(_frame_bytes({"bulk": session.server_nonce, "proof": proof_}))
-    await _bulk_message(stream, timeout)
+    """Tie a freshly connected frame stream to the link `session` describes."""
+    proof_ = proof(token, b"stream", session.server_nonce, session.client_nonce)
+    stream.write(_frame_bytes({"stream": session.server_nonce, "proof": proof_}))
+    await _stream_message(stream, timeout)
 
 
 Claim = Callable[[bytes], "Session | None"]
 
 
-async def bulk_server_handshake(
-    stream: BulkStream, token: bytes, claim: Claim, timeout: float
+async def stream_server_handshake(
+    stream: FrameStream, token: bytes, claim: Claim, timeout: float
 ) -> bytes:
-    """Check a bulk stream's hello; returns the server nonce of the link it belongs to.
-    `claim` finds the session of a link still waiting for its bulk stream. On failure the
+    """Check a frame stream's hello; returns the server nonce of the link it belongs to.
+    `claim` finds the session of a link still waiting for its stream. On failure the
     opener is told why; the caller closes the stream (the link itself is untouched, so
     someone who saw the nonces but lacks the token cannot disturb it)."""
     try:
-        hello = await _bulk_message(stream, timeout)
-        nonce = hello.get("bulk")
+        hello = await _stream_message(stream, timeout)
+        nonce = hello.get("stream")
         if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
-            raise MalformedFrame("the bulk hello names no link (a 32-byte server nonce)")
+            raise MalformedFrame("the stream hello names no link (a 32-byte server nonce)")
         session = claim(nonce)
         if session is None:
             raise AuthenticationFailed(
-                "the bulk hello names no link waiting for a bulk stream; open the websocket "
-                "link first and use its nonces"
+                "the stream hello names no link waiting for a frame stream; open the "
+                "websocket link first and use its nonces"
             )
-        verify(token, b"bulk", nonce, session.client_nonce, hello.get("proof"))
+        verify(token, b"stream", nonce, session.client_nonce, hello.get("proof"))
         stream.write(_frame_bytes({"ok": True}))
         return nonce
     except WireError as exc:

@@ -1,17 +1,17 @@
-"""`Link`: one authenticated websocket session between two processes, used in both directions.
+"""`Link`: one authenticated session between two processes, used in both directions.
 
-Both ends run the same code: a reader that reassembles wire frames and answers control frames
-at once, a delivery path that hands requests to local actors in arrival order, and writes made
-by the sending task itself, with frames of the same loop turn coalesced into websocket
-messages of at most `chunk_bytes` (64 KiB by default: aiohttp moves 1 MiB messages at well
-under half the speed of 64 KiB ones, see docs/runtime.md). The link is a byte stream cut into
-messages anywhere, so one message may carry many small frames or a slice of a large tensor.
-Frames of at least `bulk_threshold` bytes go over the link's bulk stream (bulk.py) when it has
-one, each announced by a small `b` marker on the websocket in its place: the marker and the
-frame are queued in the same synchronous step, both streams keep their order, and the reader
-takes the next bulk frame when it meets a marker, so big and small requests reach the actors
-in the order they were sent and spend credit exactly as before.
-Any bytes the peer gets wrong close that link, never the process.
+The session is a websocket (handshake, pings, the closing word) and, when both ends allow it,
+a raw TCP frame stream beside it (stream.py) that then carries every frame of the link: one
+ordered byte stream, so requests reach the actors in the order they were sent whatever their
+size, and credit is counted exactly as on the websocket. Without a stream, frames travel on
+the websocket, coalesced into messages of at most `chunk_bytes` (aiohttp moves 1 MiB messages
+at well under half the speed of 64 KiB ones, see docs/runtime.md).
+
+Both ends run the same code: frames are handled as they arrive (by the stream's read callback,
+or the websocket's reader task), control frames answered at once, requests handed to local
+actors in arrival order; writes are made by the sending code itself, the first frame of a
+loop turn at once and the rest of the turn coalesced. Any bytes the peer gets wrong close
+that link, never the process.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from shoal.runtime import auth, wire
-from shoal.runtime.bulk import BulkStream
 from shoal.runtime.credit import ReceiveCredit, SendCredit
 from shoal.runtime.errors import (
     ActorError,
@@ -45,6 +44,7 @@ from shoal.runtime.errors import (
 )
 from shoal.runtime.mailbox import DeadLetters
 from shoal.runtime.ref import ActorRef
+from shoal.runtime.stream import DIRECT_BYTES, FrameStream
 
 if TYPE_CHECKING:
     from shoal.runtime.transport import TransportConfig
@@ -65,7 +65,7 @@ _WIRE_ERRORS: dict[str, type[WireError]] = {
 
 
 class Link:
-    """One authenticated websocket session to a peer; used from tasks on one loop."""
+    """One authenticated session to a peer; used from tasks on one loop."""
 
     def __init__(
         self,
@@ -75,7 +75,7 @@ class Link:
         granted: auth.Window,
         peer: str,
         dead_letters: DeadLetters | None = None,
-        bulk: BulkStream | None = None,
+        stream: FrameStream | None = None,
     ) -> None:
         self.peer = peer
         self._dead_letters = dead_letters
@@ -94,9 +94,10 @@ class Link:
         self._serving: set[asyncio.Task[None]] = set()
         self._closed = asyncio.get_running_loop().create_future()
         self.error: WireError | None = None
-        self._bulk: BulkStream | None = None
-        if bulk is not None:
-            self.attach_bulk(bulk)
+        self._failing = False
+        self._stream: FrameStream | None = None
+        if stream is not None:
+            self.attach_stream(stream)
         self._tasks = [
             asyncio.create_task(self._read_loop(), name=f"shoal-link-read {peer}"),
             asyncio.create_task(self._deliver_loop(), name=f"shoal-link-deliver {peer}"),
@@ -111,23 +112,29 @@ class Link:
         return self.error is not None
 
     @property
-    def has_bulk(self) -> bool:
-        return self._bulk is not None
+    def has_stream(self) -> bool:
+        return self._stream is not None
 
-    def attach_bulk(self, stream: BulkStream) -> None:
-        """From now on frames of `bulk_threshold` bytes or more go over `stream`; its failure
-        closes the link, and the link's closing closes it."""
+    def attach_stream(self, stream: FrameStream) -> None:
+        """From now on every frame of this link travels on `stream`; its failure closes the
+        link, and the link's closing closes it. Both ends attach before their first frame."""
         if self.error is not None:
             stream.close()
             return
-        self._bulk = stream
-        stream.on_broken = self._bulk_broken
-        if stream.error is not None:
-            self._bulk_broken(stream.error)
+        self._stream = stream
+        stream.take(self._on_stream_frame, self._stream_broken)
 
-    def _bulk_broken(self, error: WireError) -> None:
+    def _stream_broken(self, error: WireError) -> None:
         # A malformed frame is the peer's fault (tell it); a dropped stream means the link is gone.
-        tell_peer = not isinstance(error, LinkClosed)
+        self._fail(error, tell_peer=not isinstance(error, LinkClosed))
+
+    def _fail(self, error: WireError, *, tell_peer: bool) -> None:
+        """Close from a callback; frames still being parsed are ignored from now on."""
+        if self._failing:
+            return
+        self._failing = True
+        if tell_peer:
+            logger.warning("closing link to %s: %s", self.peer, error)
         self._spawn(self.close(error, tell_peer=tell_peer))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -151,8 +158,9 @@ class Link:
         Like `_send`, the first small frame of a loop turn goes to the socket at once, so a
         lone reply costs no task and no extra loop turn; the rest queue for a task that
         writes them, coalesced, on the next turn."""
-        if frame.nbytes >= self._config.bulk_threshold and self._bulk is not None:
-            frame = self._to_bulk(frame, self._bulk)
+        if self._stream is not None:
+            self._write_stream(frame, self._stream)
+            return
         self._outbox.extend(frame.parts)
         if self._writing:
             return
@@ -182,12 +190,28 @@ class Link:
             return
         sending.close()
 
-    def _to_bulk(self, frame: wire.EncodedFrame, bulk: BulkStream) -> wire.EncodedFrame:
-        """Write `frame` on the bulk stream and return the marker that takes its place on the
-        websocket; the caller queues the marker before anything else can be sent, so the two
-        streams agree on the order."""
-        bulk.write(frame.parts)
-        return wire.encode(["b", frame.nbytes])
+    def _write_stream(self, frame: wire.EncodedFrame, stream: FrameStream) -> None:
+        """The first frame of a loop turn, and any big one, is written at once (a big one
+        after what queued before it); later small frames of the turn queue and go out
+        together, in one writev, when the turn ends."""
+        if not self._burst:
+            self._burst = True
+            asyncio.get_running_loop().call_soon(self._end_burst)
+            stream.write(frame.parts)
+            return
+        self._outbox.extend(frame.parts)
+        if frame.nbytes >= DIRECT_BYTES:
+            self._flush_stream()
+
+    def _flush_stream(self) -> None:
+        stream = self._stream
+        if self._outbox and stream is not None and self.error is None:
+            parts = list(self._outbox)
+            self._outbox.clear()
+            try:
+                stream.write(parts)
+            except LinkClosed:
+                pass  # the stream's own callback is closing the link
 
     async def _send(self, frame: wire.EncodedFrame) -> None:
         """Send a frame with the least latency that still batches.
@@ -196,11 +220,12 @@ class Link:
         through the event loop, which is most of a small ask's latency); later frames of the
         same turn queue and go out together on the next turn, coalesced into websocket
         messages of up to `chunk_bytes` (which is what makes pipelined tells cheap)."""
-        bulk = self._bulk
-        if frame.nbytes >= self._config.bulk_threshold and bulk is not None:
-            self._write(frame)
-            # Back-pressure: return once the kernel holds the frame (its arrays are free again).
-            await bulk.drain()
+        stream = self._stream
+        if stream is not None:
+            self._write_stream(frame, stream)
+            if stream.writing_paused:
+                # Back-pressure: return once the kernel holds it all (arrays are free again).
+                await stream.drain()
             return
         self._outbox.extend(frame.parts)
         if self._writing:
@@ -215,6 +240,8 @@ class Link:
 
     def _end_burst(self) -> None:
         self._burst = False
+        if self._stream is not None:
+            self._flush_stream()
 
     def _flush_soon(self) -> None:
         self._writing = True
@@ -320,10 +347,12 @@ class Link:
                     )
                 for frame in reader.feed(msg.data):
                     envelope = _envelope(wire.decode(frame, self._config.max_frame_bytes))
-                    if envelope[0] == "b":
-                        await self._dispatch_bulk(envelope[1])
-                    else:
-                        self._dispatch(envelope, len(frame))
+                    if self._stream is not None and envelope[0] != "e":
+                        raise MalformedFrame(
+                            f"a {envelope[0]!r} frame came on the websocket, but this link "
+                            "carries its frames on its stream"
+                        )
+                    self._dispatch(envelope, len(frame))
         except _Broken as exc:
             await self.close(exc.error, tell_peer=False)
             return
@@ -337,20 +366,16 @@ class Link:
         cut = " in the middle of a frame" if reader.mid_frame else ""
         await self.close(LinkClosed(f"{self.peer} closed the link{cut}"), tell_peer=False)
 
-    async def _dispatch_bulk(self, nbytes: int) -> None:
-        """A marker: the next frame on the bulk stream goes here, in the marker's place."""
-        bulk = self._bulk
-        if bulk is None:
-            raise MalformedFrame("the peer sent a bulk marker, but this link has no bulk stream")
-        frame = await bulk.next_frame(self._config.heartbeat)
-        if len(frame) != nbytes:
-            raise MalformedFrame(
-                f"the bulk marker announced {nbytes} bytes but the bulk frame has {len(frame)}"
-            )
-        envelope = _envelope(wire.decode(frame, self._config.max_frame_bytes))
-        if envelope[0] not in _BULK_KINDS:
-            raise MalformedFrame(f"a {envelope[0]!r} frame cannot travel on the bulk stream")
-        self._dispatch(envelope, nbytes)
+    def _on_stream_frame(self, frame: memoryview) -> None:
+        """One frame from the stream, handled in its read callback (no task wakes for it)."""
+        if self._failing or self.error is not None:
+            return
+        try:
+            self._dispatch(_envelope(wire.decode(frame, self._config.max_frame_bytes)), len(frame))
+        except _Broken as exc:
+            self._fail(exc.error, tell_peer=False)
+        except WireError as exc:
+            self._fail(exc, tell_peer=True)
 
     def _dispatch(self, envelope: list[Any], nbytes: int) -> None:
         kind = envelope[0]
@@ -491,8 +516,8 @@ class Link:
         others = [task for task in [*self._tasks, *self._serving] if task is not current]
         for task in others:
             task.cancel()
-        if self._bulk is not None:
-            self._bulk.close()
+        if self._stream is not None:
+            self._stream.close()
         await asyncio.gather(*others, return_exceptions=True)
         try:
             # Bounded: a peer that stopped reading must not keep this link half-closed.
@@ -608,10 +633,7 @@ _SHAPES: dict[str, tuple[type | tuple[type, ...], ...]] = {
     "f": (int, bool, str, str),
     "c": (int, int),
     "e": (str, str),
-    "b": (int,),
 }
-# What may travel on the bulk stream: requests and their answers, never control frames.
-_BULK_KINDS = frozenset("tarf")
 
 
 def _envelope(value: Any) -> list[Any]:

@@ -1,8 +1,8 @@
 """Links between processes: one aiohttp server per process, one websocket per pair of peers,
-and beside each websocket a raw TCP bulk stream for big frames.
+and beside each websocket a raw TCP frame stream that carries the link's frames.
 
 `TransportConfig` says how a process listens and paces its links; `Transport` is the server
-peers connect to (the websocket route and the bulk listener) plus the links this process
+peers connect to (the websocket route and the stream listener) plus the links this process
 opened (each an authenticated `Link`, see link.py); `attach` wires a transport to an
 `ActorSystem`.
 """
@@ -21,11 +21,11 @@ from aiohttp import web
 
 from shoal.errors import ConfigError
 from shoal.runtime import auth, wire
-from shoal.runtime.bulk import BulkStream
 from shoal.runtime.errors import ActorNotFound, LinkClosed, WireError
 from shoal.runtime.link import Link, Lookup
 from shoal.runtime.mailbox import DeadLetters
 from shoal.runtime.ref import ActorRef
+from shoal.runtime.stream import FrameStream
 
 if TYPE_CHECKING:
     from shoal.runtime.remote import Peer
@@ -63,24 +63,22 @@ class TransportConfig:
     heartbeat: float = 10.0
     """Seconds between websocket pings; a peer silent for half that after a ping (stopped,
     partitioned) has its link closed, failing pending asks and waiting senders."""
-    bulk: bool = True
-    """Carry big frames on a raw TCP stream beside each websocket (see bulk.py)."""
-    bulk_port: int = 0
-    """Where this process listens for bulk streams; 0 picks a free port, announced to peers
+    stream: bool = True
+    """Carry each link's frames on a raw TCP stream beside its websocket (see stream.py);
+    a link uses one only when both ends allow it."""
+    stream_port: int = 0
+    """Where this process listens for frame streams; 0 picks a free port, announced to peers
     in the link handshake."""
-    bulk_threshold: int = 256 * 1024
-    """Frames of at least this many bytes take the bulk stream; smaller ones the websocket."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, bytes | str) or not self.token:
             raise ConfigError("token is empty: give every process the same non-empty cluster token")
-        for key in ("port", "bulk_port"):
+        for key in ("port", "stream_port"):
             value = getattr(self, key)
             if type(value) is not int or not 0 <= value <= 65535:
                 raise ConfigError(f"{key}={value!r} is invalid: use 0 (any free port) to 65535")
-        if not isinstance(self.bulk, bool):
-            raise ConfigError(f"bulk={self.bulk!r} is invalid: use true or false")
-        self._positive_int("bulk_threshold", 1024)
+        if not isinstance(self.stream, bool):
+            raise ConfigError(f"stream={self.stream!r} is invalid: use true or false")
         self._positive_int("max_frame_bytes", wire.PREFIX_SIZE)
         self._positive_int("chunk_bytes", 1024)
         if self.chunk_bytes > MAX_MESSAGE_BYTES // 2:
@@ -145,13 +143,13 @@ class Transport:
         self._peers: dict[str, Peer] = {}
         self.address = ""
         self._on_close: list[Callable[[], None]] = []
-        self._bulk_server: asyncio.AbstractServer | None = None
-        self._bulk_port: int | None = None
-        # Inbound links whose bulk stream has not arrived yet, by the server nonce.
-        self._awaiting_bulk: dict[bytes, tuple[auth.Session, Link]] = {}
-        # Bulk streams not (yet) handed to a link: closed with the transport.
-        self._bulk_pending: weakref.WeakSet[BulkStream] = weakref.WeakSet()
-        self._bulk_tasks: set[asyncio.Task[None]] = set()
+        self._stream_server: asyncio.AbstractServer | None = None
+        self._stream_port: int | None = None
+        # Inbound links whose frame stream has not arrived yet, by the server nonce.
+        self._awaiting_stream: dict[bytes, tuple[auth.Session, Link]] = {}
+        # Frame streams not (yet) handed to a link: closed with the transport.
+        self._stream_pending: weakref.WeakSet[FrameStream] = weakref.WeakSet()
+        self._stream_tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"<Transport {self.address or 'stopped'} in={len(self._inbound)} out={len(self._peers)}>"
@@ -171,9 +169,9 @@ class Transport:
             self._runner = None
             raise
         port = self._runner.addresses[0][1]
-        if self.config.bulk:
+        if self.config.stream:
             try:
-                await self._start_bulk()
+                await self._start_stream()
             except OSError:
                 await self._runner.cleanup()
                 self._runner = None
@@ -185,42 +183,42 @@ class Transport:
         )
         return self.address
 
-    async def _start_bulk(self) -> None:
+    async def _start_stream(self) -> None:
         loop = asyncio.get_running_loop()
-        self._bulk_server = await loop.create_server(
-            lambda: BulkStream(auth.MAX_HANDSHAKE_BYTES, self._bulk_connected),
+        self._stream_server = await loop.create_server(
+            lambda: FrameStream(auth.MAX_HANDSHAKE_BYTES, self._stream_connected),
             self.config.host,
-            self.config.bulk_port,
+            self.config.stream_port,
         )
-        self._bulk_port = self._bulk_server.sockets[0].getsockname()[1]
+        self._stream_port = self._stream_server.sockets[0].getsockname()[1]
 
-    def _bulk_connected(self, stream: BulkStream) -> None:
-        self._bulk_pending.add(stream)
-        task = asyncio.create_task(self._accept_bulk(stream))
-        self._bulk_tasks.add(task)
-        task.add_done_callback(self._bulk_tasks.discard)
+    def _stream_connected(self, stream: FrameStream) -> None:
+        self._stream_pending.add(stream)
+        task = asyncio.create_task(self._accept_stream(stream))
+        self._stream_tasks.add(task)
+        task.add_done_callback(self._stream_tasks.discard)
 
-    async def _accept_bulk(self, stream: BulkStream) -> None:
-        """Authenticate a bulk stream and hand it to the link it names; anything wrong closes
+    async def _accept_stream(self, stream: FrameStream) -> None:
+        """Authenticate a frame stream and hand it to the link it names; anything wrong closes
         this connection only."""
         try:
-            nonce = await auth.bulk_server_handshake(
+            nonce = await auth.stream_server_handshake(
                 stream,
                 self.config.token_bytes,
-                self._bulk_session,
+                self._stream_session,
                 self.config.handshake_timeout,
             )
         except WireError as exc:
-            logger.warning("refused a bulk stream: %s", exc)
+            logger.warning("refused a frame stream: %s", exc)
             stream.close_gently(self.config.handshake_timeout)
             return
-        self._bulk_pending.discard(stream)
-        _, link = self._awaiting_bulk.pop(nonce)
+        self._stream_pending.discard(stream)
+        _, link = self._awaiting_stream.pop(nonce)
         stream.limit = self.config.max_frame_bytes
-        link.attach_bulk(stream)
+        link.attach_stream(stream)
 
-    def _bulk_session(self, nonce: bytes) -> auth.Session | None:
-        waiting = self._awaiting_bulk.get(nonce)
+    def _stream_session(self, nonce: bytes) -> auth.Session | None:
+        waiting = self._awaiting_stream.get(nonce)
         return None if waiting is None else waiting[0]
 
     async def _accept(self, request: web.Request) -> web.WebSocketResponse:
@@ -239,7 +237,7 @@ class Transport:
                 self.config.token_bytes,
                 self.config.window,
                 self.config.handshake_timeout,
-                self._bulk_port,
+                self._stream_port,
             )
         except WireError as exc:
             logger.warning("refused link from %s: %s", peer, exc)
@@ -247,13 +245,13 @@ class Transport:
             return ws
         link = Link(ws, self.config, self._lookup, session.window, peer, self._dead_letters)
         self._inbound.add(link)
-        if self._bulk_port is not None:
-            self._awaiting_bulk[session.server_nonce] = (session, link)
+        if self._stream_port is not None:
+            self._awaiting_stream[session.server_nonce] = (session, link)
         try:
             await link.wait_closed()
         finally:
             self._inbound.discard(link)
-            self._awaiting_bulk.pop(session.server_nonce, None)
+            self._awaiting_stream.pop(session.server_nonce, None)
         return ws
 
     async def open_link(self, address: str) -> Link:
@@ -272,32 +270,32 @@ class Transport:
             session = await auth.client_handshake(
                 ws, self.config.token_bytes, self.config.window, self.config.handshake_timeout
             )
-            bulk = await self._open_bulk(address, session)
+            stream = await self._open_stream(address, session)
         except BaseException:
             await ws.close()
             raise
         return Link(
-            ws, self.config, self._lookup, session.window, address, self._dead_letters, bulk
+            ws, self.config, self._lookup, session.window, address, self._dead_letters, stream
         )
 
-    async def _open_bulk(self, address: str, session: auth.Session) -> BulkStream | None:
-        """The bulk stream for a new link, or None when either end does without one or it
-        cannot be opened (then big frames go over the websocket, only slower)."""
-        if not self.config.bulk or session.bulk_port is None:
+    async def _open_stream(self, address: str, session: auth.Session) -> FrameStream | None:
+        """The frame stream for a new link, or None when either end does without one or it
+        cannot be opened (then the link's frames go over the websocket, only slower)."""
+        if not self.config.stream or session.stream_port is None:
             return None
         host = address.removeprefix(SCHEME).rpartition(":")[0].strip("[]")
         timeout = self.config.handshake_timeout
         loop = asyncio.get_running_loop()
-        stream: BulkStream | None = None
+        stream: FrameStream | None = None
         try:
             async with asyncio.timeout(timeout):
                 _, stream = await loop.create_connection(
-                    lambda: BulkStream(auth.MAX_HANDSHAKE_BYTES), host, session.bulk_port
+                    lambda: FrameStream(auth.MAX_HANDSHAKE_BYTES), host, session.stream_port
                 )
-            await auth.bulk_client_handshake(stream, self.config.token_bytes, session, timeout)
+            await auth.stream_client_handshake(stream, self.config.token_bytes, session, timeout)
         except (OSError, WireError, TimeoutError) as exc:
             logger.warning(
-                "no bulk stream to %s (%s); its big frames go over the websocket", address, exc
+                "no frame stream to %s (%s); its frames go over the websocket", address, exc
             )
             if stream is not None:
                 stream.close()
@@ -343,16 +341,16 @@ class Transport:
         self._peers.clear()
         for link in list(self._inbound):
             await link.close()
-        for task in list(self._bulk_tasks):
+        for task in list(self._stream_tasks):
             task.cancel()
-        await asyncio.gather(*self._bulk_tasks, return_exceptions=True)
-        for stream in list(self._bulk_pending):
+        await asyncio.gather(*self._stream_tasks, return_exceptions=True)
+        for stream in list(self._stream_pending):
             stream.close()
-        if self._bulk_server is not None:
-            self._bulk_server.close()
-            await self._bulk_server.wait_closed()
-            self._bulk_server = None
-            self._bulk_port = None
+        if self._stream_server is not None:
+            self._stream_server.close()
+            await self._stream_server.wait_closed()
+            self._stream_server = None
+            self._stream_port = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -38,9 +38,7 @@ class Echo(Actor):
 
 
 @contextlib.asynccontextmanager
-async def server(
-    credit_frames: int = 1024, **options: Any
-) -> AsyncIterator[tuple[ActorSystem, Transport]]:
+async def server(credit_frames: int = 1024) -> AsyncIterator[tuple[ActorSystem, Transport]]:
     async with ActorSystem() as system:
         await system.spawn(Echo, name="echo")
         config = TransportConfig(
@@ -48,7 +46,6 @@ async def server(
             max_frame_bytes=LIMIT,
             handshake_timeout=0.5,
             credit_frames=credit_frames,
-            **options,
         )
         transport = await attach(system, config)
         try:
@@ -297,12 +294,12 @@ def test_a_peer_that_ignores_its_credit_window_is_cut_off() -> None:
     run(main())
 
 
-# -- the bulk stream ----------------------------------------------------------------------
+# -- the frame stream --------------------------------------------------------------------
 
 
-class BulkPeer:
+class StreamPeer:
     """A hand-driven client: an authenticated websocket and, beside it, a raw TCP connection
-    to the server's bulk port, so a test can put any bytes on either."""
+    to the server's stream port, so a test can put any bytes on either."""
 
     def __init__(
         self,
@@ -315,38 +312,46 @@ class BulkPeer:
 
     def hello(self, token: bytes = TOKEN.encode(), nonce: bytes | None = None) -> bytes:
         link = self.session.server_nonce if nonce is None else nonce
-        proof = auth.proof(token, b"bulk", link, self.session.client_nonce)
-        return frame({"bulk": link, "proof": proof})
+        proof = auth.proof(token, b"stream", link, self.session.client_nonce)
+        return frame({"stream": link, "proof": proof})
 
-    async def answer(self) -> dict[str, Any]:
+    async def answer(self) -> Any:
         prefix = await self.reader.readexactly(wire.PREFIX_SIZE)
         rest = await self.reader.readexactly(wire.frame_length(prefix) - wire.PREFIX_SIZE)
-        value: dict[str, Any] = wire.decode(prefix + rest)
-        return value
+        return wire.decode(prefix + rest)
 
     async def attached(self) -> None:
         """Send a good hello and wait for the server's yes."""
         self.writer.write(self.hello())
         assert await self.answer() == {"ok": True}
 
-    async def link_still_serves(self) -> None:
-        await self.ws.send_bytes(frame(["a", 1, "echo", "echo", [5], {}, 5.0]))
-        assert wire.decode((await self.ws.receive(timeout=5)).data) == ["r", 1, 5]
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def link_still_serves(self, on_stream: bool) -> None:
+        ask = frame(["a", 1, "echo", "echo", [5], {}, 5.0])
+        if on_stream:
+            await self.send(ask)
+            assert await self.answer() == ["r", 1, 5]
+        else:
+            await self.ws.send_bytes(ask)
+            assert wire.decode((await self.ws.receive(timeout=5)).data) == ["r", 1, 5]
 
 
 @contextlib.asynccontextmanager
-async def bulk_peer(address: str) -> AsyncIterator[BulkPeer]:
+async def stream_peer(address: str) -> AsyncIterator[StreamPeer]:
     async with raw_socket(address) as ws:
         session = await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
-        assert session.bulk_port is not None
-        reader, writer = await asyncio.open_connection("127.0.0.1", session.bulk_port)
+        assert session.stream_port is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", session.stream_port)
         try:
-            yield BulkPeer(ws, session, reader, writer)
+            yield StreamPeer(ws, session, reader, writer)
         finally:
             writer.close()
 
 
-BAD_HELLOS: dict[str, tuple[Callable[[BulkPeer], bytes], str, str]] = {
+BAD_HELLOS: dict[str, tuple[Callable[[StreamPeer], bytes], str, str]] = {
     "wrong token": (
         lambda peer: peer.hello(token=b"not-the-token"),
         "AuthenticationFailed",
@@ -364,91 +369,76 @@ BAD_HELLOS: dict[str, tuple[Callable[[BulkPeer], bytes], str, str]] = {
         "FrameTooLarge",
         "limit of 4096 bytes",
     ),
-    "silent": (lambda peer: b"", "LinkClosed", "did not complete the bulk handshake"),
+    "silent": (lambda peer: b"", "LinkClosed", "did not complete the stream handshake"),
 }
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("case", sorted(BAD_HELLOS))
-def test_bad_bulk_hellos_are_refused_without_harming_the_link(case: str) -> None:
-    """A bulk connection that fails to prove itself gets the reason and is closed; the
+def test_bad_stream_hellos_are_refused_without_harming_the_link(case: str) -> None:
+    """A stream connection that fails to prove itself gets the reason and is closed; the
     websocket link it tried to join keeps working (whoever saw the nonces cannot cut it)."""
     hello, error, needle = BAD_HELLOS[case]
 
     async def main() -> None:
-        async with server() as (_, transport), bulk_peer(transport.address) as peer:
+        async with server() as (_, transport), stream_peer(transport.address) as peer:
             peer.writer.write(hello(peer))
             answer = await peer.answer()
             assert answer["error"] == error
             assert needle in answer["message"]
             assert await peer.reader.read() == b""  # then the server closes the connection
-            await peer.link_still_serves()
+            await peer.link_still_serves(on_stream=False)
             await good_client_works(transport.address)
 
     run(main())
 
 
-def tell_frame(payload: bytes) -> bytes:
-    return frame(["t", "echo", "echo", [payload], {}])
-
-
-BAD_BULK: dict[str, tuple[Callable[[BulkPeer], Awaitable[None]], str, str]] = {
-    "garbage on the stream": (
-        lambda peer: _bulk_write(peer, b"GARBAGE!" * 8),
-        "MalformedFrame",
-        "magic",
-    ),
+BAD_STREAM: dict[str, tuple[Callable[[StreamPeer], Awaitable[None]], str, str]] = {
+    "garbage": (lambda peer: peer.send(b"GARBAGE!" * 8), "MalformedFrame", "magic"),
     "over the limit": (
-        lambda peer: _bulk_write(peer, wire.PREFIX.pack(wire.MAGIC, 0, 0, LIMIT + 1)),
+        lambda peer: peer.send(wire.PREFIX.pack(wire.MAGIC, 0, 0, LIMIT + 1)),
         "FrameTooLarge",
         f"limit of {LIMIT} bytes",
     ),
-    "marker size mismatch": (
-        lambda peer: _bulk_send(peer, tell_frame(b"x" * 1000), announce=999),
-        "MalformedFrame",
-        "announced 999 bytes",
-    ),
-    "control frame on the bulk stream": (
-        lambda peer: _bulk_send(peer, frame(["c", 1, 1])),
-        "MalformedFrame",
-        "cannot travel on the bulk stream",
-    ),
-    "bad header in a bulk frame": (
-        lambda peer: _bulk_send(peer, header_only_frame(b"\xc1\xc1")),
+    "bad header": (
+        lambda peer: peer.send(header_only_frame(b"\xc1\xc1")),
         "MalformedFrame",
         "header is not valid",
     ),
-    "marker without its frame": (
-        lambda peer: peer.ws.send_bytes(frame(["b", 4096])),
-        "LinkClosed",
-        "sent nothing on the bulk stream",
+    "wrong fields": (lambda peer: peer.send(frame(["t", 1, 2])), "MalformedFrame", "wrong fields"),
+    "unknown kind": (
+        lambda peer: peer.send(frame(["zz", 1])),
+        "UnknownMessageType",
+        "'zz'",
+    ),
+    "big frame with a bad header": (
+        lambda peer: peer.send(
+            wire.PREFIX.pack(wire.MAGIC, 300_000, 0, wire.PREFIX_SIZE + 300_000) + b"\xc1" * 300_000
+        ),
+        "MalformedFrame",
+        "header is not valid",
+    ),
+    "a frame on the websocket instead": (
+        lambda peer: peer.ws.send_bytes(frame(["t", "echo", "echo", [1], {}])),
+        "MalformedFrame",
+        "carries its frames on its stream",
     ),
 }
 
 
-async def _bulk_write(peer: BulkPeer, data: bytes) -> None:
-    peer.writer.write(data)
-    await peer.writer.drain()
-
-
-async def _bulk_send(peer: BulkPeer, data: bytes, announce: int | None = None) -> None:
-    await _bulk_write(peer, data)
-    await peer.ws.send_bytes(frame(["b", len(data) if announce is None else announce]))
-
-
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("case", sorted(BAD_BULK))
-def test_bad_bulk_frames_close_only_their_link(case: str) -> None:
-    send, error, needle = BAD_BULK[case]
+@pytest.mark.parametrize("case", sorted(BAD_STREAM))
+def test_bad_stream_frames_close_only_their_link(case: str) -> None:
+    send, error, needle = BAD_STREAM[case]
 
     async def main() -> None:
-        async with server(heartbeat=1.0) as (_, transport):
-            async with bulk_peer(transport.address) as peer:
+        async with server() as (_, transport):
+            async with stream_peer(transport.address) as peer:
                 await peer.attached()
-                await peer.link_still_serves()
+                await peer.link_still_serves(on_stream=True)
                 await send(peer)
                 type_name, message = await refusal(peer.ws)
-                assert await peer.reader.read() == b""  # the bulk stream closes with its link
+                assert await peer.reader.read() == b""  # the stream closes with its link
             assert type_name == error
             assert needle in message
             await good_client_works(transport.address)
@@ -457,26 +447,13 @@ def test_bad_bulk_frames_close_only_their_link(case: str) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_bulk_marker_on_a_link_without_a_bulk_stream_is_refused() -> None:
+@pytest.mark.parametrize("cut", ["mid-prefix", "mid-buffer"])
+def test_a_peer_that_dies_mid_stream_frame_closes_its_link_only(cut: str) -> None:
     async def main() -> None:
-        async with server() as (_, transport), raw_socket(transport.address) as ws:
-            await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
-            await ws.send_bytes(frame(["b", 4096]))
-            type_name, message = await refusal(ws)
-            assert type_name == "MalformedFrame"
-            assert "no bulk stream" in message
-            await good_client_works(transport.address)
-
-    run(main())
-
-
-@pytest.mark.timeout(30)
-def test_a_peer_that_dies_mid_bulk_frame_closes_its_link_only() -> None:
-    async def main() -> None:
-        async with server() as (_, transport), bulk_peer(transport.address) as peer:
+        async with server() as (_, transport), stream_peer(transport.address) as peer:
             await peer.attached()
-            whole = tell_frame(b"x" * 500_000)
-            await _bulk_write(peer, whole[: len(whole) // 2])
+            whole = frame(["t", "echo", "echo", [b"x" * 500_000], {}])
+            await peer.send(whole[:10] if cut == "mid-prefix" else whole[: len(whole) // 2])
             peer.writer.transport.abort()  # a reset, no goodbye
             closing = await peer.ws.receive(timeout=5)
             assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
@@ -486,15 +463,13 @@ def test_a_peer_that_dies_mid_bulk_frame_closes_its_link_only() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_bulk_frames_beyond_the_credit_window_cut_the_peer_off() -> None:
+def test_stream_frames_beyond_the_credit_window_cut_the_peer_off() -> None:
     async def main() -> None:
         async with server(credit_frames=4) as (system, transport):
             await system.spawn(Echo, name="jam", mailbox_size=1)
-            async with bulk_peer(transport.address) as peer:
+            async with stream_peer(transport.address) as peer:
                 await peer.attached()
-                big = frame(["t", "jam", "stuck", [], {"pad": b"x" * 4096}])
-                for _ in range(20):
-                    await _bulk_send(peer, big)
+                await peer.send(b"".join(frame(["t", "jam", "stuck", [], {}]) for _ in range(50)))
                 type_name, message = await refusal(peer.ws)
             assert type_name == "MalformedFrame"
             assert "beyond the credit window" in message

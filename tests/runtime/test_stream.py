@@ -1,4 +1,5 @@
-"""Big frames over a link's bulk stream: raw TCP beside the websocket, real sockets on 127.0.0.1."""
+"""A link's frame stream: raw TCP beside the websocket, over real sockets on 127.0.0.1, and
+its frame parser fed a byte stream cut anywhere."""
 
 from __future__ import annotations
 
@@ -10,17 +11,22 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
+from shoal.runtime import wire
 from shoal.runtime.actor import Actor
+from shoal.runtime.errors import WireError
 from shoal.runtime.link import Link
 from shoal.runtime.loop import run
 from shoal.runtime.remote import RemoteRef
+from shoal.runtime.stream import DIRECT_BYTES, FrameStream
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import Transport, TransportConfig, attach
 
-TOKEN = "bulk-token"
-BIG = 300 * 1024  # over the default bulk threshold of 256 KiB
+TOKEN = "stream-token"
+BIG = 300 * 1024  # received in a buffer of its own
 
 
 class Ledger(Actor):
@@ -80,15 +86,11 @@ def inbound(transport: Transport) -> Link:
 
 
 @pytest.mark.timeout(30)
-def test_big_arrays_and_tensors_cross_on_the_bulk_stream_intact() -> None:
+def test_big_arrays_and_tensors_cross_on_the_stream_intact() -> None:
     async def main() -> None:
         async with pair() as (_, ref, link, server):
-            assert link.has_bulk
-            for _ in range(100):  # the server attaches its end when the client's hello arrives
-                if inbound(server).has_bulk:
-                    break
-                await asyncio.sleep(0.01)
-            assert inbound(server).has_bulk
+            assert link.has_stream
+            assert inbound(server).has_stream
             weights = torch.randn(3, 512, 512)
             back = await ref.ask.echo(weights)  # a big request and a big reply
             assert torch.equal(back, weights)
@@ -112,7 +114,7 @@ def test_big_arrays_and_tensors_cross_on_the_bulk_stream_intact() -> None:
 def test_big_and_small_requests_reach_the_actor_in_send_order() -> None:
     async def main() -> None:
         async with pair() as (_, ref, link, _server):
-            assert link.has_bulk
+            assert link.has_stream
             asks = []
             for n in range(120):
                 payload = np.full(BIG // 8, n, dtype=np.float64) if n % 3 == 0 else n
@@ -130,27 +132,28 @@ def test_big_and_small_requests_reach_the_actor_in_send_order() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_frames_below_the_threshold_stay_on_the_websocket() -> None:
+def test_the_websocket_carries_no_frames_once_the_stream_is_up() -> None:
     async def main() -> None:
-        async with pair(client={"bulk_threshold": 1 << 20}) as (_, ref, link, server):
-            assert link.has_bulk
-            await ref.ask.shape_and_sum(np.zeros(BIG, dtype=np.uint8))
-            served = inbound(server)._bulk
+        async with pair() as (_, ref, _link, server):
+            served = inbound(server)._stream
             assert served is not None
-            assert served.received < 1024
-            await ref.ask.shape_and_sum(np.zeros(2 << 20, dtype=np.uint8))
-            assert served.received > 2 << 20
+            before = served.received
+            for n in range(50):
+                await ref.tell.note(n)
+            assert await ref.ask.seen() == list(range(50))
+            assert served.received > before + 50 * wire.PREFIX_SIZE
 
     run(main())
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("side", ["server", "client"])
-def test_without_a_bulk_stream_big_frames_use_the_websocket(side: str) -> None:
+def test_without_a_stream_frames_use_the_websocket(side: str) -> None:
     async def main() -> None:
-        off = {"bulk": False}
-        async with pair(**{side: off}) as (_, ref, link, _server):
-            assert not link.has_bulk
+        off = {"stream": False}
+        async with pair(**{side: off}) as (_, ref, link, server):
+            assert not link.has_stream
+            assert not inbound(server).has_stream
             weights = torch.randn(600, 1024)
             assert torch.equal(await ref.ask.echo(weights), weights)
             for n in range(20):
@@ -161,7 +164,7 @@ def test_without_a_bulk_stream_big_frames_use_the_websocket(side: str) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_link_that_reconnects_gets_a_new_bulk_stream() -> None:
+def test_a_link_that_reconnects_gets_a_new_stream() -> None:
     async def main() -> None:
         async with pair() as (_, ref, link, server):
             await inbound(server).close()
@@ -176,7 +179,7 @@ def test_a_link_that_reconnects_gets_a_new_bulk_stream() -> None:
             assert torch.equal(back, weights)
             fresh = ref._peer.link_nowait()
             assert fresh is not link
-            assert fresh.has_bulk
+            assert fresh.has_stream
 
     run(main())
 
@@ -184,7 +187,7 @@ def test_a_link_that_reconnects_gets_a_new_bulk_stream() -> None:
 @pytest.mark.timeout(30)
 def test_big_frames_spend_credit_like_small_ones() -> None:
     """A window of 4 frames lets a slow actor hold back a producer of big tensors just as it
-    holds back small tells (the marker on the websocket carries the frame's credit)."""
+    holds back small tells."""
 
     async def main() -> None:
         gate = asyncio.Event()
@@ -223,10 +226,67 @@ def test_big_frames_spend_credit_like_small_ones() -> None:
     run(main())
 
 
-def test_bulk_config_is_validated_with_the_key_named() -> None:
-    with pytest.raises(ConfigError, match="bulk_threshold=12"):
-        TransportConfig(token=TOKEN, bulk_threshold=12)
-    with pytest.raises(ConfigError, match="bulk_port=70000"):
-        TransportConfig(token=TOKEN, bulk_port=70000)
-    with pytest.raises(ConfigError, match="bulk='yes'"):
-        TransportConfig(token=TOKEN, bulk="yes")  # type: ignore[arg-type]
+def test_stream_config_is_validated_with_the_key_named() -> None:
+    with pytest.raises(ConfigError, match="stream_port=70000"):
+        TransportConfig(token=TOKEN, stream_port=70000)
+    with pytest.raises(ConfigError, match="stream='yes'"):
+        TransportConfig(token=TOKEN, stream="yes")  # type: ignore[arg-type]
+
+
+# -- the parser, without sockets ----------------------------------------------------------
+
+
+def payloads() -> st.SearchStrategy[list[Any]]:
+    small = st.binary(max_size=300)
+    big = st.integers(min_value=DIRECT_BYTES, max_value=3 * DIRECT_BYTES).map(
+        lambda n: np.arange(n, dtype=np.uint8)
+    )
+    number = st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    return st.lists(st.one_of(small, number, big), min_size=1, max_size=12)
+
+
+def feed(stream: FrameStream, data: bytes, cuts: list[int]) -> None:
+    """Deliver `data` the way a socket would: each read as big as the buffer offered or the
+    next cut allows."""
+    sent = 0
+    for cut in [*sorted(min(cut, len(data)) for cut in cuts), len(data)]:
+        while sent < cut:
+            buffer = stream.get_buffer(-1)
+            n = min(len(buffer), cut - sent)
+            buffer[:n] = data[sent : sent + n]
+            stream.buffer_updated(n)
+            sent += n
+
+
+@settings(max_examples=60, deadline=None)
+@given(payloads(), st.lists(st.integers(min_value=0, max_value=1 << 20), max_size=20))
+def test_frames_come_out_whole_and_in_order_however_the_bytes_are_cut(
+    values: list[Any], cuts: list[int]
+) -> None:
+    encoded = [
+        b"".join(bytes(p) for p in wire.encode(["t", "x", "m", [v], {}]).parts) for v in values
+    ]
+    out: list[Any] = []
+    errors: list[Exception] = []
+    stream = FrameStream(wire.DEFAULT_MAX_FRAME_BYTES)
+    stream.take(lambda frame: out.append(wire.decode(frame)[3][0]), errors.append)
+    feed(stream, b"".join(encoded), cuts)
+    assert not errors
+    assert len(out) == len(values)
+    for got, want in zip(out, values):
+        if isinstance(want, np.ndarray):
+            np.testing.assert_array_equal(got, want)
+            assert got.flags.writeable  # decoded on the frame's own buffer
+        else:
+            assert got == want
+
+
+@given(st.binary(min_size=wire.PREFIX_SIZE, max_size=200))
+def test_garbage_breaks_the_stream_with_a_wire_error_never_anything_else(data: bytes) -> None:
+    errors: list[Exception] = []
+    stream = FrameStream(1 << 16)
+    stream.take(lambda frame: None, errors.append)
+    feed(stream, data, [])
+    if not data.startswith(wire.MAGIC):
+        assert len(errors) == 1
+        assert isinstance(errors[0], WireError)
