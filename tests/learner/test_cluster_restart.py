@@ -1,0 +1,198 @@
+"""The leader restarts what a fault killed, with real processes: a `shoal up` cluster (one
+coordinator replica, one node daemon), `shoal train` as a job on it, a learner rank SIGKILLed
+mid-run -> its whole group restarts at new generations and resumes from the checkpoint; and a
+task that fails every time -> its job fails once the restart intensity is spent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal.cli import main
+from shoal.local import LocalCluster
+from shoal.raft.client import CoordinatorClient
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    run_dir = tmp_path / "cluster"
+    local = LocalCluster(run_dir)
+    try:
+        argv = ["up", "--replicas", "1", "--nodes", "1", "--timeout", "60"]
+        assert main([*argv, "--run-dir", str(run_dir)]) == 0
+        yield local
+    finally:
+        if (run_dir / "cluster.json").exists():
+            local.stop_all()
+    assert all(local.pid(s.name) is None for s in local.specs())
+
+
+def _api(local: LocalCluster) -> dict[str, Any]:
+    async def read() -> dict[str, Any]:
+        async with CoordinatorClient(local.api_urls(), local.token) as client:
+            return {
+                "jobs": await client.jobs(),
+                "tasks": await client.tasks(),
+                "events": (await client.events(limit=1000))["events"],
+            }
+
+    return asyncio.run(read())
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    return out
+
+
+def _wait(what: str, check: Any, deadline: float, proc: subprocess.Popen[str]) -> Any:
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            raise AssertionError(f"shoal train exited ({proc.returncode}) before {what}: {err}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _learner_starts(run_dir: Path) -> list[dict[str, Any]]:
+    return [
+        e for e in _events(run_dir) if e.get("event") == "start" and e.get("process") == "learner"
+    ]
+
+
+def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "shoal", "train", "cartpole", "--cluster", str(cluster.run_dir),
+        "--run-dir", str(run_dir), "--ranks", "2", "--workers", "2", "--time-limit", "200",
+        "--target-return", "100000", "--checkpoint-interval", "1", "--quiet", "--json",
+        "--no-eval",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 200
+        checkpoints = run_dir / "checkpoints"
+        first = _wait(
+            "both ranks running and a checkpoint",
+            lambda: (
+                len(_learner_starts(run_dir)) == 2
+                and any(e.get("event") == "checkpoint" for e in _events(run_dir))
+                and any(checkpoints.glob("*"))
+            ),
+            deadline,
+            proc,
+        )
+        assert first
+        old = {e["rank"]: e for e in _learner_starts(run_dir)}
+        os.kill(old[1]["pid"], signal.SIGKILL)
+        killed_at = time.time()
+        new = _wait(
+            "the group's new incarnation",
+            lambda: [e for e in _learner_starts(run_dir) if e["time"] > killed_at] or None,
+            deadline,
+            proc,
+        )
+        _wait(
+            "both new ranks",
+            lambda: (
+                {e["rank"] for e in _learner_starts(run_dir) if e["time"] > killed_at} == {0, 1}
+            ),
+            deadline,
+            proc,
+        )
+        proc.send_signal(signal.SIGINT)  # an orderly stop, as Ctrl-C
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert new
+    summary = json.loads(out.strip().splitlines()[-1])
+    job_id = summary["job_id"]
+    assert summary["restarts"] >= 1, err[-2000:]
+
+    seen = _api(cluster)
+    restarts = [
+        e for e in seen["events"] if e["kind"] == "restart" and e["fields"].get("job") == job_id
+    ]
+    assert restarts
+    assert f"task {job_id}-learner-1 failed: killed by SIGKILL" in restarts[0]["message"]
+    assert "restart 1 of 5 in 600 s" in restarts[0]["message"]
+    assert sorted(restarts[0]["fields"]["tasks"]) == [f"{job_id}-learner-0", f"{job_id}-learner-1"]
+    tasks = {t["id"]: t for t in seen["tasks"] if t["job_id"] == job_id}
+    ranks = [tasks[f"{job_id}-learner-{r}"] for r in range(2)]
+    assert all(t["generation"] >= 3 and t["restarts"] >= 1 for t in ranks)  # placed, restarted
+    assert ranks[0]["generation"] == ranks[1]["generation"]
+    job = next(j for j in seen["jobs"] if j["id"] == job_id)
+    assert job["state"] == "stopped"
+    assert job["restarts"] == summary["restarts"]
+    # The new incarnation resumed from a checkpoint the old one wrote, as new processes.
+    after = [e for e in _learner_starts(run_dir) if e["time"] > killed_at]
+    assert all(e["resumed_from"] for e in after)
+    assert {e["pid"] for e in after}.isdisjoint(e["pid"] for e in old.values())
+    assert {e["incarnation"] for e in after}.isdisjoint(e["incarnation"] for e in old.values())
+    assert all(e["step"] > 0 for e in after)
+
+
+def test_a_task_failing_every_time_fails_its_job_after_max_restarts(
+    cluster: LocalCluster,
+) -> None:
+    # `python -m shoal.tasks shoal.tasks:main` with no arguments prints its usage, exits 2.
+    task = {
+        "task_id": "crash-0",
+        "kind": "rollout-worker",
+        "actor": "shoal.tasks:main",
+        "args": {"argv": []},
+    }
+    spec = {"placement": "auto", "restart": {"max_restarts": 2, "window_s": 600}}
+
+    async def scenario() -> dict[str, Any]:
+        async with CoordinatorClient(cluster.api_urls(), cluster.token) as client:
+            await client.submit_job(job_id="crash", spec=spec, tasks=[task])
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                job = await client.job("crash")
+                if job["state"] != "running":
+                    return job
+                await asyncio.sleep(0.3)
+            raise AssertionError("the job never failed")
+
+    job = asyncio.run(scenario())
+    assert job["state"] == "failed"
+    assert job["message"].startswith("task crash-0 failed: exited with status 2")
+    assert job["message"].endswith("gave up after 2 restarts in 600 s")
+    assert job["restarts"] == 2
+    [crash] = job["tasks"]
+    assert crash["restarts"] == 2
+    assert crash["state"] == "failed"
+    seen = _api(cluster)
+    restarts = [e["message"] for e in seen["events"] if e["kind"] == "restart"]
+    assert [m.rsplit("; ", 1)[-1] for m in restarts] == [
+        "restart 1 of 2 in 600 s",
+        "restart 2 of 2 in 600 s",
+    ]
+    assert any(e["kind"] == "job_failed" for e in seen["events"])
