@@ -4,6 +4,7 @@ gang, stopped jobs left alone. Rounds run over a real StateMachine, as the loop 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from shoal.raft.errors import ValidationError
 from shoal.raft.machine import StateMachine
 from shoal.raft.scheduling import LEARNER_KIND, Memory, decide, read_inputs
 from shoal.scheduler.signals import BalancerConfig
+from tests.raft.inprocess import InProcessReplica
 from tests.raft.test_scheduling import add_node, apply_round, run
 
 RANKS = 2
@@ -265,3 +267,21 @@ def test_each_failure_restarts_once_groups_together_and_the_job_fails_exactly_pa
     if m.jobs["job"].state == "failed":
         settle(m, now + 1)
         assert all(t.state in ("stopped", "failed") for t in m.tasks.values())
+
+
+@pytest.mark.timeout(60)
+def test_the_api_answers_a_bad_restart_policy_with_422_naming_the_field(tmp_path: Path) -> None:
+    replica = InProcessReplica(tmp_path)
+    try:
+        replica.start()
+        body = {"job_id": "j", "spec": {"restart": {"max_restarts": 3, "window_s": -5}}}
+        status, answer = replica.request("POST", "/v1/jobs", body)
+        assert status == 422  # the API's status for every invalid field
+        assert answer["field"].endswith("spec.restart.window_s")
+        assert "must be" in answer["message"]
+        body["spec"] = {"restart": {"max_restarts": 3, "window_s": 30}}
+        status, answer = replica.request("POST", "/v1/jobs", body)
+        assert status == 201
+        assert answer["spec"]["restart"] == {"max_restarts": 3, "window_s": 30}
+    finally:
+        replica.close()
