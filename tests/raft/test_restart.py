@@ -285,3 +285,46 @@ def test_the_api_answers_a_bad_restart_policy_with_422_naming_the_field(tmp_path
         assert answer["spec"]["restart"] == {"max_restarts": 3, "window_s": 30}
     finally:
         replica.close()
+
+
+def test_a_rank_moved_off_a_faulty_node_restarts_its_whole_group() -> None:
+    m = StateMachine()
+    for name in ("a", "b", "c"):
+        add_node(m, name, gpus=1, island_size=1)
+    submit(m, "job", None)
+    settle(m, 0.0)
+    where = {r: m.tasks[r].node for r in ("job-l0", "job-l1")}
+    assert len(set(where.values())) == 2  # one GPU a node: the group spans two
+    checkpoint = {
+        "job_id": "job",
+        "path": "/ck/1",
+        "step": 1,
+        "sha256": "ab" * 32,
+        "complete": True,
+    }
+    assert run(m, "record_checkpoint", checkpoint, 1.0)["ok"]  # a boundary: ranks may move
+    faulty = where["job-l0"]
+    before = {r: m.tasks[r].generation for r in where}
+    idle = {"cpu": 0.1, "gpu_util": 0.1}
+    reports = [
+        {
+            "node_id": n,
+            "health": {"summary": {"node": n, **idle, "xid_errors": int(n == faulty)}},
+            "last_heartbeat": 2.0,
+        }
+        for n in ("a", "b", "c")
+    ]
+    assert run(m, "report_health", {"reports": reports}, 2.0)["ok"]
+    memory = Memory()
+    rnd = decide(read_inputs(m, {}), memory, 2.0, BalancerConfig())
+    places = [c for c in rnd.commands if c.op == "place_tasks"]
+    assert len(places) == 1  # one command for the whole group
+    apply_round(m, rnd, 2.0)
+    assert m.nodes[faulty].draining
+    assert m.tasks["job-l0"].node not in (faulty, None)
+    assert m.tasks["job-l1"].node == where["job-l1"]  # placed again where it was
+    assert all(m.tasks[r].generation == before[r] + 1 for r in where)
+    [event] = restarts(m)
+    assert "restarts as one from its checkpoint" in event.message
+    assert event.fields["counted"] is False
+    assert not m.jobs["job"].restart_times
