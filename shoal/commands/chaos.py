@@ -26,6 +26,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     run.add_argument("--json", action="store_true", help="print the JSON report")
     run.add_argument("--run-dir", type=Path, default=None, help="default: a fresh temporary dir")
     run.add_argument("--keep", action="store_true", help="keep the run directory afterwards")
+    run.add_argument(
+        "--report-file",
+        type=Path,
+        default=None,
+        help="also write the text report (faults, recovery, training curve) to this file",
+    )
     run.set_defaults(func=_run)
 
     soak = sub.add_parser("soak", help="repeat a scenario until time is up or one fails")
@@ -55,7 +61,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     proxy.set_defaults(func=_proxy)
 
 
-def _once(scenario_arg: str, run_dir: Path | None, keep: bool, quiet: bool) -> dict[str, Any]:
+def _once(
+    scenario_arg: str,
+    run_dir: Path | None,
+    keep: bool,
+    quiet: bool,
+    report_file: Path | None = None,
+) -> dict[str, Any]:
     import shutil
     import sys
     import tempfile
@@ -81,8 +93,11 @@ def _once(scenario_arg: str, run_dir: Path | None, keep: bool, quiet: bool) -> d
             report = run_scenario(scenario, cluster, ticker.note)
     if own and report.ok and not keep:
         shutil.rmtree(cluster.run_dir, ignore_errors=True)
+    text = render_text(report)
+    if report_file is not None:
+        report_file.write_text(text + "\n")
     if not quiet:
-        print(render_text(report))
+        print(text)
     return report.to_dict()
 
 
@@ -119,7 +134,13 @@ def _node_specs(run_dir: Path, coordinators: list[Any], count: int, gpus: int) -
 
 
 def _run(args: argparse.Namespace) -> int:
-    result = _once(args.scenario, args.run_dir, args.keep, quiet=args.json)
+    if args.report_file is not None and not args.report_file.parent.is_dir():
+        from shoal.errors import ConfigError
+
+        raise ConfigError(
+            f"--report-file {args.report_file}: folder {args.report_file.parent} does not exist"
+        )
+    result = _once(args.scenario, args.run_dir, args.keep, args.json, args.report_file)
     if args.json:
         print(json.dumps(result, indent=1))
     return 0 if result["ok"] else 1

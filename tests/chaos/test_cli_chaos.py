@@ -43,12 +43,19 @@ def shoal(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 def test_smoke_scenario_holds_every_invariant(tmp_path: Path) -> None:
     """The CI scenario: a training job through the cluster under every kind of fault it has;
     exit 0 only if every invariant held, training_progress after each fault included."""
-    run_dir = tmp_path / "run"
-    done = shoal("chaos", "run", "smoke", "--json", "--run-dir", str(run_dir), timeout=180)
+    run_dir, text = tmp_path / "run", tmp_path / "report.txt"
+    done = shoal(
+        "chaos", "run", "smoke", "--json", "--run-dir", str(run_dir), "--report-file", str(text),
+        timeout=180,
+    )  # fmt: skip
     try:
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
         report = json.loads(done.stdout)
         assert report["ok"] is True
+        shown = text.read_text()
+        assert shown.startswith("chaos scenario smoke: PASSED")
+        for part in ("recovery (s):", "policy version (^ = fault injected):", "^"):
+            assert part in shown
         assert set(report["invariants"]) == set(INVARIANTS)
         assert all(v["held"] for v in report["invariants"].values())
         kinds = [f["kind"] for f in report["faults"]]
@@ -141,6 +148,9 @@ def test_inject_refuses_bad_input(cluster: LocalCluster) -> None:
     done = shoal("chaos", "run", "no-such-scenario", timeout=30)
     assert done.returncode == 2
     assert "smoke" in done.stderr
+    done = shoal("chaos", "run", "smoke", "--report-file", "/no/such/dir/r.txt", timeout=30)
+    assert done.returncode == 2
+    assert "folder /no/such/dir does not exist" in done.stderr
 
 
 @pytest.mark.timeout(60)
