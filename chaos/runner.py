@@ -263,7 +263,7 @@ class ChaosRun:
         )
         self._log("waiting for training to progress after the last faults")
         while time.monotonic() < deadline:
-            self._measure_training()
+            self._measure_progress()
             if all(r.progress_s is not None for r in self.records if r.injected_at is not None):
                 return
             await asyncio.sleep(SAMPLE_PERIOD)
@@ -498,10 +498,9 @@ class ChaosRun:
         )
         return results
 
-    def _measure_training(self) -> None:
+    def _measure_progress(self) -> None:
         """Per fault: seconds from injection until training progressed again after the heal
-        (from a new learner incarnation when the fault restarts the group). For faults that
-        hit the job that is their recovery time."""
+        (from a new learner incarnation when the fault restarts the group)."""
         for i, record in enumerate(self.records):
             if record.injected_at is None:
                 continue
@@ -511,6 +510,14 @@ class ChaosRun:
             after = record.healed_at if record.healed_at is not None else record.injected_at
             at = progressed_at(self.samples, after, old)
             record.progress_s = None if at is None else round(at - record.injected_at, 3)
+
+    def _measure_training(self) -> None:
+        """Once, at the end: for the faults that hit the job, training's recovery is theirs
+        (for a node fault, the later of it and the node's own recovery check)."""
+        self._measure_progress()
+        for i, record in enumerate(self.records):
+            if record.injected_at is None:
+                continue
             if record.kind in TRAINING_KINDS or i in self._hits_group:
                 probe = record.recovery_s if record.kind not in TRAINING_KINDS else 0.0
                 record.recovery_s = (
