@@ -137,8 +137,12 @@ class LocalActorRef(ActorRef):
         timeout: float,
         reply: Reply,
     ) -> None:
-        """One mailbox append, no task, no future, no timer: `reply`'s owner times it out."""
-        mailbox = self._check_ask(method).mailbox
+        """Run a synchronous handler at once when the actor is idle, else one mailbox append;
+        no task, no future, no timer: `reply`'s owner times it out."""
+        cell = self._check_ask(method)
+        if cell.run_now(method, args, kwargs, reply):
+            return
+        mailbox = cell.mailbox
         try:
             if not mailbox.offer((method, args, kwargs, reply)):
                 raise mailbox.full_error()

@@ -131,6 +131,13 @@ class Mailbox(Generic[T]):
                 waiter.set_result(None)
                 self._reserved += 1
 
+    @property
+    def consumer_waiting(self) -> bool:
+        """Whether the consumer is parked on an empty mailbox: nothing queued, nothing being
+        handled (a consumer busy in a handler or yielding has no pending getter)."""
+        getter = self._getter
+        return getter is not None and not getter.done() and not self._items
+
     def get_nowait(self) -> T | None:
         """The oldest message, or None when empty; the consumer's fast path."""
         if not self._items:

@@ -331,3 +331,64 @@ def test_any_ref_can_serve_an_ask_into_a_reply_slot() -> None:
                 await failed
 
     run(main())
+
+
+class Guarded(Actor):
+    """A sync handler that may fail, and an async one that keeps the actor busy."""
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        self.gate = gate
+        self.log: list[str] = []
+
+    def on_restart(self, error: Exception) -> None:
+        self.log.append(f"restarted after {type(error).__name__}")
+
+    def state(self) -> list[str]:
+        return self.log
+
+    def fail(self) -> None:
+        raise KeyError("broken on purpose")
+
+    async def busy(self) -> None:
+        await self.gate.wait()
+        self.log.append("busy done")
+
+
+@pytest.mark.timeout(30)
+def test_a_served_ask_run_at_once_still_fails_and_restarts_like_any_handler() -> None:
+    """An idle actor's sync handler answers a remote ask straight from the read callback; a
+    failure there must still reach the asker and the supervisor, as in the consumer."""
+
+    async def main() -> None:
+        async with node() as (server, transport), node() as (client, _):
+            gate = asyncio.Event()
+            await server.spawn(Guarded, gate, name="guarded")
+            ref = client.ref(f"{transport.address}/guarded")
+            assert await ref.ask.state() == []
+            with pytest.raises(RemoteError, match="broken on purpose"):
+                await ref.ask.fail()
+            for _ in range(100):  # the supervisor restarts it in the background
+                if await ref.ask.state() == ["restarted after KeyError"]:
+                    break
+                await asyncio.sleep(0.02)
+            assert await ref.ask.state() == ["restarted after KeyError"]
+            assert server.failures[-1].action == "restart"
+
+    run(main())
+
+
+@pytest.mark.timeout(30)
+def test_a_served_ask_waits_while_the_actor_is_busy_in_another_handler() -> None:
+    async def main() -> None:
+        async with node() as (server, transport), node() as (client, _):
+            gate = asyncio.Event()
+            await server.spawn(Guarded, gate, name="guarded")
+            ref = client.ref(f"{transport.address}/guarded")
+            await ref.tell.busy()
+            waiting = asyncio.create_task(ref.ask.state())
+            await asyncio.sleep(0.2)
+            assert not waiting.done()  # one message at a time, even for a sync handler
+            gate.set()
+            assert await waiting == ["busy done"]
+
+    run(main())
