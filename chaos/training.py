@@ -33,12 +33,14 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def ledger_verdict(run_dir: Path) -> Verdict:
-    """`fragment_ledger` over what the run wrote to run_dir/accounting and its newest
+    """`fragment_ledger` over what the run wrote to run_dir/accounting (each rollout
+    actor's journal where it has one: complete even after a SIGKILL) and its newest
     checkpoint (loaded, to compare its `trained_ranges` with the final incarnations' history)."""
     from shoal.learner.checkpoint import CheckpointManager
+    from shoal.learner.journal import rollout_ledgers
 
     folder = run_dir / "accounting"
-    rollouts = [read_json(p) or {} for p in sorted(folder.glob("rollout-*.json"))]
+    rollouts = rollout_ledgers(folder)
     learners = [read_json(p) or {} for p in sorted(folder.glob("learner-*.json"))]
     with CheckpointManager(run_dir / "checkpoints") as manager:
         info = manager.latest()
