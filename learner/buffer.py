@@ -11,8 +11,13 @@ a jump in sequence numbers is counted as lost in transit. The chaos checker read
 Beside the counts, `ledger()` names the numbers themselves (as compact ranges), so a checker can
 follow one fragment across a learner restart (see `fragment_ledger` in chaos/invariants.py).
 
-The counting core (`offer`, `take`, `set_version`) is synchronous and pure; `put` and `get` add
-waiting on top for the learner's event loop. All methods run on that one loop's thread.
+With a `journal` (learner/journal.py), every admission and every fate (trained, stale,
+duplicate) is also appended there as it happens, before the actor's push is answered, so the
+ledger of a learner killed with SIGKILL can be rebuilt to its last fragment.
+
+The counting core (`offer`, `take`, `set_version`) is synchronous and pure but for that journal;
+`put` and `get` add waiting on top for the learner's event loop. All methods run on that one
+loop's thread.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 from shoal.learner.errors import LearnerError
 from shoal.learner.fragment import Fragment
+from shoal.learner.journal import Journal
 from shoal.learner.seqranges import SeqRanges, ranges_json
 
 
@@ -58,7 +64,7 @@ class ActorAccount:
 class Intake:
     """A bounded FIFO of fragments that filters stale ones and keeps per-actor accounts."""
 
-    def __init__(self, capacity: int, max_staleness: int) -> None:
+    def __init__(self, capacity: int, max_staleness: int, journal: Journal | None = None) -> None:
         if capacity < 1:
             raise LearnerError(f"intake capacity must be >= 1 fragment, got {capacity}")
         if max_staleness < 0:
@@ -73,6 +79,7 @@ class Intake:
         self._queue: deque[Fragment] = deque()
         self._queued_steps = 0
         self._changed = asyncio.Event()
+        self.journal = journal
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -99,13 +106,13 @@ class Intake:
         if fragment.seq < account.next_seq:
             account.received += 1
             account.duplicates += 1
-            _mark(self.duplicate_seqs, fragment)
+            self._mark("duplicate", self.duplicate_seqs, fragment)
             return Admission.DUPLICATE
         if self.is_stale(fragment):
             self._advance(account, fragment.seq)
             account.received += 1
             account.dropped_stale += 1
-            _mark(self.stale_seqs, fragment)
+            self._mark("stale", self.stale_seqs, fragment)
             return Admission.STALE
         if len(self._queue) >= self.capacity:
             raise IntakeFull(
@@ -114,6 +121,7 @@ class Intake:
         self._advance(account, fragment.seq)
         account.received += 1
         account.queued += 1
+        self._record("accepted", fragment)
         self._queue.append(fragment)
         self._queued_steps += fragment.num_steps
         self._changed.set()
@@ -127,10 +135,10 @@ class Intake:
             account = self.accounts[fragment.actor_id]
             if self.is_stale(fragment):
                 account.dropped_stale += 1
-                _mark(self.stale_seqs, fragment)
+                self._mark("stale", self.stale_seqs, fragment)
                 continue
             account.trained += 1
-            _mark(self.trained_seqs, fragment)
+            self._mark("trained", self.trained_seqs, fragment)
             account.trained_steps += fragment.num_steps
             taken.append(fragment)
         self._changed.set()
@@ -147,7 +155,7 @@ class Intake:
             fragment = self._pop()
             if self.is_stale(fragment):
                 self.accounts[fragment.actor_id].dropped_stale += 1
-                _mark(self.stale_seqs, fragment)
+                self._mark("stale", self.stale_seqs, fragment)
                 dropped += 1
             else:
                 kept.append(fragment)
@@ -203,6 +211,14 @@ class Intake:
             "duplicate": ranges_json(self.duplicate_seqs),
             "queued": ranges_json(queued),
         }
+
+    def _mark(self, kind: str, seqs: dict[str, SeqRanges], fragment: Fragment) -> None:
+        _mark(seqs, fragment)
+        self._record(kind, fragment)
+
+    def _record(self, kind: str, fragment: Fragment) -> None:
+        if self.journal is not None:
+            self.journal.append({"actor": fragment.actor_id, "seq": fragment.seq, "kind": kind})
 
     def _pop(self) -> Fragment:
         fragment = self._queue.popleft()

@@ -14,6 +14,14 @@ The journal of a rollout actor is `rollout-<actor id>.jsonl` beside its snapshot
   {"acked": 12, "incarnation": "ab12", "admission": "accepted"}   the learner's reply
 `rollout_ledger` rebuilds the snapshot's form from those lines; `rollout_ledgers` reads a whole
 accounting folder, preferring each actor's journal to its snapshot.
+
+A learner rank's journal is `learner-<rank>-<incarnation>.jsonl`, written by its intake:
+  {"rank": 0, "incarnation": "ab12"}                       first line
+  {"resumed_from": ".../ckpt-000000000040.pt", "base": {actor: ranges}}   after a restore
+  {"actor": "rollout-0-0#1f", "seq": 7, "kind": "accepted"}   admitted (before the reply)
+  {"actor": "rollout-0-0#1f", "seq": 7, "kind": "trained"}    or "stale", "duplicate"
+`learner_ledger` rebuilds the snapshot's form (queued = accepted, neither trained nor stale);
+`learner_ledgers` prefers a rank's final snapshot (written at an orderly stop), then its journal.
 """
 
 from __future__ import annotations
@@ -90,6 +98,74 @@ def rollout_ledger(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def open_learner_journal(folder: Path, rank: int, incarnation: str) -> Journal:
+    """A learner incarnation's journal in `folder`, its first line naming rank and incarnation."""
+    folder.mkdir(parents=True, exist_ok=True)
+    journal = Journal(folder / f"learner-{rank}-{incarnation}.jsonl")
+    journal.append({"rank": rank, "incarnation": incarnation})
+    return journal
+
+
+FATES = ("accepted", "trained", "stale", "duplicate")
+HEADER = ("rank", "incarnation", "resumed_from", "base")
+
+
+def learner_ledger(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """A learner incarnation's journal as its ledger, in the snapshot's form (`final` is False:
+    only the snapshot written at an orderly stop is final)."""
+    ledger: dict[str, Any] = {"rank": None, "incarnation": "", "final": False}
+    ledger.update({"resumed_from": None, "base": {}})
+    seqs: dict[str, dict[str, SeqRanges]] = {fate: {} for fate in FATES}
+    for record in records:
+        if "kind" not in record:
+            ledger.update({k: v for k, v in record.items() if k in HEADER})
+            continue
+        if record["kind"] not in seqs:
+            raise LearnerError(f"malformed journal record {record!r}: kind is not one of {FATES}")
+        actor = str(record.get("actor"))
+        seqs[record["kind"]].setdefault(actor, SeqRanges()).add(_seq(record, "seq"))
+    queued = {
+        actor: SeqRanges((seq, seq + 1) for seq in accepted if not _fated(seqs, actor, seq))
+        for actor, accepted in seqs["accepted"].items()
+    }
+    return {
+        **ledger,
+        "trained": ranges_json(seqs["trained"]),
+        "stale": ranges_json(seqs["stale"]),
+        "duplicate": ranges_json(seqs["duplicate"]),
+        "queued": ranges_json(queued),
+    }
+
+
+def _fated(seqs: dict[str, dict[str, SeqRanges]], actor: str, seq: int) -> bool:
+    return any(seq in seqs[fate].get(actor, ()) for fate in ("trained", "stale"))
+
+
+def learner_ledgers(folder: Path) -> list[dict[str, Any]]:
+    """Every learner incarnation's ledger in an accounting folder: its snapshot if that is the
+    final one (complete), else its journal (complete to the last fragment, even after a
+    SIGKILL), else whatever snapshot there is."""
+    ledgers = []
+    names = {p.stem for p in folder.glob("learner-*.json")}
+    names |= {p.stem for p in folder.glob("learner-*.jsonl")}
+    for name in sorted(names):
+        snapshot = _read_json(folder / f"{name}.json")
+        journal = folder / f"{name}.jsonl"
+        if snapshot.get("final") is not True and journal.exists():
+            ledgers.append(learner_ledger(read_lines(journal)))
+        else:
+            ledgers.append(snapshot)
+    return ledgers
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _seq(record: dict[str, Any], key: str) -> int:
     seq = record[key]
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
@@ -106,8 +182,5 @@ def rollout_ledgers(folder: Path) -> list[dict[str, Any]]:
         ledgers.append(rollout_ledger(read_lines(path)))
     for path in sorted(folder.glob("rollout-*.json")):
         if path not in journals:
-            try:
-                ledgers.append(dict(json.loads(path.read_text())))
-            except (OSError, ValueError, TypeError):
-                ledgers.append({})
+            ledgers.append(_read_json(path))
     return ledgers

@@ -13,12 +13,22 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.learner.buffer import Intake, IntakeFull
 from shoal.learner.errors import LearnerError
-from shoal.learner.journal import Journal, read_lines, rollout_ledger, rollout_ledgers
+from shoal.learner.journal import (
+    Journal,
+    learner_ledger,
+    learner_ledgers,
+    open_learner_journal,
+    read_lines,
+    rollout_ledger,
+    rollout_ledgers,
+)
 from shoal.learner.seqranges import SeqRanges, ranges_json
+from tests.learner.test_buffer import _ops, fragment
 
 events = st.lists(
     st.tuples(
@@ -130,9 +140,65 @@ def test_every_appended_record_survives_a_sigkill(tmp_path: Path) -> None:
     assert ledger["acked"] == {"i": {"accepted": [[0, 500]]}}
 
 
+@settings(max_examples=100, deadline=None)
+@given(_ops, st.integers(1, 5), st.integers(0, 3))
+def test_an_intake_journal_rebuilds_the_intake_ledger(tmp_path_factory, ops, capacity, staleness):
+    """Whatever the intake did (admit, drop as stale or duplicate, train, drop when the
+    version moved on), its journal says the same as its in-memory ledger."""
+    folder = tmp_path_factory.mktemp("accounting")
+    journal = open_learner_journal(folder, 1, "inc")
+    intake = Intake(capacity=capacity, max_staleness=staleness, journal=journal)
+    try:
+        journal.append({"resumed_from": "ckpt.pt", "base": {"a": [[0, 2]]}})
+        for op in ops:
+            if op[0] == "offer":
+                _, actor, seq, lag = op
+                try:
+                    intake.offer(fragment(actor, seq, max(0, intake.version - lag + 2)))
+                except IntakeFull:
+                    pass
+            elif op[0] == "take":
+                intake.take(op[1])
+            else:
+                intake.set_version(intake.version + op[1])
+    finally:
+        journal.close()
+    (ledger,) = learner_ledgers(folder)
+    assert ledger == {
+        "rank": 1,
+        "incarnation": "inc",
+        "final": False,
+        "resumed_from": "ckpt.pt",
+        "base": {"a": [[0, 2]]},
+        **intake.ledger(),
+    }
+
+
+def test_learner_ledgers_prefer_a_final_snapshot_then_the_journal(tmp_path: Path) -> None:
+    for incarnation in ("dead", "done"):
+        journal = open_learner_journal(tmp_path, 0, incarnation)
+        journal.append({"actor": "a", "seq": 0, "kind": "accepted"})
+        journal.close()
+    stale_snapshot = {"rank": 0, "incarnation": "dead", "final": False, "queued": {}}
+    final = {"rank": 0, "incarnation": "done", "final": True, "queued": {}, "trained": {}}
+    (tmp_path / "learner-0-dead.json").write_text(json.dumps(stale_snapshot))
+    (tmp_path / "learner-0-done.json").write_text(json.dumps(final))
+    (tmp_path / "learner-1-old.json").write_text(json.dumps({"rank": 1, "final": False}))
+    dead, done, old = learner_ledgers(tmp_path)
+    assert dead["queued"] == {"a": [[0, 1]]}  # the journal, newer than the snapshot
+    assert done == final
+    assert old == {"rank": 1, "final": False}  # no journal: the snapshot it left
+
+
+def test_a_learner_record_of_unknown_kind_is_named() -> None:
+    with pytest.raises(LearnerError, match="kind is not one of"):
+        learner_ledger([{"actor": "a", "seq": 1, "kind": "eaten"}])
+
+
 def _journals(run_dir: Path) -> dict[str, dict]:
     """Each rollout actor's ledger from its journal, by actor id."""
-    ledgers = (rollout_ledger(read_lines(p)) for p in (run_dir / "accounting").glob("*.jsonl"))
+    folder = run_dir / "accounting"
+    ledgers = (rollout_ledger(read_lines(p)) for p in folder.glob("rollout-*.jsonl"))
     return {ledger["actor_id"]: ledger for ledger in ledgers}
 
 
@@ -223,3 +289,63 @@ def test_a_sigkilled_rollout_worker_keeps_every_acknowledgement(tmp_path: Path) 
     assert recorded <= admitted
     in_flight = admitted - recorded
     assert in_flight <= {max(SeqRanges.from_json(journal["sent"]))}
+
+
+def _status(run_dir: Path) -> dict:
+    try:
+        return dict(json.loads((run_dir / "status-0.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_sigkilled_learner_journal_holds_every_fragment_it_acknowledged(tmp_path: Path) -> None:
+    """A real run's learner rank SIGKILLed while it acknowledges fragments: every ack the rollout
+    actors recorded from that incarnation is in its journal, with the same admission."""
+    run_dir = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "shoal", "train", "cartpole", "--json", "--quiet", "--no-eval",
+        "--run-dir", str(run_dir), "--ranks", "1", "--workers", "1", "--seed", "6",
+        "--target-return", "1e9", "--time-limit", "180",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+
+        def acknowledging() -> tuple[str, int] | None:
+            status = _status(run_dir)
+            incarnation = status.get("incarnation")
+            acked = [
+                len(SeqRanges.from_json(ranges))
+                for ledger in (
+                    _journals(run_dir) if (run_dir / "accounting").is_dir() else {}
+                ).values()
+                for ranges in ledger["acked"].get(incarnation, {}).values()
+            ]
+            cmdline = Path(f"/proc/{status.get('pid', 0)}/cmdline")
+            running = cmdline.exists() and b"learner_main" in cmdline.read_bytes()
+            return (str(incarnation), int(status["pid"])) if sum(acked) >= 20 and running else None
+
+        victim, pid = _until("the learner acknowledges fragments", acknowledging, proc)
+        os.kill(pid, signal.SIGKILL)
+        _until("a new learner incarnation", lambda: _status(run_dir).get("incarnation") not in
+               (None, victim), proc)  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    (journal,) = (run_dir / "accounting").glob(f"learner-0-{victim}.jsonl")
+    ledger = learner_ledger(read_lines(journal))
+    seqs = {kind: ledger[kind] for kind in ("trained", "stale", "duplicate", "queued")}
+    checked = 0
+    for rollout in _journals(run_dir).values():
+        actor = rollout["actor_id"]
+        for admission, ranges in rollout["acked"].get(victim, {}).items():
+            kinds = ("trained", "queued", "stale") if admission == "accepted" else (admission,)
+            recorded = {s for kind in kinds for s in SeqRanges.from_json(seqs[kind].get(actor, []))}
+            acked = set(SeqRanges.from_json(ranges))
+            assert acked <= recorded, f"{actor} {admission}: {sorted(acked - recorded)} missing"
+            checked += len(acked)
+    assert checked >= 20
