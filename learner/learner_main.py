@@ -10,7 +10,9 @@ rank publishes to the actors that push to it; rank 0 alone writes checkpoints. E
 `status-<rank>.json` (progress for `shoal train`) and appends to `events.jsonl`.
 
 Accounting across restarts: each rank writes `accounting/learner-<rank>-<incarnation>.json`
-(the intake's ledger of sequence numbers, at most every LEDGER_EVERY_S and when it stops), and
+(the intake's ledger of sequence numbers, at most every LEDGER_EVERY_S and when it stops) and
+appends each fragment's admission and fate to `learner-<rank>-<incarnation>.jsonl` as they
+happen (learner/journal.py: a SIGKILL loses none), and
 every checkpoint carries `trained_ranges`, per actor the sequence numbers trained on by every
 rank up to it (the resumed checkpoint's plus what the ranks gathered at save time).
 
@@ -51,6 +53,7 @@ from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
 from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
 from shoal.learner.job_metrics import MetricsTarget, post_forever, post_once
+from shoal.learner.journal import open_learner_journal
 from shoal.learner.policy import ActorCritic
 from shoal.learner.ppo import PPOLearner
 from shoal.learner.seqranges import SeqRanges, ranges_by_actor, ranges_json
@@ -90,10 +93,11 @@ class LearnerCore:
         self.device = _device(group)
         self.model = ActorCritic(obs_shape or (), action_space, cfg.hidden).to(self.device)
         self._ppo: PPOLearner | None = None
-        self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness)
+        self.incarnation = os.urandom(6).hex()
+        self.journal = open_learner_journal(run_dir / "accounting", group.rank, self.incarnation)
+        self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness, self.journal)
         self.checkpoints = CheckpointManager(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
         self.schedule = self.checkpoints.periodic(cfg.checkpoint.interval_s)
-        self.incarnation = os.urandom(6).hex()
         self.version = 0
         self.env_steps = 0  # steps received from actors (before any filtering)
         self.trained_steps = 0
@@ -130,6 +134,7 @@ class LearnerCore:
         self.episodes = int(state["episodes"])
         self.returns.extend(float(r) for r in state["returns"])
         self.base_ranges = ranges_by_actor(state.get("trained_ranges", {}))
+        self.journal.append({"resumed_from": str(info.path), "base": ranges_json(self.base_ranges)})
         self.intake.set_version(self.version)
         self.published = self.model.get_weights()
         self.last_checkpoint = self.resumed_from = info
