@@ -1,7 +1,8 @@
 """`shoal bench raft`: the control plane under load, beside raw pysyncobj measured in the same run.
 
 - sequential write latency (p50/p99) through the client and through plain HTTP, beside a raw
-  pysyncobj replicated call on a 3-process cluster with the same timings and encryption;
+  pysyncobj replicated call on a 3-process cluster with the same timings and encryption; and on
+  a 1-replica coordinator beside a raw pysyncobj node without peers (same timings);
 - concurrent writes/s through the client's batching path and through plain HTTP, beside raw
   pysyncobj with its own append batching;
 - leader failover (kill -9 -> first write committed through the API) with shoal's timings,
@@ -113,6 +114,21 @@ def _raw_cluster(batch: bool) -> Iterator[_Counter]:
                 proc.wait()
 
 
+@contextmanager
+def _raw_alone() -> Iterator[_Counter]:
+    """A raw pysyncobj node without peers: it leads itself after one election timeout."""
+    node = _Counter(f"127.0.0.1:{free_port()}", [], _raw_conf(False, 0.2))
+    try:
+        deadline = time.monotonic() + 30
+        while not node._isLeader():
+            if time.monotonic() > deadline:
+                raise TimeoutError("raw pysyncobj without peers never led")
+            time.sleep(0.02)
+        yield node
+    finally:
+        node.destroy()
+
+
 def _setter(event: threading.Event) -> Any:
     return lambda result, err: event.set()
 
@@ -150,10 +166,10 @@ def _raw_concurrent(node: _Counter, n: int) -> float:
 
 
 @contextmanager
-def _cluster(extra: tuple[str, ...] = ()) -> Iterator[LocalCluster]:
+def _cluster(extra: tuple[str, ...] = (), replicas: int = 3) -> Iterator[LocalCluster]:
     with tempfile.TemporaryDirectory(prefix="shoal-bench-raft-") as tmp:
         local = LocalCluster(Path(tmp))
-        local.create(coordinator_specs(local.run_dir, 3, extra))
+        local.create(coordinator_specs(local.run_dir, replicas, extra))
         try:
             local.start_all()
             local.wait_ready()
@@ -321,6 +337,10 @@ def run(quick: bool) -> list[Row]:
         raw_seq = _raw_sequential(raw, seq_n)
     with _raw_cluster(batch=True) as raw:
         raw_conc = _raw_concurrent(raw, conc_n)
+    with _raw_alone() as alone:
+        raw_alone = _raw_sequential(alone, seq_n)
+    with _cluster(replicas=1) as one:
+        one_client, _ = asyncio.run(_sequential(one, seq_n))
     with _cluster(("--suspect-after", "1", "--dead-after", "2")) as local:
         via_client, via_http = asyncio.run(_sequential(local, seq_n))
         conc_client = asyncio.run(_concurrent_client(local, conc_n))
@@ -336,6 +356,7 @@ def run(quick: bool) -> list[Row]:
         Row("sequential write p99, client", "ms", _pct(via_client, 0.99) * ms, _pct(raw_seq, 0.99) * ms, raw_name, False),
         Row("sequential write p50, HTTP", "ms", statistics.median(via_http) * ms, statistics.median(raw_seq) * ms, raw_name, False),
         Row("sequential write p99, HTTP", "ms", _pct(via_http, 0.99) * ms, _pct(raw_seq, 0.99) * ms, raw_name, False),
+        Row("sequential write p50, 1 replica", "ms", statistics.median(one_client) * ms, statistics.median(raw_alone) * ms, "raw pysyncobj call, no peers", False),
         Row("concurrent writes, client batching", "writes/s", conc_client, raw_conc, "raw pysyncobj, batched appends", True),
         Row("concurrent writes, HTTP x64", "writes/s", conc_http, raw_conc, "raw pysyncobj, batched appends", True),
         Row("failover p50 (kill -9 -> write)", "s", statistics.median(failover), statistics.median(failover_default), "pysyncobj default timings", False),
