@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,15 +26,16 @@ from shoal.runtime.transport import TransportConfig
 # The old incarnation's rank 0: it holds the group's store (and port) while it "checkpoints".
 _OLD_RANK0 = textwrap.dedent(
     """
-    import datetime, sys, time
+    import datetime, os, sys, time
     import torch.distributed as dist
     store = dist.TCPStore(
         "127.0.0.1", int(sys.argv[1]), 2, True,
         timeout=datetime.timedelta(seconds=30), wait_for_workers=False,
     )
-    store.set("shoal/1/leftover", "old")
+    store.set("shoal/1/ready", "1")
     print("holding", flush=True)
-    time.sleep(float(sys.argv[2]))
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.05)
     """
 )
 
@@ -58,7 +60,8 @@ def test_a_new_group_forms_once_the_old_rank0_lets_go_of_the_port(tmp_path: Path
     procs: list[subprocess.Popen[bytes]] = []
     try:
         old = subprocess.Popen(
-            [sys.executable, "-c", _OLD_RANK0, str(port), "8"], stdout=subprocess.PIPE
+            [sys.executable, "-c", _OLD_RANK0, str(port), str(tmp_path / "release")],
+            stdout=subprocess.PIPE,
         )
         procs.append(old)
         assert old.stdout is not None
@@ -74,10 +77,16 @@ def test_a_new_group_forms_once_the_old_rank0_lets_go_of_the_port(tmp_path: Path
             log = (tmp_path / f"rank{rank}.log").open("w")
             procs.append(subprocess.Popen([sys.executable, "-c", _NEW_RANK], env=env, stderr=log))
             log.close()
+        # The old rank 0 lets go once the new one has found the port bound (and rank 1,
+        # started first, has had the same time to reach the old store).
+        deadline = time.monotonic() + 60
+        while "busy" not in (tmp_path / "rank0.log").read_text():
+            assert time.monotonic() < deadline, "rank 0 never found the port busy"
+            assert procs[2].poll() is None, "rank 0 exited while the port was held"
+            time.sleep(0.1)
+        (tmp_path / "release").touch()
         assert [p.wait(timeout=100) for p in procs[1:]] == [0, 0]
         assert old.wait(timeout=10) == 0
-        # Both really met the old group: rank 0 found the port bound, rank 1 the old store.
-        assert "busy" in (tmp_path / "rank0.log").read_text()
     finally:
         for proc in procs:
             if proc.poll() is None:
