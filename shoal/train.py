@@ -421,22 +421,29 @@ def _cluster(
     from shoal.local import LocalClusterError, embedded_cluster
 
     if coordinators is not None:
-        yield coordinators, None, time.monotonic()
+        started = time.monotonic()
+        _warm_imports()
+        yield coordinators, None, started
         return
     started = time.monotonic()
     try:
         with embedded_cluster(run_dir) as local:
             where = Coordinators(local.api_urls(), local.run_dir / "api-token", embedded=True)
-            _import_torch()
+            _warm_imports()
             local.wait_ready(timeout=60.0)
             yield where, local, started
     except LocalClusterError as exc:
         raise TrainError(f"the embedded cluster did not start: {exc}") from exc
 
 
-def _import_torch() -> None:
-    """Checks that need torch, run here while the embedded cluster starts up."""
+def _warm_imports() -> None:
+    """What the run imports anyway (torch; the API client; the learner's helpers), done while
+    the embedded cluster starts up rather than after it is ready."""
+    import importlib
+
     import torch
 
+    for module in ("shoal.raft.client", "shoal.learner.learner_main", "shoal.learner.group"):
+        importlib.import_module(module)
     # Small batches on many threads spin more than they compute; the children do the same.
     torch.set_num_threads(1)
