@@ -69,6 +69,7 @@ LEARNER_NAME = "learner"
 STATUS_EVERY_S = 0.25
 LEDGER_EVERY_S = 1.0
 LISTEN_RETRY_PAUSE_S = 0.5
+READY_POLL_S = 0.002
 
 
 class LearnerCore:
@@ -356,19 +357,42 @@ async def _next_batch(core: LearnerCore, stopping: asyncio.Event) -> list[Fragme
     return None
 
 
+async def _batch_ready(core: LearnerCore, stopping: asyncio.Event) -> bool:
+    """Wait until a batch is queued (True) or a stop was requested first (False), taking
+    nothing: a rank must not take fragments (which counts them trained) its group may not
+    train. Polled, since the intake signals only to whoever takes."""
+    count = core.cfg.intake.fragments_per_update
+    while len(core.intake) < count:
+        if stopping.is_set():
+            return False
+        await asyncio.sleep(READY_POLL_S)
+    return not stopping.is_set()
+
+
+async def _group_batch(core: LearnerCore, stopping: asyncio.Event) -> list[Fragment] | None:
+    """The next batch of a rank in a group, or None when the group stops before this update.
+
+    Every update of a group starts with one agreement: a rank asked to stop before it has a
+    batch says so and the whole group stops here, with nothing taken. Without it, a stopping
+    rank would have to wait for fragments that may never come (a cluster stops the rollout
+    workers with the learners) while its peers wait in the update's all-reduce."""
+    ready = await _batch_ready(core, stopping)
+    if await asyncio.to_thread(core.group.all_agree, not ready):
+        return None
+    return await core.intake.get(core.cfg.intake.fragments_per_update)
+
+
 async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
-    """The rank's training loop; returns after the update at which the group agreed to stop."""
+    """The rank's training loop; returns after the update at which the group agreed to stop
+    (or, in a group, before the update at which a rank had no batch when asked to stop)."""
     last_status = last_ledger = 0.0
     while True:
-        if stopping.is_set() and core.group.world_size == 1:
-            return
-        fragments = await _next_batch(core, stopping)
+        if core.group.world_size == 1:
+            fragments = None if stopping.is_set() else await _next_batch(core, stopping)
+        else:
+            fragments = await _group_batch(core, stopping)
         if fragments is None:
-            if core.group.world_size == 1:
-                return
-            # Peers may already be in this update's all-reduce: wait for fragments (the
-            # rollout workers stop after the learners), train, and stop together after it.
-            fragments = await core.intake.get(core.cfg.intake.fragments_per_update)
+            return
         agreed, checkpoint = await asyncio.to_thread(core.train_step, fragments, stopping.is_set())
         core.publish()
         if checkpoint:

@@ -156,6 +156,11 @@ def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
     assert {e["pid"] for e in after}.isdisjoint(e["pid"] for e in old.values())
     assert {e["incarnation"] for e in after}.isdisjoint(e["incarnation"] for e in old.values())
     assert all(e["step"] > 0 for e in after)
+    # Stopped with the job (its rollout workers with it), the new group still agreed to stop
+    # and rank 0 wrote the final checkpoint.
+    stops = [e for e in _events(run_dir) if e.get("event") == "stop" and e["time"] > killed_at]
+    assert len(stops) == 1
+    assert stops[0]["step"] >= after[0]["step"]
 
 
 def test_a_task_failing_every_time_fails_its_job_after_max_restarts(
