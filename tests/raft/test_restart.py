@@ -269,6 +269,33 @@ def test_each_failure_restarts_once_groups_together_and_the_job_fails_exactly_pa
         assert all(t.state in ("stopped", "failed") for t in m.tasks.values())
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.sets(st.sampled_from(TASKS)), min_size=1, max_size=4),
+    st.sampled_from(["stop_job", "fail_job"]),
+)
+def test_a_stopped_or_failed_job_never_restarts(failures: list[set[str]], how: str) -> None:
+    m = cluster({"max_restarts": 0, "window_s": 60} if how == "fail_job" else None)
+    if how == "stop_job":
+        assert run(m, "stop_job", {"job_id": "job"}, 1.0)["ok"]
+    else:
+        fail(m, "job-r0", 1.0)
+        settle(m, 1.0)  # max_restarts 0: the first failure fails the job
+    ended = m.jobs["job"].state
+    assert ended == ("stopped" if how == "stop_job" else "failed")
+    seen = len(restarts(m))
+    generations = {t.id: t.generation for t in m.tasks.values()}
+    for step, failing in enumerate(failures):
+        now = 2.0 + step
+        for task_id in sorted(failing):
+            fail(m, task_id, now)  # late reports from processes still exiting
+        settle(m, now)
+    assert len(restarts(m)) == seen
+    assert {t.id: t.generation for t in m.tasks.values()} == generations
+    assert m.jobs["job"].state == ended
+    assert all(t.state in ("stopped", "failed") for t in m.tasks.values())
+
+
 @pytest.mark.timeout(60)
 def test_the_api_answers_a_bad_restart_policy_with_422_naming_the_field(tmp_path: Path) -> None:
     replica = InProcessReplica(tmp_path)
