@@ -65,8 +65,10 @@ def metrics_fields(job: str, status: dict[str, Any], window: int) -> dict[str, A
     returns = [
         r for r in (_finite(x) for x in status.get("returns", [])[-window:]) if r is not None
     ]
-    if returns:
-        fields["return"] = sum(returns) / len(returns)
+    # Each term divided first: the mean of finite returns near the float maximum stays finite.
+    mean = _finite(sum(r / len(returns) for r in returns)) if returns else None
+    if mean is not None:
+        fields["return"] = mean
     for key, value in (("sps", status.get("sps")), ("policy_lag", status.get("policy_lag_median"))):
         number = _finite(value)
         if number is not None:
