@@ -372,16 +372,21 @@ def _restarts(inputs: Inputs) -> tuple[list[Command], set[str]]:
     takes the peers down too). Also returns the jobs whose group restarts, which the round
     does not place until the restart is applied."""
     commands = []
-    gangs: set[str] = set()
+    ranks_failed: dict[str, list[Failure]] = {}
     for f in inputs.failures:
-        if f.learner and f.job in gangs:
+        if f.learner:
+            ranks_failed.setdefault(f.job, []).append(f)
             continue
         reason = f"task {f.id} failed: {f.message or 'no reason given'}"
-        if f.learner:
-            gangs.add(f.job)
-            reason += f" (its learner group of {len(inputs.ranks[f.job])} restarts as one)"
-        members = inputs.ranks[f.job] if f.learner else (f.id,)
-        commands.append(_restart(f.job, f.id, f.generation, members, reason, True))
+        commands.append(_restart(f.job, f.id, f.generation, (f.id,), reason, True))
+    for job, failed in ranks_failed.items():
+        # Which rank failed first is not recorded (a peer's death fails the others' next
+        # collective): every failed rank is named, the first by id is the cause.
+        why = "; ".join(f"task {f.id} failed: {f.message or 'no reason given'}" for f in failed)
+        reason = f"{why} (its learner group of {len(inputs.ranks[job])} restarts as one)"
+        first = failed[0]
+        commands.append(_restart(job, first.id, first.generation, inputs.ranks[job], reason, True))
+    gangs = set(ranks_failed)
     for task_id in inputs.pending:
         t = inputs.tasks[task_id]
         if not t.learner or t.node is None or t.job in gangs:

@@ -103,6 +103,8 @@ def test_a_failed_learner_rank_restarts_its_whole_group_as_one_gang() -> None:
     [event] = restarts(m)
     assert event.fields["tasks"] == ["job-l0", "job-l1"]
     assert "learner group of 2 restarts as one" in event.message
+    assert "task job-l0 failed: collective on rank 0 failed" in event.message
+    assert "task job-l1 failed: killed by SIGKILL" in event.message
     ranks = [m.tasks[f"job-l{i}"] for i in range(RANKS)]
     assert all(r.generation == before[r.id] + 2 and r.state == "running" for r in ranks)
     assert len({r.node for r in ranks}) == 1  # gang-placed again on one island
