@@ -19,6 +19,8 @@ from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import ROUTE, Transport, TransportConfig, attach
 
+pytestmark = pytest.mark.usefixtures("no_asyncio_errors")
+
 TOKEN = "bad-input-token"
 LIMIT = 1 << 20
 

@@ -25,6 +25,8 @@ from shoal.runtime.stream import DIRECT_BYTES, FrameStream
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import Transport, TransportConfig, attach
 
+pytestmark = pytest.mark.usefixtures("no_asyncio_errors")
+
 TOKEN = "stream-token"
 BIG = 300 * 1024  # received in a buffer of its own
 
