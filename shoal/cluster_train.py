@@ -206,8 +206,8 @@ class ClusterRun:
 
     # -- the job -------------------------------------------------------------------------------
 
-    def tasks(self) -> list[dict[str, Any]]:
-        """The job's task records; writes the token and job.json the processes read."""
+    def _lay_out(self) -> list[dict[str, Any]]:
+        """Write the token and job.json the processes read; return the job's task records."""
         from shoal.learner.group import GroupSpec
 
         cfg = self.cfg
@@ -238,8 +238,8 @@ class ClusterRun:
             "restart": {"max_restarts": self.max_restarts, "window_s": RESTART_WINDOW_S},
         }
         append_event(self.run_dir, {"event": "submitted", "job": self.job_id})
+        self._submitted = True  # a reply lost after the write still leaves a job to stop
         self._call(lambda c: c.submit_job(spec=spec, tasks=tasks, job_id=self.job_id))
-        self._submitted = True
 
     def _embedded_exited(self) -> str | None:
         """The name of an embedded cluster's process that is no longer running, if any."""
@@ -264,7 +264,7 @@ class ClusterRun:
         (before its cluster started, for an embedded one). Ctrl-C is an orderly stop."""
         from shoal.learner.learner_main import append_event
 
-        tasks = self.tasks()
+        tasks = self._lay_out()
         started = time.monotonic() if started is None else started
         append_event(self.run_dir, {"event": "run", "pid": os.getpid(), "env_id": self.env_id})
         stopped_by = "error"
