@@ -208,6 +208,10 @@ def validate_args(op: str, args: Any, field: str = "args") -> None:
     _check_unique(op, args, field)
     if op == "submit_job":
         _check_restart_policy(args.get("spec", {}), f"{field}.spec.restart")
+    if op == "restart_tasks" and args["cause"] not in args["tasks"]:
+        raise ValidationError(
+            f"{field}.cause", f"{args['cause']!r} must be one of the tasks it restarts"
+        )
 
 
 def _check_restart_policy(spec: dict[str, Any], field: str) -> None:

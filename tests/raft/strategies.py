@@ -91,15 +91,21 @@ args_by_op: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         st.lists(task_spec, max_size=3),
     ),
     "stop_job": st.fixed_dictionaries({"job_id": job_ids}),
-    "restart_tasks": st.fixed_dictionaries(
-        {
-            "job_id": job_ids,
-            "cause": task_ids,
-            "generation": st.integers(0, 4),
-            "tasks": st.lists(task_ids, max_size=4),
-            "reason": st.text(max_size=8),
-            "counted": st.booleans(),
-        }
+    "restart_tasks": st.builds(
+        lambda j, cause, others, g, why, counted: {
+            "job_id": j,
+            "cause": cause,
+            "generation": g,
+            "tasks": [*others, cause],
+            "reason": why,
+            "counted": counted,
+        },
+        job_ids,
+        task_ids,
+        st.lists(task_ids, max_size=3),
+        st.integers(0, 4),
+        st.text(max_size=8),
+        st.booleans(),
     ),
     "add_tasks": st.builds(
         lambda j, ts: {"job_id": j, "tasks": _unique(ts, "task_id")},

@@ -357,3 +357,17 @@ def test_a_rank_moved_off_a_faulty_node_restarts_its_whole_group() -> None:
     assert "restarts as one from its checkpoint" in event.message
     assert event.fields["counted"] is False
     assert not m.jobs["job"].restart_times
+
+
+def test_a_restart_whose_cause_is_not_among_its_tasks_is_refused_before_proposing() -> None:
+    args = {
+        "job_id": "j",
+        "cause": "a",
+        "generation": 1,
+        "tasks": ["b"],
+        "reason": "x",
+        "counted": True,
+    }
+    with pytest.raises(ValidationError) as info:
+        validate_args("restart_tasks", args)
+    assert info.value.field == "args.cause"
