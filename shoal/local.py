@@ -37,9 +37,19 @@ STOP_GRACE = 5.0
 EMBEDDED_HEARTBEAT_S = 0.2
 """The embedded node's heartbeat period. Its heartbeat is also its watch for assignments, so a
 task placed on it starts within this; one node on loopback can afford five requests a second."""
-EMBEDDED_SCHEDULER_PERIOD_S = 0.1
-"""The embedded leader's scheduling period: a submitted job is placed within this. A round
-with nothing new committed since the last one returns at once, so a short period costs little."""
+EMBEDDED_SETTINGS = """\
+# The embedded cluster's replica (written by `shoal train`; docs/operations.md lists the keys).
+[scheduler]
+# A submitted job is placed within one period; a round with nothing new committed since the
+# last one returns at once, so a short period costs little.
+period = 0.1
+
+[raft]
+# A replica alone has no vote to split: it may elect itself as soon as it runs.
+append_period = 0.02
+min_timeout = 0.07
+max_timeout = 0.1
+"""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -422,8 +432,7 @@ def embedded_cluster(run_dir: Path) -> Iterator[LocalCluster]:
     local = LocalCluster(run_dir)
     specs = embedded_specs(local.run_dir)
     local.create(specs)
-    settings = f"[scheduler]\nperiod = {EMBEDDED_SCHEDULER_PERIOD_S}\n"
-    (local.run_dir / "coordinator.toml").write_text(settings)
+    (local.run_dir / "coordinator.toml").write_text(EMBEDDED_SETTINGS)
     for spec in specs:
         if spec.kind == "coordinator":
             shutil.rmtree(local.run_dir / "data" / spec.name, ignore_errors=True)
