@@ -29,7 +29,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--coordinator-config",
         type=Path,
         metavar="FILE.toml",
-        help="settings file for every replica (shoal coordinator --config); new clusters only",
+        help="settings file for every replica (shoal coordinator --config), read at each start",
     )
     add_run_dir(parser)
     parser.set_defaults(func=run)
@@ -63,6 +63,12 @@ def run(args: argparse.Namespace) -> int:
                 f"--replicas={args.replicas} --nodes={args.nodes} differ from the cluster in "
                 f"{local.run_dir} ({counts[0]} replicas, {counts[1]} nodes); "
                 "use another --run-dir or delete that one"
+            )
+        given = args.coordinator_config
+        if given is not None and str(given.resolve()) not in specs[0].argv:
+            raise ConfigError(
+                f"--coordinator-config={given}: the cluster in {local.run_dir} re-reads the file "
+                "it was created with at each start; edit that one, or use another --run-dir"
             )
     else:
         config_args: tuple[str, ...] = ()
