@@ -207,6 +207,14 @@ def test_shoal_up_hands_the_file_to_every_replica(tmp_path: Path) -> None:
         assert [c["liveness"]["dead_after"] for c in configs] == [12.0, 12.0, 12.0]
         assert [c["balancer"]["high"] for c in configs] == [0.9, 0.9, 0.9]
         assert {c["source"] for c in configs} == {str(path.resolve())}
+        other = tmp_path / "other.toml"
+        other.write_text("[balancer]\nhigh = 0.8\n")
+        again = shoal(
+            "up", "--replicas", "3", "--run-dir", str(run_dir),
+            "--coordinator-config", str(other),
+        )  # fmt: skip
+        assert again.returncode == 2
+        assert "re-reads the file it was created with" in again.stderr
     finally:
         if (run_dir / "cluster.json").exists():
             local.stop_all()
