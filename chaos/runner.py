@@ -66,6 +66,7 @@ from shoal.chaos.workload import (
 from shoal.errors import ShoalError
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.errors import RaftError
+from shoal.scheduler.health.clock import ClockServer, serve_clock
 
 PROBE_PERIOD = 0.05
 CONVERGE_TIMEOUT = 30.0
@@ -75,8 +76,10 @@ RESTARTS_PERIOD = 2.0
 XID_CLEAR_TIMEOUT = 30.0
 DEFAULT_SKEW_S = 2.5
 SKEW_TOLERANCE = 0.25
-# Faults after which the learner group must train again as a new incarnation.
-GROUP_RESTARTING = ("learner-kill", "node-kill", "gpu-xid")
+# Faults on the learners' node: their recovery is the job's too.
+LEARNER_NODE_KINDS = ("node-kill", "gpu-xid")
+# Faults after which training must come from a new learner incarnation (the old one is dead).
+GROUP_RESTARTING = ("learner-kill", "node-kill")
 
 
 class ChaosRun:
@@ -89,8 +92,13 @@ class ChaosRun:
         scenario: Scenario,
         cluster: Cluster,
         log: Callable[[str], None] | None = None,
+        clock_port: int | None = None,
     ) -> None:
+        """`clock_port`: the UDP port on 127.0.0.1 the node daemons measure their clock
+        against (`shoal node --clock`); the run serves the reference clock there."""
         self.scenario = scenario
+        self.clock_port = clock_port
+        self._clock: ClockServer | None = None
         self.run_dir = cluster.run_dir
         self._log = log or (lambda line: None)
         self.cluster = cluster
@@ -152,6 +160,8 @@ class ChaosRun:
                 "coordinator_specs(..., raft_bind=True)"
             )
         self._log(f"starting {shape[0]} replicas and {shape[1]} nodes in {self.run_dir}")
+        if self.clock_port is not None:
+            self._clock = await serve_clock(port=self.clock_port)
         await asyncio.to_thread(self.cluster.start_all)
         await asyncio.to_thread(self.cluster.wait_ready, None, 60.0)
         for spec in specs:
@@ -207,6 +217,8 @@ class ChaosRun:
             await self.mesh.close()
         finally:
             await asyncio.to_thread(self.cluster.stop_all)
+            if self._clock is not None:
+                self._clock.close()
 
     def _urls(self) -> list[str]:
         return [f"http://127.0.0.1:{p.port}" for p in self.proxies.values()]
@@ -276,7 +288,7 @@ class ChaosRun:
         self.records.append(record)
         try:
             record.processes = await self._resolve(spec)
-            if spec.kind in GROUP_RESTARTING and await self._runs_learners(spec, record):
+            if spec.kind in LEARNER_NODE_KINDS and await self._runs_learners(spec, record):
                 self._hits_group.add(len(self.records) - 1)
             faults = self._faults(spec, record.processes)
         except ShoalError as exc:
@@ -479,8 +491,9 @@ class ChaosRun:
             return {}
         self._log("stopping the training job")
         await asyncio.to_thread(self.job.stop)
-        restarted = bool(self._hits_group) or any(
-            r.kind == "learner-kill" and r.injected_at is not None for r in self.records
+        restarted = any(
+            r.injected_at is not None and self._kills_learners(i)
+            for i, r in enumerate(self.records)
         )
         results = await asyncio.to_thread(self.job.verdicts, restarted)
         self._measure_training()
@@ -505,11 +518,17 @@ class ChaosRun:
             if record.injected_at is None:
                 continue
             old = None
-            if i in self._hits_group or record.kind == "learner-kill":
+            if self._kills_learners(i):
                 old = incarnation_at(self.samples, record.injected_at)
             after = record.healed_at if record.healed_at is not None else record.injected_at
             at = progressed_at(self.samples, after, old)
             record.progress_s = None if at is None else round(at - record.injected_at, 3)
+
+    def _kills_learners(self, index: int) -> bool:
+        """Whether fault `index` killed the learner ranks (a learner kill, or a kill of the
+        node they ran on): training must then come from a new incarnation."""
+        kind = self.records[index].kind
+        return kind == "learner-kill" or (kind in GROUP_RESTARTING and index in self._hits_group)
 
     def _measure_training(self) -> None:
         """Once, at the end: for the faults that hit the job, training's recovery is theirs
@@ -739,7 +758,10 @@ def find_scenario(name_or_path: str) -> Scenario:
 
 
 def run_scenario(
-    scenario: Scenario, cluster: Cluster, log: Callable[[str], None] | None = None
+    scenario: Scenario,
+    cluster: Cluster,
+    log: Callable[[str], None] | None = None,
+    clock_port: int | None = None,
 ) -> RunReport:
     """Blocking entry point (CLI, tests): one run in a fresh event loop."""
-    return asyncio.run(ChaosRun(scenario, cluster, log).run())
+    return asyncio.run(ChaosRun(scenario, cluster, log, clock_port).run())

@@ -81,16 +81,18 @@ def _once(
     own = run_dir is None
     cluster = LocalCluster(run_dir or Path(tempfile.mkdtemp(prefix="shoal-chaos-")))
     specs = coordinator_specs(cluster.run_dir, scenario.replicas, raft_bind=True)
-    cluster.create(specs + _node_specs(cluster.run_dir, specs, scenario.nodes, scenario.sim_gpus))
+    clock = _free_udp_port()
+    nodes = _node_specs(cluster.run_dir, specs, scenario.nodes, scenario.sim_gpus, clock)
+    cluster.create(specs + nodes)
     if quiet or not stderr_is_tty():
         log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
-        report = run_scenario(scenario, cluster, log)
+        report = run_scenario(scenario, cluster, log, clock)
     else:
         expected = STARTUP_ESTIMATE_S + scenario.duration_s
         with Ticker(
             ProgressLine(), lambda t, msg: _chaos_line(scenario.name, t, expected, msg)
         ) as ticker:
-            report = run_scenario(scenario, cluster, ticker.note)
+            report = run_scenario(scenario, cluster, ticker.note, clock)
     if own and report.ok and not keep:
         shutil.rmtree(cluster.run_dir, ignore_errors=True)
     text = render_text(report)
@@ -108,10 +110,21 @@ def _chaos_line(name: str, elapsed: float, expected: float, message: str) -> tup
     return f"chaos {name} {elapsed:.0f}/{expected:.0f} s  {short}", min(0.99, elapsed / expected)
 
 
-def _node_specs(run_dir: Path, coordinators: list[Any], count: int, gpus: int) -> list[Any]:
+def _free_udp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _node_specs(
+    run_dir: Path, coordinators: list[Any], count: int, gpus: int, clock_port: int
+) -> list[Any]:
     """Node daemons n1..nN on free loopback ports, each with its data dir under the run dir
-    (where chaos finds its simulated GPUs' state file) and its clock read through an offset
-    file there (the clock-skew hook)."""
+    (where chaos finds its simulated GPUs' state file), its clock read through an offset file
+    there (the clock-skew hook) and measured against the run's reference clock on
+    `clock_port` (UDP)."""
     import sys
 
     from shoal.chaos.runner import clock_file
@@ -126,6 +139,7 @@ def _node_specs(run_dir: Path, coordinators: list[Any], count: int, gpus: int) -
             sys.executable, "-m", "shoal", "node", "--coordinators", urls,
             "--data-dir", str(run_dir / "nodes" / name), "--token-file", str(run_dir / "api-token"),
             "--node-id", name, "--listen", "127.0.0.1:0", "--sim-gpus", str(gpus),
+            "--clock", f"127.0.0.1:{clock_port}",
         ]  # fmt: skip
         clock = clock_file(run_dir, name)
         clock.parent.mkdir(parents=True, exist_ok=True)
