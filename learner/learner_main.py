@@ -70,6 +70,7 @@ STATUS_EVERY_S = 0.25
 LEDGER_EVERY_S = 1.0
 LISTEN_RETRY_PAUSE_S = 0.5
 READY_POLL_S = 0.002
+PEER_STOPPED_EXIT = 3
 
 
 class LearnerCore:
@@ -482,7 +483,17 @@ async def serve(
             await transport.close()
     core.checkpoints.close()
     group.leave()
-    return 0
+    if stopping.is_set():
+        return 0
+    # Not asked to stop: a peer was (its node went away, say). Exiting non-zero makes the
+    # node report this rank failed, so the leader restarts the group instead of leaving it
+    # half stopped.
+    print(
+        f"shoal-learner: rank {group.rank} stopped with its group because a peer rank was "
+        "asked to stop; this rank was not",
+        file=sys.stderr,
+    )
+    return PEER_STOPPED_EXIT
 
 
 def _broadcast(group: LearnerGroup, core: LearnerCore) -> None:
