@@ -33,15 +33,17 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def ledger_verdict(run_dir: Path) -> Verdict:
-    """`fragment_ledger` over what the run wrote to run_dir/accounting (each rollout
-    actor's journal where it has one: complete even after a SIGKILL) and its newest
-    checkpoint (loaded, to compare its `trained_ranges` with the final incarnations' history)."""
+    """`fragment_ledger` over what the run wrote to run_dir/accounting and its newest
+    checkpoint (loaded, to compare its `trained_ranges` with the final incarnations'
+    history). Journals are read where they are more complete than the snapshots: a rollout
+    actor's always, a learner incarnation's unless it stopped in order (both are complete
+    even after a SIGKILL)."""
     from shoal.learner.checkpoint import CheckpointManager
-    from shoal.learner.journal import rollout_ledgers
+    from shoal.learner.journal import learner_ledgers, rollout_ledgers
 
     folder = run_dir / "accounting"
     rollouts = rollout_ledgers(folder)
-    learners = [read_json(p) or {} for p in sorted(folder.glob("learner-*.json"))]
+    learners = learner_ledgers(folder)
     with CheckpointManager(run_dir / "checkpoints") as manager:
         info = manager.latest()
         state = None if info is None else manager.load(info)
