@@ -82,8 +82,18 @@ def _learner_starts(run_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.parametrize(
+    ("victim", "sig", "why"),
+    [
+        (1, signal.SIGKILL, "task {job}-learner-1 failed: killed by SIGKILL"),
+        # As when rank 0's node daemon dies (its children get SIGTERM): rank 0 stops cleanly,
+        # rank 1 stops with it but was not asked to, so it fails and the group restarts.
+        (0, signal.SIGTERM, "task {job}-learner-1 failed: exited with status 3"),
+    ],
+    ids=["sigkill-rank1", "sigterm-rank0"],
+)
 def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, victim: int, sig: signal.Signals, why: str
 ) -> None:
     run_dir = tmp_path / "run"
     argv = [
@@ -108,7 +118,7 @@ def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
         )
         assert first
         old = {e["rank"]: e for e in _learner_starts(run_dir)}
-        os.kill(old[1]["pid"], signal.SIGKILL)
+        os.kill(old[victim]["pid"], sig)
         killed_at = time.time()
         new = _wait(
             "the group's new incarnation",
@@ -140,7 +150,7 @@ def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
         e for e in seen["events"] if e["kind"] == "restart" and e["fields"].get("job") == job_id
     ]
     assert restarts
-    assert f"task {job_id}-learner-1 failed: killed by SIGKILL" in restarts[0]["message"]
+    assert why.format(job=job_id) in restarts[0]["message"]
     assert "restart 1 of 5 in 600 s" in restarts[0]["message"]
     assert sorted(restarts[0]["fields"]["tasks"]) == [f"{job_id}-learner-0", f"{job_id}-learner-1"]
     tasks = {t["id"]: t for t in seen["tasks"] if t["job_id"] == job_id}
@@ -158,7 +168,8 @@ def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
     assert all(e["step"] > 0 for e in after)
     # Stopped with the job (its rollout workers with it), the new group still agreed to stop
     # and rank 0 wrote the final checkpoint.
-    stops = [e for e in _events(run_dir) if e.get("event") == "stop" and e["time"] > killed_at]
+    started = min(e["time"] for e in after)
+    stops = [e for e in _events(run_dir) if e.get("event") == "stop" and e["time"] > started]
     assert len(stops) == 1
     assert stops[0]["step"] >= after[0]["step"]
 
