@@ -81,7 +81,7 @@ def interrupt_on_sigterm(signum: int, frame: object) -> None:
 
 
 def make_run_dir(root: Path, env_id: str) -> Path:
-    """runs/<UTC timestamp>-<env>[-n] with logs/, pids/, checkpoints/, reports/."""
+    """runs/<UTC timestamp>-<env>[-n] with checkpoints/ and reports/."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = root / f"{stamp}-{env_id.replace('/', '_').replace(':', '_')}"
     run_dir = base
@@ -95,7 +95,7 @@ def make_run_dir(root: Path, env_id: str) -> Path:
 def _fresh_dir(run_dir: Path) -> Path:
     """An explicitly named run directory; reusing one resumes from its checkpoints."""
     try:
-        for sub in ("logs", "pids", "checkpoints", "reports"):
+        for sub in ("checkpoints", "reports"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TrainError(f"cannot create run directory {run_dir}: {exc.strerror}") from exc
