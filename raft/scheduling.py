@@ -3,11 +3,15 @@
 Each round reads the state machine into the scheduler's plain inputs (`read_inputs`, pure),
 decides (`decide`, pure: same inputs and memory, same commands) and commits the commands in one
 batch through the same write path the API uses. What it decides:
+- failed tasks of running auto jobs are restarted (`restart_tasks`; the state machine counts
+  them against the job's `spec.restart` intensity and fails the job past it): a rollout task
+  alone, a learner rank with its whole group, as is a group one of whose ranks' node died;
 - pending tasks, and the active tasks of dead nodes, are placed: a job's learner ranks as one
   gang (one NVLink island, else one RDMA domain, else refused with the reason), rollout actors
   spread; tasks of suspect nodes stay where they are;
 - on each new batch of health summaries the balancer runs; its migrations are committed as
-  re-placements, a node with an XID/ECC fault is set draining (which cordons it);
+  re-placements (a moved learner rank re-places its whole group), a node with an XID/ECC
+  fault is set draining (which cordons it);
 - every decision is posted as an event (placement, replace, refused, migration, cordon,
   balance) with its reason, so /v1/events says why.
 Operation ids derive from the decision (task, generation, target), so a new leader that makes the
