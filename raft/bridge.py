@@ -83,6 +83,8 @@ class RaftBridge:
         """Proposals answered (called back, or given up on at their timeout), under `_count`."""
         self._count = threading.Lock()
         self._notifier: Any = None
+        self._applied = 0
+        """The newest log index this bridge saw applied (pysyncobj's thread writes it)."""
 
     def attach(self, sync: SyncObj) -> None:
         self._sync = sync
@@ -193,6 +195,10 @@ class RaftBridge:
 
         def callback(result: Any, reason: int) -> None:
             answer()
+            if reason == FAIL_REASON.SUCCESS:
+                # pysyncobj calls back BEFORE it counts the entry as applied: remember it, so
+                # a read answered after this write never reports an older last-applied index.
+                self._applied = max(self._applied, self.sync.raftLastApplied + 1)
             self._call_in_loop(finish, result, reason)
 
         self.state.propose(entry, callback)
@@ -229,7 +235,7 @@ class RaftBridge:
         return dict(self.sync.getStatus())
 
     def last_applied(self) -> int:
-        return int(self.sync.raftLastApplied)
+        return max(int(self.sync.raftLastApplied), self._applied)
 
     def status(self) -> dict[str, Any]:
         """A consistent-enough view of Raft for /v1/cluster and /metrics (read on the loop)."""

@@ -136,6 +136,20 @@ def test_a_client_batch_is_never_nested_in_a_group(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_write_answered_is_counted_as_applied_at_once(tmp_path: Path) -> None:
+    """pysyncobj answers a write before it counts the entry as applied; the index a read
+    reports (X-Shoal-Commit-Index) must still include every write already answered."""
+
+    async def main() -> None:
+        async with lone_replica(tmp_path) as bridge:
+            for i in range(50):
+                before = bridge.last_applied()
+                await bridge.propose(event(str(i)), TIMEOUT)
+                assert bridge.last_applied() > before
+
+    asyncio.run(main())
+
+
 def test_a_lone_replica_commits_without_waiting_for_its_tick_to_time_out(
     tmp_path: Path,
 ) -> None:
