@@ -1,8 +1,8 @@
 """The one training job a scenario runs through its cluster, for the whole scenario.
 
-`shoal train ENV --cluster CLUSTER_DIR --run-dir CLUSTER_DIR/train --json` runs as a child
-process: it finds the scenario's coordinators and submits its learner ranks and rollout workers
-as one job, whose tasks the leader places on the node daemons and restarts when they fail.
+`shoal train ENV --coordinators URLS --token-file TOKEN --run-dir CLUSTER_DIR/train --json`
+runs as a child process: it submits its learner ranks and rollout workers to the scenario's
+coordinators as one job, whose tasks the leader places on the node daemons and restarts when they fail.
 Everything here is read from what the run writes into its directory (nodes share this host's
 filesystem): rank 0's status file for the curve, `events.jsonl` for the job id and the pids of
 every learner and rollout process, the accounting ledgers and checkpoints for the checks.
@@ -78,21 +78,24 @@ class ClusterJob:
         self.summary: dict[str, Any] = {}
         self.exit_code: int | None = None
 
-    def _argv(self) -> list[str]:
+    def _argv(self, urls: list[str], token_file: Path) -> list[str]:
         cfg = self.cfg
         return [
             sys.executable, "-m", "shoal", "train", cfg.env, "--json", "--quiet", "--no-eval",
-            "--cluster", str(self.cluster_dir), "--run-dir", str(self.run_dir),
+            "--coordinators", ",".join(urls), "--token-file", str(token_file),
+            "--run-dir", str(self.run_dir),
             "--ranks", str(cfg.ranks), "--workers", str(cfg.workers),
             "--checkpoint-interval", str(cfg.checkpoint_interval_s), "--seed", str(cfg.seed),
             "--target-return", "1e9", "--time-limit", str(self.time_limit_s),
         ]  # fmt: skip
 
-    def start(self) -> None:
+    def start(self, urls: list[str], token_file: Path) -> None:
+        """Start `shoal train` against the coordinators at `urls` (the cluster's API, or
+        proxies in front of it) with the API token in `token_file`."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with (self.cluster_dir / "train.log").open("wb") as log:
             self.proc = subprocess.Popen(
-                self._argv(),
+                self._argv(urls, token_file),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,
