@@ -59,8 +59,6 @@ class Coordinators:
     urls: list[str]
     token_file: Path
     job_id: str = field(default_factory=lambda: f"train-{os.urandom(4).hex()}")
-    embedded: bool = False
-    """Started by this run for itself (and stopped with it)."""
 
     def __post_init__(self) -> None:
         from shoal.errors import ConfigError

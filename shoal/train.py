@@ -428,7 +428,7 @@ def _cluster(
     started = time.monotonic()
     try:
         with embedded_cluster(run_dir) as local:
-            where = Coordinators(local.api_urls(), local.run_dir / "api-token", embedded=True)
+            where = Coordinators(local.api_urls(), local.run_dir / "api-token")
             _warm_imports()
             local.wait_ready(timeout=60.0)
             yield where, local, started
