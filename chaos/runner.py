@@ -365,12 +365,13 @@ class ChaosRun:
             for n in names
         ]
         gated = [n for n in names if n in self.gates] if spec.kind == "kill" else []
-        return {
-            "inject": [functools.partial(_now, self._close_gate, n) for n in gated]
-            + [functools.partial(asyncio.to_thread, f.inject) for f in made],
-            "heal": [functools.partial(asyncio.to_thread, f.heal) for f in made]
-            + [functools.partial(self._open_gate, n) for n in gated],
-        }
+        inject: list[Callable[[], Any]] = [
+            functools.partial(_now, self._close_gate, n) for n in gated
+        ]
+        heal: list[Callable[[], Any]] = [functools.partial(asyncio.to_thread, f.heal) for f in made]
+        inject += [functools.partial(asyncio.to_thread, f.inject) for f in made]
+        heal += [functools.partial(self._open_gate, n) for n in gated]
+        return {"inject": inject, "heal": heal}
 
     def _close_gate(self, name: str) -> str:
         self.gates[name].set_faults(NetFaults(partition="refuse"))
