@@ -304,6 +304,12 @@ def decode(frame: Buffer, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Any
     if total != len(view):
         raise MalformedFrame(f"frame says it is {total} bytes long but {len(view)} arrived")
     _, header_len, count, _ = PREFIX.unpack_from(view)
+    if not count:  # the common small frame: no buffer table, nothing to track
+        if PREFIX_SIZE + header_len != total:
+            raise MalformedFrame(
+                f"frame has {total - PREFIX_SIZE - header_len} trailing bytes after its header"
+            )
+        return _unpack(_NO_BUFFERS, view[PREFIX_SIZE:total])
     lengths = struct.unpack_from(f"<{count}Q", view, PREFIX_SIZE)
     header_start = PREFIX_SIZE + 8 * count
     offset = header_start + header_len
@@ -319,17 +325,21 @@ def decode(frame: Buffer, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Any
     if offset != total:
         raise MalformedFrame(f"frame has {total - offset} trailing bytes after its last buffer")
     decoder = _Decoder(buffers)
-    try:
-        value = decoder.unpack(view[header_start : header_start + header_len])
-    except WireError:
-        raise
-    except Exception as exc:
-        raise MalformedFrame(f"frame header is not valid: {type(exc).__name__}: {exc}") from exc
+    value = _unpack(decoder, view[header_start : header_start + header_len])
     if len(decoder.used) != count:
         raise MalformedFrame(
             f"frame carries {count} buffers but its header uses {len(decoder.used)}"
         )
     return value
+
+
+def _unpack(decoder: _Decoder, header: memoryview) -> Any:
+    try:
+        return decoder.unpack(header)
+    except WireError:
+        raise
+    except Exception as exc:
+        raise MalformedFrame(f"frame header is not valid: {type(exc).__name__}: {exc}") from exc
 
 
 class _Decoder:
@@ -482,3 +492,8 @@ class FrameReader:
                 done.append(frame)
                 self._frame = None
         return done
+
+
+# Shared by every frame without buffers: it holds no state then (an array entry in such a
+# frame names a missing buffer and fails before anything is recorded).
+_NO_BUFFERS = _Decoder([])

@@ -172,7 +172,7 @@ def test_a_link_that_reconnects_gets_a_new_stream() -> None:
             await inbound(server).close()
             await link.wait_closed()
             weights = torch.randn(512, 512)
-            for _ in range(100):  # the peer reconnects in the background
+            for _ in range(200):  # the peer reconnects in the background
                 try:
                     back = await ref.ask.echo(weights)
                     break
@@ -218,7 +218,10 @@ def test_big_frames_spend_credit_like_small_ones() -> None:
                     sent += 1
 
             producer = asyncio.create_task(produce())
-            await asyncio.sleep(0.5)
+            async with asyncio.timeout(10):
+                while sent < 4:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)  # room for any send the window would wrongly allow
             # the window, plus what the actor took in: its mailbox and the held handler
             assert 4 <= sent <= 4 + 1 + 1
             gate.set()

@@ -367,7 +367,7 @@ def test_a_served_ask_run_at_once_still_fails_and_restarts_like_any_handler() ->
             assert await ref.ask.state() == []
             with pytest.raises(RemoteError, match="broken on purpose"):
                 await ref.ask.fail()
-            for _ in range(100):  # the supervisor restarts it in the background
+            for _ in range(500):  # the supervisor restarts it in the background
                 if await ref.ask.state() == ["restarted after KeyError"]:
                     break
                 await asyncio.sleep(0.02)
