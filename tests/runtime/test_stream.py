@@ -210,17 +210,19 @@ def test_big_frames_spend_credit_like_small_ones() -> None:
             ref = client.ref(f"{transport.address}/held")
             assert await ref.ask.taken() == 0
             sent = 0
+            window_spent = asyncio.Event()
 
             async def produce() -> None:
                 nonlocal sent
                 for _ in range(40):
                     await ref.tell.take(np.ones(BIG, dtype=np.uint8))
                     sent += 1
+                    if sent == 4:
+                        window_spent.set()
 
             producer = asyncio.create_task(produce())
             async with asyncio.timeout(10):
-                while sent < 4:
-                    await asyncio.sleep(0.01)
+                await window_spent.wait()
             await asyncio.sleep(0.3)  # room for any send the window would wrongly allow
             # the window, plus what the actor took in: its mailbox and the held handler
             assert 4 <= sent <= 4 + 1 + 1
