@@ -374,6 +374,7 @@ def train(
         if not torch.cuda.is_available():
             raise TrainError("learner.backend = 'nccl' needs CUDA, which this machine lacks")
     run_dir = make_run_dir(runs_root, env_id) if run_dir is None else _fresh_dir(run_dir)
+    run_dir = run_dir.resolve()  # the nodes' tasks run elsewhere than here: absolute paths only
     previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     try:
         with _cluster(run_dir, coordinators) as (where, local, started):

@@ -143,6 +143,15 @@ def run_pipeline_verb(args: argparse.Namespace) -> int:
     return 0
 
 
+def shown(path: str) -> str:
+    """A path as the user would type it from here: relative below the working directory (the
+    JSON summary keeps every path absolute)."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
 def run(args: argparse.Namespace) -> int:
     from shoal.progress import ProgressLine
 
@@ -166,15 +175,16 @@ def run(args: argparse.Namespace) -> int:
         f"{result.env_id}: {verdict}; return {final} over the last {cfg.target_window} episodes, "
         f"{result.env_steps:,} env steps in {result.wall_s:.1f}s"
     )
-    print(f"run dir:    {result.run_dir}")
+    print(f"run dir:    {shown(result.run_dir)}")
     if result.job_id:
         print(f"job:        {result.job_id}")
     if result.cluster.get("embedded"):
-        print(f"logs:       {' '.join([result.cluster['logs'], *result.cluster['task_logs']])}")
-    print(f"checkpoint: {result.checkpoint or '-'}")
+        logs = [result.cluster["logs"], *result.cluster["task_logs"]]
+        print(f"logs:       {' '.join(shown(p) for p in logs)}")
+    print(f"checkpoint: {shown(result.checkpoint) if result.checkpoint else '-'}")
     if result.report:
-        print(f"report:     {result.report}")
-        print(f"html:       {result.report_html}")
+        print(f"report:     {shown(result.report)}")
+        print(f"html:       {shown(result.report_html or '')}")
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
     sys.stdout.flush()
