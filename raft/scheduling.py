@@ -3,9 +3,11 @@
 Each round reads the state machine into the scheduler's plain inputs (`read_inputs`, pure),
 decides (`decide`, pure: same inputs and memory, same commands) and commits the commands in one
 batch through the same write path the API uses. What it decides:
-- failed tasks of running auto jobs are restarted (`restart_tasks`; the state machine counts
-  them against the job's `spec.restart` intensity and fails the job past it): a rollout task
-  alone, a learner rank with its whole group, as is a group one of whose ranks' node died;
+- failed tasks of running auto jobs, and tasks that stopped while their job runs (their node
+  drained, or the process exited 0 on its own), are restarted (`restart_tasks`; the state
+  machine counts them against the job's `spec.restart` intensity and fails the job past it,
+  except when the task's node went away: drained or dead): a rollout task alone, a learner
+  rank with its whole group, as is a group one of whose ranks' node died;
 - pending tasks, and the active tasks of dead nodes, are placed: a job's learner ranks as one
   gang (one NVLink island, else one RDMA domain, else refused with the reason), rollout actors
   spread; tasks of suspect nodes stay where they are;
@@ -58,6 +60,8 @@ log = logging.getLogger(__name__)
 LEARNER_KIND = "learner-rank"
 """The task kind of a learner rank (shoal.tasks.PROCESS_KIND; raft/ may not import shoal/)."""
 ACTIVE = ("pending", "running")
+ENDED = ("failed", "stopped")
+"""A task of a running job in one of these states is restarted: the job still wants it."""
 PLACEMENT_MODES = ("auto", "manual")
 """A job's `spec.placement`: "auto" jobs (the default: a job submitted without the field is
 scheduled) are the scheduler's; "manual" ones, whose tasks are placed by hand through
@@ -91,13 +95,18 @@ class TaskInfo:
 
 @dataclass(frozen=True)
 class Failure:
-    """A task of a running auto job that reported `failed` at `generation`."""
+    """A task of a running auto job that ended (reported `failed`, or `stopped` while its job
+    still runs) at `generation`: it is still wanted, so it is restarted."""
 
     id: str
     job: str
     learner: bool
     generation: int
     message: str
+    state: str = "failed"
+    gone: str = ""
+    """The node it ran on when that node went away (draining or dead), else empty: the end is
+    the node's doing, not the task's, so its restart is not counted."""
 
 
 @dataclass(frozen=True)
@@ -120,9 +129,12 @@ class Inputs:
     bad_modes: tuple[tuple[str, str], ...] = ()
     """(job, its spec.placement) where that value is neither "auto" nor "manual"."""
     failures: tuple[Failure, ...] = ()
-    """The failed tasks of running auto jobs, by task id: each is restarted."""
+    """The failed or stopped tasks of running auto jobs, by task id: each is restarted."""
     ranks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Running auto job -> all its learner-rank tasks (any state): the gang that restarts."""
+    gone_ranks: frozenset[str] = frozenset()
+    """Running auto jobs one of whose learner ranks sits on a node that went away: a peer
+    rank's failure is then that node's doing too (it exits 3 when its peer is stopped)."""
 
 
 @dataclass
@@ -196,7 +208,8 @@ def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int,
     groups = frozenset(
         c.job_id for c in m.checkpoints.values() if c.complete and running.get(c.job_id) == "auto"
     )
-    failures, ranks = _failures_and_ranks(m, {j for j, mode in running.items() if mode == "auto"})
+    auto = {j for j, mode in running.items() if mode == "auto"}
+    failures, ranks, gone_ranks = _failures_and_ranks(m, auto, _gone_nodes(m))
     return Inputs(
         topology,
         placements,
@@ -209,23 +222,35 @@ def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int,
         bad,
         failures,
         ranks,
+        gone_ranks,
     )
 
 
+def _gone_nodes(m: StateMachine) -> set[str]:
+    """Nodes that went away: draining (SIGTERM to its daemon, or an XID/ECC drain) or dead."""
+    return {n.id for n in m.nodes.values() if n.draining or n.liveness == "dead"}
+
+
 def _failures_and_ranks(
-    m: StateMachine, auto: set[str]
-) -> tuple[tuple[Failure, ...], dict[str, tuple[str, ...]]]:
+    m: StateMachine, auto: set[str], gone: set[str]
+) -> tuple[tuple[Failure, ...], dict[str, tuple[str, ...]], frozenset[str]]:
     failures = []
     ranks: dict[str, list[str]] = {}
+    gone_ranks: set[str] = set()
     for t in sorted(m.tasks.values(), key=lambda t: t.id):
         if t.job_id not in auto:
             continue
         learner = t.kind == LEARNER_KIND
+        node_gone = t.node if t.node is not None and t.node in gone else ""
         if learner:
             ranks.setdefault(t.job_id, []).append(t.id)
-        if t.state == "failed":
-            failures.append(Failure(t.id, t.job_id, learner, t.generation, t.message))
-    return tuple(failures), {job: tuple(ids) for job, ids in ranks.items()}
+            if node_gone:
+                gone_ranks.add(t.job_id)
+        if t.state in ENDED:
+            failures.append(
+                Failure(t.id, t.job_id, learner, t.generation, t.message, t.state, node_gone)
+            )
+    return tuple(failures), {job: tuple(ids) for job, ids in ranks.items()}, frozenset(gone_ranks)
 
 
 def _task_info(t: RaftTask, auto: bool, live: set[str]) -> TaskInfo:
@@ -371,25 +396,29 @@ def _bad_modes(inputs: Inputs, memory: Memory) -> list[Command]:
 
 
 def _restarts(inputs: Inputs) -> tuple[list[Command], set[str]]:
-    """Restart each failed task; a failed learner rank, or one whose node died while the rest
-    of its group runs, restarts its whole group (once per job per round: one failure usually
-    takes the peers down too). Also returns the jobs whose group restarts, which the round
-    does not place until the restart is applied."""
+    """Restart each task that failed or stopped while its job runs; a learner rank that ended,
+    or one whose node died while the rest of its group runs, restarts its whole group (once
+    per job per round: one failure usually takes the peers down too). A restart is counted
+    toward the job's intensity unless its node went away (drained or dead). Also returns the
+    jobs whose group restarts, which the round does not place until the restart is applied."""
     commands = []
     ranks_failed: dict[str, list[Failure]] = {}
     for f in inputs.failures:
         if f.learner:
             ranks_failed.setdefault(f.job, []).append(f)
             continue
-        reason = f"task {f.id} failed: {f.message or 'no reason given'}"
-        commands.append(_restart(f.job, f.id, f.generation, (f.id,), reason, True))
+        reason = _why(f)
+        commands.append(_restart(f.job, f.id, f.generation, (f.id,), reason, not f.gone))
     for job, failed in ranks_failed.items():
         # Which rank failed first is not recorded (a peer's death fails the others' next
         # collective): every failed rank is named, the first by id is the cause.
-        why = "; ".join(f"task {f.id} failed: {f.message or 'no reason given'}" for f in failed)
+        why = "; ".join(_why(f) for f in failed)
         reason = f"{why} (its learner group of {len(inputs.ranks[job])} restarts as one)"
         first = failed[0]
-        commands.append(_restart(job, first.id, first.generation, inputs.ranks[job], reason, True))
+        counted = job not in inputs.gone_ranks
+        commands.append(
+            _restart(job, first.id, first.generation, inputs.ranks[job], reason, counted)
+        )
     gangs = set(ranks_failed)
     for task_id in inputs.pending:
         t = inputs.tasks[task_id]
@@ -404,6 +433,15 @@ def _restarts(inputs: Inputs) -> tuple[list[Command], set[str]]:
         )
         commands.append(_restart(t.job, t.id, t.generation, inputs.ranks[t.job], reason, False))
     return commands, gangs
+
+
+def _why(f: Failure) -> str:
+    why = f"task {f.id} {f.state}: {f.message or 'no reason given'}"
+    if f.gone:
+        why += f" (its node {f.gone} went away: drained or dead)"
+    elif f.state == "stopped":
+        why += " (it ended on its own while its job runs)"
+    return why
 
 
 def _restart(

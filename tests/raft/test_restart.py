@@ -371,3 +371,121 @@ def test_a_restart_whose_cause_is_not_among_its_tasks_is_refused_before_proposin
     with pytest.raises(ValidationError) as info:
         validate_args("restart_tasks", args)
     assert info.value.field == "args.cause"
+
+
+# -- tasks that stop while their job runs ------------------------------------------------------
+
+
+def stop(m: StateMachine, task_id: str, now: float, why: str) -> None:
+    t = m.tasks[task_id]
+    report = {"task_id": t.id, "state": "stopped", "generation": t.generation, "message": why}
+    assert run(m, "set_task_state", report, now)["ok"]
+
+
+def drain(m: StateMachine, node: str, now: float) -> list[str]:
+    """What a node daemon does on SIGTERM: mark its node draining, stop and report its tasks."""
+    assert run(m, "set_draining", {"node_id": node, "draining": True}, now)["ok"]
+    there = [t.id for t in m.tasks.values() if t.node == node and t.state == "running"]
+    for task_id in there:
+        stop(m, task_id, now, f"node {node} drained")
+    return there
+
+
+def test_a_drained_nodes_tasks_run_again_elsewhere_uncounted_a_learner_group_as_one() -> None:
+    m = cluster({"max_restarts": 0, "window_s": 60})  # any counted restart would fail the job
+    learners = m.tasks["job-l0"].node
+    assert learners is not None
+    stopped = drain(m, learners, 10.0)
+    assert "job-l0" in stopped
+    assert "job-l1" in stopped
+    settle(m, 10.0)
+    job = m.jobs["job"]
+    assert (job.state, job.restart_times) == ("running", [])
+    assert all(t.state == "running" and t.node != learners for t in m.tasks.values())
+    assert len({m.tasks[f"job-l{i}"].node for i in range(RANKS)}) == 1  # one gang again
+    group = [e for e in restarts(m) if "job-l0" in e.fields["tasks"]]
+    [event] = group
+    assert event.fields["tasks"] == ["job-l0", "job-l1"]
+    assert event.fields["counted"] is False
+    assert f"task job-l0 stopped: node {learners} drained (its node {learners} went away" in (
+        event.message
+    )
+    assert "not counted toward the limit" in event.message
+    assert len(restarts(m)) == 1 + sum(1 for t in stopped if t.startswith("job-r"))
+
+
+def test_a_task_that_exits_0_on_its_own_restarts_and_counts() -> None:
+    m = cluster({"max_restarts": 1, "window_s": 60})
+    stop(m, "job-r2", 10.0, "exited with status 0")
+    settle(m, 10.0)
+    [event] = restarts(m)
+    assert event.message == (
+        "job job: task job-r2 stopped: exited with status 0 (it ended on its own while its job "
+        "runs); restart 1 of 1 in 60 s"
+    )
+    assert m.tasks["job-r2"].state == "running"
+    stop(m, "job-l1", 11.0, "exited with status 0")  # a learner rank: its group, counted
+    settle(m, 11.0)
+    assert m.jobs["job"].state == "failed"
+    assert "gave up after 1 restarts in 60 s" in m.jobs["job"].message
+
+
+def test_a_peer_rank_that_fails_because_its_partner_was_drained_is_not_counted() -> None:
+    m = StateMachine()
+    for name in ("a", "b", "c", "d"):
+        add_node(m, name, gpus=1, island_size=1)
+    submit(m, "job", {"max_restarts": 0, "window_s": 60})
+    settle(m, 0.0)
+    rank0, rank1 = m.tasks["job-l0"].node, m.tasks["job-l1"].node
+    assert rank0 is not None
+    assert rank0 != rank1
+    assert run(m, "set_draining", {"node_id": rank0, "draining": True}, 5.0)["ok"]
+    fail(m, "job-l1", 5.0, "exited with status 3")  # its peer's report arrives first
+    settle(m, 5.0)
+    assert m.jobs["job"].state == "running"
+    [event] = restarts(m)
+    assert event.fields["counted"] is False
+    assert all(m.tasks[f"job-l{i}"].node not in (rank0, None) for i in range(RANKS))
+
+
+NODES = ("a", "b", "c", "d", "e", "f")
+stop_st = st.tuples(
+    st.sampled_from((None, *NODES)),  # the node whose daemon gets SIGTERM and drains, if any
+    st.sets(st.sampled_from(TASKS)),  # tasks whose process exits 0 on its own
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(stop_st, min_size=1, max_size=3))
+def test_every_task_that_stops_while_its_job_runs_runs_again_counted_only_on_its_own(
+    steps: list[tuple[str | None, set[str]]],
+) -> None:
+    m = StateMachine()
+    for name in NODES:
+        add_node(m, name, gpus=4, island_size=4)
+    submit(m, "job", {"max_restarts": 1000, "window_s": 1e6})
+    settle(m, 0.0)
+    now, counted = 0.0, 0
+    for drained, exiting in steps:
+        now += 100.0
+        before = {t.id: (t.generation, t.node) for t in m.tasks.values()}
+        gone = drain(m, drained, now) if drained is not None else []
+        quits = sorted(t for t in exiting if t not in gone)
+        for task_id in quits:
+            stop(m, task_id, now, "exited with status 0")
+        seen = len(restarts(m))
+        apply_round(m, decide(read_inputs(m, {}), Memory(), now, BalancerConfig()), now)
+        ended = set(gone) | set(quits)
+        ranks = [f"job-l{i}" for i in range(RANKS)]
+        group = any(r in ended for r in ranks)
+        group_gone = any(before[r][1] == drained for r in ranks)
+        counted += sum(1 for t in quits if t not in ranks) + int(group and not group_gone)
+        assert len(m.jobs["job"].restart_times) == counted
+        for task_id in ended | (set(ranks) if group else set()):  # each restarted once
+            assert m.tasks[task_id].generation == before[task_id][0] + 1
+        units = len([t for t in ended if t not in ranks]) + int(group)
+        assert len(restarts(m)) - seen == units
+        settle(m, now)
+        assert m.jobs["job"].state == "running"
+        draining = {n.id for n in m.nodes.values() if n.draining}
+        assert all(t.state == "running" and t.node not in draining for t in m.tasks.values())

@@ -1,0 +1,126 @@
+"""Real processes on 127.0.0.1: a coordinator and two node daemons run a job of rollout actors
+(in-process) and a learner-like process task; one node daemon gets SIGTERM, drains (its tasks
+report "stopped: node nX drained") and exits, and the leader runs those tasks again on the
+other node without counting the restarts against the job's intensity.
+
+This module is also the process task: `main(argv)` sleeps until its node stops it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from shoal.local import LocalCluster, coordinator_specs, node_specs
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = "tests.raft.test_restart_drain:main"
+
+
+def main(argv: list[str]) -> int:
+    """The learner-like task: it runs until SIGTERM (the default action ends it)."""
+    while True:
+        time.sleep(3600)
+
+
+class Api:
+    def __init__(self, local: LocalCluster, url: str) -> None:
+        self.local, self.url = local, url
+
+    def get(self, path: str) -> Any:
+        return self.local.get(f"{self.url}{path}")
+
+    def submit(self, body: dict[str, Any]) -> Any:
+        request = urllib.request.Request(
+            f"{self.url}/v1/jobs",
+            data=json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {self.local.token}",
+                "Content-Type": "application/json",
+            },
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def tasks(self) -> dict[str, dict[str, Any]]:
+        return {t["id"]: t for t in self.get("/v1/tasks?job=job")["tasks"]}
+
+
+def wait_for(what: str, probe: Callable[[], T | None], local: LocalCluster) -> T:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.2)
+    logs = "\n".join(f"--- {n}\n{local.tail(n, 20)}" for n in ("c1", "n1", "n2"))
+    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Api]:
+    # The node daemons check, and their children import, this module by its path from ROOT.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    monkeypatch.setenv("PYTHONPATH", path)
+    local = LocalCluster(tmp_path)
+    coordinators = coordinator_specs(tmp_path, 1, ("--suspect-after", "1", "--dead-after", "3"))
+    urls = [s.api_url for s in coordinators if s.api_url]
+    nodes = node_specs(tmp_path, urls, 2, 1, 1, ("--heartbeat", "0.3", "--stop-timeout", "5"))
+    local.create(coordinators + nodes)
+    try:
+        local.start_all()
+        url = local.wait_ready(timeout=60)
+        local.wait_nodes(2, timeout=60)
+        yield Api(local, url)
+    finally:
+        local.stop_all()
+
+
+def running(tasks: dict[str, dict[str, Any]], avoid: str = "") -> dict[str, dict[str, Any]]:
+    if all(t["state"] == "running" and t["node"] not in (None, avoid) for t in tasks.values()):
+        return tasks
+    return {}
+
+
+@pytest.mark.timeout(150)
+def test_a_drained_nodes_tasks_run_again_on_the_other_node_uncounted(api: Api) -> None:
+    rollouts = [
+        {"task_id": f"r{i}", "kind": "rollout", "actor": "shoal.runtime.actor:Actor"}
+        for i in range(2)
+    ]
+    learner = {
+        "task_id": "l0",
+        "kind": "learner-rank",
+        "actor": ENTRY,
+        "resources": {"gpus": 1},
+    }
+    spec = {"placement": "auto", "restart": {"max_restarts": 0, "window_s": 600}}
+    api.submit({"job_id": "job", "spec": spec, "tasks": [*rollouts, learner]})
+    before = wait_for("every task running", lambda: running(api.tasks()), api.local)
+    drained = before["l0"]["node"]
+    on_it = sorted(t for t, info in before.items() if info["node"] == drained)
+    api.local.signal(drained, signal.SIGTERM)
+    after = wait_for(
+        f"the tasks of {drained} running elsewhere",
+        lambda: running(api.tasks(), avoid=drained),
+        api.local,
+    )
+    for task_id in on_it:
+        assert after[task_id]["generation"] > before[task_id]["generation"]
+    job = api.get("/v1/jobs/job")
+    assert job["state"] == "running"  # max_restarts 0: a counted restart would have failed it
+    assert job["restart_times"] == []
+    events = [e for e in api.get("/v1/events?limit=1000")["events"] if e["kind"] == "restart"]
+    restarted = sorted(t for e in events for t in e["fields"]["tasks"])
+    assert restarted == on_it
+    assert all(e["fields"]["counted"] is False for e in events)
+    assert all(f"node {drained} drained" in e["message"] for e in events)
