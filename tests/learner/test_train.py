@@ -265,3 +265,34 @@ def test_a_dead_embedded_node_ends_the_run_with_its_log(tmp_path: Path) -> None:
     with pytest.raises(TrainError, match=r"n1 of the embedded cluster exited; see .*n1\.log"):
         train(cfg, run_dir=run_dir, on_poll=kill_the_node, evaluate_at_end=False)
     assert _naming(run_dir) == []
+
+
+@pytest.mark.timeout(180)
+def test_past_max_restarts_the_job_fails_and_the_run_ends_with_its_message(
+    tmp_path: Path,
+) -> None:
+    """`max_restarts` travels in the job spec: with 0, the leader restarts nothing, fails the
+    job at the first SIGKILLed rank, and the run ends with the job's message."""
+    import signal
+    from dataclasses import replace
+
+    from shoal.cluster_train import ClusterRun
+    from shoal.learner.config import TrainConfig
+    from shoal.train import TrainError, train
+
+    run_dir = tmp_path / "run"
+    cfg = replace(TrainConfig(), target_return=1e9, time_limit_s=120.0)
+    killed: list[int] = []
+
+    def kill_the_learner(run: ClusterRun) -> None:
+        pid = run.status.statuses.get(0, {}).get("pid")
+        if not killed and run.status.version() >= 1 and pid is not None:
+            killed.append(pid)
+            os.kill(pid, signal.SIGKILL)
+
+    with pytest.raises(TrainError, match=r"job train-\w+ failed: .*SIGKILL"):
+        train(cfg, run_dir=run_dir, on_poll=kill_the_learner, evaluate_at_end=False, max_restarts=0)
+    assert killed
+    spec = json.loads((run_dir / "cluster.json").read_text())
+    assert {p["name"] for p in spec["processes"]} == {"c1", "n1"}
+    assert _naming(run_dir) == []

@@ -72,6 +72,8 @@ def test_train_runs_as_a_placed_job_and_stops_it(
     job = next(j for j in seen["jobs"] if j["id"] == job_id)
     assert job["state"] == "stopped"
     assert job["spec"]["placement"] == "auto"
+    assert job["spec"]["restart"] == {"max_restarts": 5, "window_s": 600.0}
+    assert summary["cluster"] == {"coordinators": cluster.api_urls(), "embedded": False}
     tasks = {t["id"]: t for t in seen["tasks"] if t["job_id"] == job_id}
     assert set(tasks) == {f"{job_id}-learner-0", f"{job_id}-rollout-0"}
     assert all(t["node"] == "n1" and t["state"] == "stopped" for t in tasks.values())
