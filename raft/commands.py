@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from shoal.raft.errors import ValidationError
-from shoal.raft.model import LIVENESS, TASK_STATES
+from shoal.raft.model import DEFAULT_BACKOFF_MAX_S, DEFAULT_BACKOFF_S, LIVENESS, TASK_STATES
 from shoal.raft.schema import Schema, check
 
 MAX_COMMAND_BYTES = 1 << 20
@@ -83,10 +83,13 @@ RESTART_POLICY: Schema = {
     "properties": {
         "max_restarts": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
         "window_s": {"type": "number", "minimum": 0, "maximum": 1e9},
+        "backoff_s": {"type": "number", "minimum": 0, "maximum": 1e6},
+        "backoff_max_s": {"type": "number", "minimum": 0, "maximum": 1e6},
     },
 }
 """A job's `spec.restart`: how many restarts of its tasks within `window_s` seconds the leader
-makes before it fails the job (OTP-style restart intensity)."""
+makes before it fails the job (OTP-style restart intensity), and the back-off between counted
+restarts (none for the first in the window, then `backoff_s` doubling up to `backoff_max_s`)."""
 
 
 def _obj(required: list[str], **props: Schema) -> Schema:
@@ -225,6 +228,14 @@ def _check_restart_policy(spec: dict[str, Any], field: str) -> None:
             f"{field}.window_s",
             f"must be > 0 seconds, got {policy['window_s']}; give the sliding window in which "
             "restarts are counted",
+        )
+    base = policy.get("backoff_s", DEFAULT_BACKOFF_S)
+    cap = policy.get("backoff_max_s", DEFAULT_BACKOFF_MAX_S)
+    if cap < base:
+        raise ValidationError(
+            f"{field}.backoff_max_s",
+            f"is {cap} s, less than backoff_s ({base} s); the cap must be at least the first "
+            "back-off: raise backoff_max_s or lower backoff_s",
         )
 
 

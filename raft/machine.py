@@ -228,8 +228,9 @@ class StateMachine:
     def _restart_tasks(self, args: dict[str, Any], at: float) -> Result:
         """Start tasks of a running job again after `cause` ended at `generation`: each becomes
         pending with no node and a new generation (its node stops the old incarnation; the
-        scheduler places it again, a learner group as one gang). A counted restart past the
-        job's `spec.restart` intensity fails the job instead."""
+        scheduler places it again, a learner group as one gang, once its `due` time passed).
+        A counted restart past the job's `spec.restart` intensity fails the job instead; one
+        within it is due after the job's back-off (`Job.backoff`), from the command's time."""
         job = self.jobs.get(args["job_id"])
         if job is None:
             return refused("not_found", f"no job {args['job_id']!r}", "job_id")
@@ -250,6 +251,7 @@ class StateMachine:
                 f"not {args['generation']}",
                 "generation",
             )
+        delay = 0.0
         if args["counted"]:
             limit, window = job.restart_policy()
             job.restart_times = [t for t in job.restart_times if t > at - window]
@@ -257,19 +259,24 @@ class StateMachine:
                 return self._fail_job(
                     job, at, f"{args['reason']}; gave up after {limit} restarts in {window:g} s"
                 )
+            delay = job.backoff(len(job.restart_times))
             job.restart_times.append(at)
         job.restarts += 1
         for task_id in ids:
             self._unplace(self.tasks[task_id], at, args["reason"])
+            self.tasks[task_id].due = at + delay
+        # The count stays last: readers (and tests) take it as the message's last "; " part.
+        wait = f"placed again after a {delay:g} s back-off; " if delay else ""
         self._event(
             at,
             "restart",
-            f"job {job.id}: {args['reason']}; {self._restart_count(job, args['counted'])}",
+            f"job {job.id}: {args['reason']}; {wait}{self._restart_count(job, args['counted'])}",
             job=job.id,
             cause=cause.id,
             tasks=ids,
             counted=args["counted"],
             restarts=job.restarts,
+            due=at + delay,
         )
         return ok(job=asdict(job), tasks=ids)
 

@@ -16,6 +16,8 @@ TASK_STATES = ("pending", "running", "stopped", "failed")
 JOB_STATES = ("running", "stopped", "failed")
 DEFAULT_MAX_RESTARTS = 5
 DEFAULT_RESTART_WINDOW_S = 600.0
+DEFAULT_BACKOFF_S = 1.0
+DEFAULT_BACKOFF_MAX_S = 60.0
 
 
 @dataclass
@@ -81,6 +83,9 @@ class Task:
     issued: int = 0
     """The highest generation ever handed out, so an abandoned incoming copy's generation is
     never reused and its late reports stay stale."""
+    due: float = 0.0
+    """When a restarted task may be placed again (its job's restart back-off; the leader's
+    clock, carried by the restart command): the scheduler leaves it pending until then."""
 
 
 @dataclass
@@ -104,6 +109,17 @@ class Job:
             int(policy.get("max_restarts", DEFAULT_MAX_RESTARTS)),
             float(policy.get("window_s", DEFAULT_RESTART_WINDOW_S)),
         )
+
+    def backoff(self, earlier: int) -> float:
+        """Seconds a counted restart waits when `earlier` counted restarts are already in the
+        window: none for the first, then `backoff_s` doubling up to `backoff_max_s`, so a
+        crash loop spreads its restarts out instead of spending its intensity in seconds."""
+        if earlier <= 0:
+            return 0.0
+        policy = self.spec.get("restart") or {}
+        base = float(policy.get("backoff_s", DEFAULT_BACKOFF_S))
+        cap = float(policy.get("backoff_max_s", DEFAULT_BACKOFF_MAX_S))
+        return min(base * 2.0 ** min(earlier - 1, 64), cap)
 
 
 @dataclass

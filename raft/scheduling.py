@@ -8,6 +8,8 @@ batch through the same write path the API uses. What it decides:
   machine counts them against the job's `spec.restart` intensity and fails the job past it,
   except when the task's node went away: drained or dead): a rollout task alone, a learner
   rank with its whole group, as is a group one of whose ranks' node died;
+- a counted restart waits out its job's back-off: its tasks stay pending until their `due`
+  time (replicated, from the restart command's time), then are placed like any other;
 - pending tasks, and the active tasks of dead nodes, are placed: a job's learner ranks as one
   gang (one NVLink island, else one RDMA domain, else refused with the reason), rollout actors
   spread; tasks of suspect nodes stay where they are;
@@ -91,6 +93,8 @@ class TaskInfo:
     """An incoming copy is starting elsewhere: the task is not moved again until it resolves."""
     next_generation: int = 1
     """The generation the machine hands out next (to a re-placement or an incoming copy)."""
+    due: float = 0.0
+    """A restarted task is not placed before this time (its job's restart back-off)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,10 @@ class Memory:
     """The health batch the balancer last ran on: it runs once per batch (once per report)."""
     applied: int = -1
     """The state's applied-command count at the last round: an unchanged state is not re-read
-    (the conversion holds the state's lock), since only a change can alter a decision."""
+    (the conversion holds the state's lock), since only a change or `wake` can alter a decision."""
+    wake: float = 0.0
+    """The earliest time a restarted task waiting out its back-off becomes due (0: none waits):
+    the round re-reads the state then even if nothing changed."""
 
 
 @dataclass(frozen=True)
@@ -272,6 +279,7 @@ def _task_info(t: RaftTask, auto: bool, live: set[str]) -> TaskInfo:
         t.state == "running",
         t.incoming is not None,
         max(t.issued, t.generation) + 1,
+        t.due,
     )
 
 
@@ -375,7 +383,10 @@ def decide(inputs: Inputs, memory: Memory, now: float, config: BalancerConfig) -
     """One round: restart what failed, place what is pending, else balance on a new health
     batch. Updates `memory`."""
     restarts, restarting = _restarts(inputs)
-    commands = _bad_modes(inputs, memory) + restarts + _place_pending(inputs, memory, restarting)
+    waiting = [inputs.tasks[t].due for t in inputs.pending if inputs.tasks[t].due > now]
+    memory.wake = min(waiting, default=0.0)
+    placed = _place_pending(inputs, memory, restarting, now)
+    commands = _bad_modes(inputs, memory) + restarts + placed
     if not commands and inputs.health_stamp != memory.health_stamp:
         memory.health_stamp = inputs.health_stamp
         commands = _balance(inputs, memory, now, config)
@@ -459,16 +470,16 @@ def _restart(
 
 
 def _requests(
-    inputs: Inputs, skip: set[str]
+    inputs: Inputs, skip: set[str], now: float
 ) -> tuple[list[LearnerGroup], list[RolloutActor], dict[str, str]]:
-    """Pending tasks (but the learner ranks of jobs in `skip`) as placement requests; also the
-    request name -> task id map."""
+    """Pending tasks that are due at `now` (but the learner ranks of jobs in `skip`) as
+    placement requests; also the request name -> task id map."""
     names: dict[str, str] = {}
     ranks: dict[str, list[TaskInfo]] = {}
     actors = []
     for task_id in inputs.pending:
         t = inputs.tasks[task_id]
-        if t.learner and t.job in skip:
+        if (t.learner and t.job in skip) or t.due > now:
             continue
         if t.learner:
             ranks.setdefault(t.job, []).append(t)
@@ -490,8 +501,8 @@ def _requests(
     return groups, actors, names
 
 
-def _place_pending(inputs: Inputs, memory: Memory, skip: set[str]) -> list[Command]:
-    groups, actors, names = _requests(inputs, skip)
+def _place_pending(inputs: Inputs, memory: Memory, skip: set[str], now: float) -> list[Command]:
+    groups, actors, names = _requests(inputs, skip, now)
     if not groups and not actors:
         return []
     plan = place(inputs.topology, inputs.placements, groups, actors)
@@ -678,7 +689,8 @@ class SchedulerLoop:
 
     async def round(self, now: float) -> Round:
         ctx = self._ctx
-        if ctx.read(lambda m: m.applied_count) == self.memory.applied:
+        waking = 0.0 < self.memory.wake <= now
+        if ctx.read(lambda m: m.applied_count) == self.memory.applied and not waking:
             return Round(())
         gpus = dict(self.memory.gpus)
         self.memory.applied, inputs = ctx.read(lambda m: (m.applied_count, read_inputs(m, gpus)))

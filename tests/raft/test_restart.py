@@ -4,6 +4,7 @@ gang, stopped jobs left alone. Rounds run over a real StateMachine, as the loop 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.raft.commands import make_command, validate_args
+from shoal.raft.config import LivenessConfig, SchedulingConfig
 from shoal.raft.errors import ValidationError
 from shoal.raft.machine import StateMachine
 from shoal.raft.scheduling import LEARNER_KIND, Memory, decide, read_inputs
@@ -136,7 +138,7 @@ def test_past_the_intensity_the_job_fails_naming_the_last_failure_and_stops_its_
     for i, now in enumerate((10.0, 20.0)):
         fail(m, "job-r0", now)
         settle(m, now)
-        assert restarts(m)[-1].message.endswith(f"restart {i + 1} of 2 in 60 s")
+        assert f"; restart {i + 1} of 2 in 60 s" in restarts(m)[-1].message
     fail(m, "job-r0", 30.0, "killed by SIGKILL")
     settle(m, 30.0)
     job = m.jobs["job"]
@@ -199,6 +201,10 @@ def test_manual_and_stopped_jobs_never_restart() -> None:
         ({"window_s": 0}, "args.spec.restart.window_s"),
         ({"window_s": "10"}, "args.spec.restart.window_s"),
         ({"windows": 10}, "args.spec.restart.windows"),
+        ({"backoff_s": -1}, "args.spec.restart.backoff_s"),
+        ({"backoff_s": 90}, "args.spec.restart.backoff_max_s"),
+        ({"backoff_s": 2, "backoff_max_s": 1}, "args.spec.restart.backoff_max_s"),
+        ({"backoff_max_s": "1m"}, "args.spec.restart.backoff_max_s"),
         ("often", "args.spec.restart"),
     ],
 )
@@ -463,7 +469,7 @@ def test_every_task_that_stops_while_its_job_runs_runs_again_counted_only_on_its
     m = StateMachine()
     for name in NODES:
         add_node(m, name, gpus=4, island_size=4)
-    submit(m, "job", {"max_restarts": 1000, "window_s": 1e6})
+    submit(m, "job", {"max_restarts": 1000, "window_s": 1e6, "backoff_s": 0, "backoff_max_s": 0})
     settle(m, 0.0)
     now, counted = 0.0, 0
     for drained, exiting in steps:
@@ -489,3 +495,117 @@ def test_every_task_that_stops_while_its_job_runs_runs_again_counted_only_on_its
         assert m.jobs["job"].state == "running"
         draining = {n.id for n in m.nodes.values() if n.draining}
         assert all(t.state == "running" and t.node not in draining for t in m.tasks.values())
+
+
+# -- back-off between counted restarts ---------------------------------------------------------
+
+
+def placed_now(m: StateMachine, task_id: str, now: float) -> bool:
+    """Whether a round at `now` places the pending task (applied, as the loop commits it)."""
+    apply_round(m, decide(read_inputs(m, {}), Memory(), now, BalancerConfig()), now)
+    return m.tasks[task_id].node is not None
+
+
+def test_a_crash_loop_waits_0_then_1_2_4_seconds_capped_and_uncounted_restarts_never_wait() -> None:
+    m = cluster({"max_restarts": 10, "window_s": 600, "backoff_s": 1, "backoff_max_s": 3})
+    now = 10.0
+    for delay in (0.0, 1.0, 2.0, 3.0, 3.0):
+        fail(m, "job-r0", now)
+        assert not placed_now(m, "job-r0", now)  # this round restarts it (the next places)
+        if delay:
+            assert not placed_now(m, "job-r0", now + delay - 0.01)
+            assert f"placed again after a {delay:g} s back-off" in restarts(m)[-1].message
+        assert m.tasks["job-r0"].due == now + delay
+        assert restarts(m)[-1].fields["due"] == now + delay
+        now += delay
+        assert placed_now(m, "job-r0", now)
+        settle(m, now)
+        now += 1.0
+    learners = m.tasks["job-l0"].node
+    assert learners is not None
+    drain(m, learners, now)  # the node went away: no back-off, even in a crash loop's window
+    assert not placed_now(m, "job-l0", now)
+    assert placed_now(m, "job-l0", now)
+    assert all(m.tasks[f"job-l{i}"].due == now for i in range(RANKS))
+
+
+restart_at_st = st.lists(st.floats(0.5, 40.0), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.one_of(st.just(0.0), st.floats(0.01, 5.0)),
+    st.floats(0.0, 20.0),
+    st.floats(5.0, 100.0),
+    restart_at_st,
+    st.sampled_from(["job-r1", "job-l0"]),
+)
+def test_each_counted_restart_is_due_after_its_back_off_and_placed_only_then(
+    base: float, extra: float, window: float, gaps: list[float], task_id: str
+) -> None:
+    cap = base + extra
+    policy = {"max_restarts": 100, "window_s": window, "backoff_s": base, "backoff_max_s": cap}
+    m = cluster(policy)
+    now, earlier = 0.0, []  # the model: when the counted restarts in the window happened
+    for gap in gaps:
+        now += gap
+        fail(m, task_id, now)
+        inputs = read_inputs(m, {})
+        rnd = decide(inputs, Memory(), now, BalancerConfig())
+        again = decide(inputs, Memory(), now, BalancerConfig())  # a new leader, same state
+        assert [c.op_id for c in rnd.commands] == [c.op_id for c in again.commands]
+        apply_round(m, rnd, now)
+        earlier = [t for t in earlier if t > now - window]
+        delay = 0.0 if not earlier else min(base * 2 ** (len(earlier) - 1), cap)
+        earlier.append(now)
+        assert m.tasks[task_id].due == now + delay
+        assert m.tasks[task_id].node is None
+        memory = Memory()
+        if delay > 0:
+            assert not placed_now(m, task_id, now + delay / 2)
+            decide(read_inputs(m, {}), memory, now, BalancerConfig())
+            assert memory.wake == now + delay  # the loop re-reads then, with no other change
+        now += delay
+        assert placed_now(m, task_id, now)
+        settle(m, now)
+    assert m.jobs["job"].state == "running"
+
+
+@pytest.mark.timeout(60)
+def test_the_leader_places_a_task_when_its_back_off_ends_with_nothing_else_changing(
+    tmp_path: Path,
+) -> None:
+    replica = InProcessReplica(
+        tmp_path,
+        scheduling=SchedulingConfig(period=0.05),
+        liveness=LivenessConfig(suspect_after=60.0, dead_after=120.0),  # no other change
+    )
+    try:
+        replica.start()
+        node = {"node_id": "a", "address": "shoal://a:1", "resources": {"cpus": 4, "memory": 0}}
+        assert replica.request("POST", "/v1/nodes", node)[0] == 201
+        restart = {"max_restarts": 5, "window_s": 600, "backoff_s": 1.5, "backoff_max_s": 1.5}
+        task = {"task_id": "t", "kind": "rollout", "actor": "a.b:C"}
+        body = {"job_id": "j", "spec": {"restart": restart}, "tasks": [task]}
+        assert replica.request("POST", "/v1/jobs", body)[0] == 201
+        for _ in range(2):  # the second counted restart waits 1.5 s
+            generation = wait_placed(replica)
+            report = {"state": "failed", "generation": generation, "message": "exit 1"}
+            assert replica.request("PUT", "/v1/tasks/t/state", report)[0] == 200
+        failed_at = time.time()
+        wait_placed(replica)
+        assert time.time() - failed_at > 1.0  # not before its back-off
+        _, answer = replica.request("GET", "/v1/tasks/t")
+        assert answer["due"] >= failed_at + 1.0
+    finally:
+        replica.close()
+
+
+def wait_placed(replica: InProcessReplica) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        _, task = replica.request("GET", "/v1/tasks/t")
+        if task["node"] is not None and task["state"] == "pending":
+            return int(task["generation"])
+        time.sleep(0.05)
+    raise AssertionError(f"task t never placed: {task}")
