@@ -60,6 +60,16 @@ class StateMachine:
         # and left out of the digest.
         self._by_node: dict[str, dict[str, None]] = {}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled from a pysyncobj dump, perhaps one an older shoal wrote: attributes it
+        lacks start empty, and the node index, derived, is rebuilt when it is missing."""
+        self.__dict__.update({**StateMachine().__dict__, **state})
+        if "_by_node" not in state:
+            for task in self.tasks.values():
+                self._index(task.id, task.node)
+                if task.incoming is not None:
+                    self._index(task.id, task.incoming.node)
+
     # -- the one writer -------------------------------------------------------------------
 
     def apply(self, command: dict[str, Any]) -> Result:

@@ -8,7 +8,7 @@ and the machine's node -> task ids index is derived from them alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 LIVENESS = ("alive", "suspect", "dead")
@@ -20,8 +20,23 @@ DEFAULT_BACKOFF_S = 1.0
 DEFAULT_BACKOFF_MAX_S = 60.0
 
 
+class Restorable:
+    """A record unpickled from a data dir written by an older shoal (pysyncobj's dump pickles
+    the records) gets its missing fields' defaults, instead of failing on first use."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            if f.name in state:
+                continue
+            if f.default is not MISSING:
+                state[f.name] = f.default
+            elif f.default_factory is not MISSING:
+                state[f.name] = f.default_factory()
+        self.__dict__.update(state)
+
+
 @dataclass
-class Gpu:
+class Gpu(Restorable):
     index: int
     uuid: str
     island: str
@@ -29,14 +44,14 @@ class Gpu:
 
 
 @dataclass
-class Resources:
+class Resources(Restorable):
     cpus: float
     memory: int
     gpus: list[Gpu] = field(default_factory=list)
 
 
 @dataclass
-class Node:
+class Node(Restorable):
     id: str
     address: str
     resources: Resources
@@ -50,14 +65,14 @@ class Node:
 
 
 @dataclass
-class TaskResources:
+class TaskResources(Restorable):
     cpus: float = 0.0
     memory: int = 0
     gpus: int = 0
 
 
 @dataclass
-class Incoming:
+class Incoming(Restorable):
     """The new copy of a task being migrated make-before-break: it runs beside the current
     copy, under its own generation, until it reports running (promoted) or fails (dropped)."""
 
@@ -67,7 +82,7 @@ class Incoming:
 
 
 @dataclass
-class Task:
+class Task(Restorable):
     id: str
     job_id: str
     kind: str
@@ -89,7 +104,7 @@ class Task:
 
 
 @dataclass
-class Job:
+class Job(Restorable):
     id: str
     spec: dict[str, Any]
     submitted_at: float
@@ -123,7 +138,7 @@ class Job:
 
 
 @dataclass
-class Checkpoint:
+class Checkpoint(Restorable):
     job_id: str
     path: str
     step: int
@@ -133,7 +148,7 @@ class Checkpoint:
 
 
 @dataclass
-class Event:
+class Event(Restorable):
     seq: int
     at: float
     kind: str
@@ -142,7 +157,7 @@ class Event:
 
 
 @dataclass
-class LeaderRecord:
+class LeaderRecord(Restorable):
     """The replica that last announced itself leader, so followers can reach its admin API."""
 
     replica_id: str
