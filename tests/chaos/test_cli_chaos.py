@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -128,15 +129,19 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 @pytest.mark.timeout(120)
 def test_inject_kills_the_leader_and_restarts_it(cluster: LocalCluster) -> None:
-    leader_api = cluster.wait_ready()
-    leader = next(s.name for s in cluster.specs() if s.api_url == leader_api)
-    old_pid = cluster.pid(leader)
+    """The leader is resolved when the command runs (it may have changed since the cluster
+    came up on a loaded machine), so the killed replica is read from the output."""
+    cluster.wait_ready()
+    pids = {s.name: cluster.pid(s.name) for s in cluster.specs()}
     done = shoal(
         "chaos", "inject", "kill", "leader", "--duration", "1", "--run-dir", str(cluster.run_dir),
         timeout=100,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert f"SIGKILL {leader} (pid {old_pid})" in done.stdout
+    killed = re.search(r"SIGKILL (c\d) \(pid (\d+)\)", done.stdout)
+    assert killed is not None, done.stdout
+    leader, old_pid = killed[1], int(killed[2])
+    assert pids[leader] == old_pid
     assert f"restarted {leader}" in done.stdout
     assert LocalCluster(cluster.run_dir).pid(leader) not in (None, old_pid)
 
