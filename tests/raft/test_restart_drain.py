@@ -1,7 +1,9 @@
 """Real processes on 127.0.0.1: a coordinator and two node daemons run a job of rollout actors
 (in-process) and a learner-like process task; one node daemon gets SIGTERM, drains (its tasks
 report "stopped: node nX drained") and exits, and the leader runs those tasks again on the
-other node without counting the restarts against the job's intensity.
+other node without counting the restarts against the job's intensity. The same with `shoal
+train cartpole` (2 learner ranks, 2 rollout workers) on a 2-node `shoal up` cluster: the node of
+its learner group drains, the group runs again, as one, on the other node.
 
 This module is also the process task: `main(argv)` sleeps until its node stops it."""
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -18,6 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from shoal.cli import main as cli_main
 from shoal.local import LocalCluster, coordinator_specs, node_specs
 
 T = TypeVar("T")
@@ -124,3 +129,59 @@ def test_a_drained_nodes_tasks_run_again_on_the_other_node_uncounted(api: Api) -
     assert restarted == on_it
     assert all(e["fields"]["counted"] is False for e in events)
     assert all(f"node {drained} drained" in e["message"] for e in events)
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    return out
+
+
+def _ranks(run_dir: Path, since: float = 0.0) -> dict[int, dict[str, Any]]:
+    starts = [e for e in _events(run_dir) if e.get("event") == "start"]
+    return {e["rank"]: e for e in starts if e.get("process") == "learner" and e["time"] > since}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_shoal_train_goes_on_when_the_node_of_its_learner_group_drains(tmp_path: Path) -> None:
+    cluster_dir, run_dir = tmp_path / "cluster", tmp_path / "run"
+    local = LocalCluster(cluster_dir)
+    argv = [
+        sys.executable, "-m", "shoal", "train", "cartpole", "--cluster", str(cluster_dir),
+        "--run-dir", str(run_dir), "--ranks", "2", "--workers", "2", "--time-limit", "200",
+        "--target-return", "100000", "--checkpoint-interval", "1", "--quiet", "--json",
+        "--no-eval",
+    ]  # fmt: skip
+    try:
+        up = ["up", "--replicas", "1", "--nodes", "2", "--timeout", "60", "--run-dir"]
+        assert cli_main([*up, str(cluster_dir)]) == 0
+        api = Api(local, local.wait_ready())
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for("both ranks running", lambda: len(_ranks(run_dir)) == 2, local)
+            ranks = [t for t in api.get("/v1/tasks")["tasks"] if t["kind"] == "learner-rank"]
+            [drained] = {t["node"] for t in ranks}  # one gang, on one node
+            drained_at = time.time()
+            local.signal(drained, signal.SIGTERM)
+            wait_for("a new group", lambda: len(_ranks(run_dir, drained_at)) == 2, local)
+            proc.send_signal(signal.SIGINT)  # an orderly stop, as Ctrl-C
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert summary["restarts"] >= 1, err[-2000:]
+        job = api.get(f"/v1/jobs/{summary['job_id']}")
+        assert job["restart_times"] == []  # the node went away: nothing counted
+        after = [t for t in job["tasks"] if t["kind"] == "learner-rank"]
+        assert all(t["node"] != drained for t in after)
+    finally:
+        if (cluster_dir / "cluster.json").exists():
+            local.stop_all()
