@@ -380,8 +380,8 @@ def _health(n: RaftNode, shares_host: bool) -> NodeHealth | None:
 
 
 def decide(inputs: Inputs, memory: Memory, now: float, config: BalancerConfig) -> Round:
-    """One round: restart what failed, place what is pending, else balance on a new health
-    batch. Updates `memory`."""
+    """One round: restart what failed or stopped, place what is pending and due, else balance
+    on a new health batch. Updates `memory` (including when to wake for the next due task)."""
     restarts, restarting = _restarts(inputs)
     waiting = [inputs.tasks[t].due for t in inputs.pending if inputs.tasks[t].due > now]
     memory.wake = min(waiting, default=0.0)
