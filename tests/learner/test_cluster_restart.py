@@ -83,17 +83,25 @@ def _learner_starts(run_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    ("victim", "sig", "why"),
+    ("victim", "sig", "whys"),
     [
-        (1, signal.SIGKILL, "task {job}-learner-1 failed: killed by SIGKILL"),
-        # As when rank 0's node daemon dies (its children get SIGTERM): rank 0 stops cleanly,
-        # rank 1 stops with it but was not asked to, so it fails and the group restarts.
-        (0, signal.SIGTERM, "task {job}-learner-1 failed: exited with status 3"),
+        (1, signal.SIGKILL, ("task {job}-learner-1 failed: killed by SIGKILL",)),
+        # As when rank 0's node daemon dies (its children get SIGTERM): rank 0 stops cleanly
+        # while its job runs, rank 1 stops with it but was not asked to (status 3); whichever
+        # report reaches the leader first names the group's restart.
+        (
+            0,
+            signal.SIGTERM,
+            (
+                "task {job}-learner-0 stopped: exited with status 0",
+                "task {job}-learner-1 failed: exited with status 3",
+            ),
+        ),
     ],
     ids=["sigkill-rank1", "sigterm-rank0"],
 )
 def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
-    cluster: LocalCluster, tmp_path: Path, victim: int, sig: signal.Signals, why: str
+    cluster: LocalCluster, tmp_path: Path, victim: int, sig: signal.Signals, whys: tuple[str, ...]
 ) -> None:
     run_dir = tmp_path / "run"
     argv = [
@@ -150,7 +158,7 @@ def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
         e for e in seen["events"] if e["kind"] == "restart" and e["fields"].get("job") == job_id
     ]
     assert restarts
-    assert why.format(job=job_id) in restarts[0]["message"]
+    assert any(why.format(job=job_id) in restarts[0]["message"] for why in whys)
     assert "restart 1 of 5 in 600 s" in restarts[0]["message"]
     assert sorted(restarts[0]["fields"]["tasks"]) == [f"{job_id}-learner-0", f"{job_id}-learner-1"]
     tasks = {t["id"]: t for t in seen["tasks"] if t["job_id"] == job_id}
