@@ -7,7 +7,9 @@ ranks (kind `learner-rank`, which the leader gang-places) and rollout workers
 and `spec.restart` so it restarts what fails (a failed rank restarts its whole group, which
 resumes from the newest complete checkpoint). Progress, the progress bar and the stop rule
 come from the ranks' status files in the run directory (the nodes share this machine's file
-system). On stop it asks the coordinator to stop the job, waits for the tasks to stop (rank 0
+system). The job's state is read through a consistent read once a second; a lone bad answer
+(a restarted replica replaying its log, no leader for a moment) never ends the run, only
+`JobWatch.needed` consecutive ones, or a minute without any answer. On stop it asks the coordinator to stop the job, waits for the tasks to stop (rank 0
 writes the final checkpoint on SIGTERM) and records that checkpoint with the coordinator.
 The coordinators are those of a `shoal up` cluster, or of the embedded one `train` starts.
 """
@@ -50,6 +52,8 @@ RESTART_WINDOW_S = 600.0
 STOP_WAIT_S = 40.0
 CLIENT_TIMEOUT_S = 5.0
 ACTIVE = ("pending", "running")
+JOB_GONE_ANSWERS = 3
+UNREACHABLE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,57 @@ def find_cluster(run_dir: Path) -> Coordinators | None:
     return Coordinators([s.api_url for s in specs if s.api_url], local.run_dir / "api-token")
 
 
+@dataclass
+class JobWatch:
+    """Decides when the job's state ends the run. One answer never does: a replica just
+    restarted after a kill may still be replaying its log, and an unreachable cluster may be
+    electing a leader. The run ends only after `needed` consecutive consistent answers that
+    the job failed or does not exist, or after `patience_s` without any answer."""
+
+    needed: int = JOB_GONE_ANSWERS
+    patience_s: float = UNREACHABLE_S
+    bad: int = 0
+    answered_at: float | None = None
+
+    def __post_init__(self) -> None:
+        from shoal.errors import ConfigError
+
+        if self.needed < 1:
+            raise ConfigError(f"needed = {self.needed!r}: give 1 or more answers")
+        if self.patience_s <= 0:
+            raise ConfigError(f"patience_s = {self.patience_s!r}: give a positive number of s")
+
+    def answer(self, job_id: str, job: dict[str, Any] | None, now: float) -> str | None:
+        """A consistent answer (None: the job does not exist); the reason to end, if any."""
+        self.answered_at = now
+        if job is not None and job.get("state") != "failed":
+            self.bad = 0
+            return None
+        self.bad += 1
+        if self.bad < self.needed:
+            return None
+        if job is None:
+            return f"job {job_id} no longer exists on the coordinators ({self.bad} answers)"
+        nodes = sorted({str(t.get("node")) for t in job.get("tasks", []) if t.get("node")})
+        return (
+            f"job {job_id} failed: {job.get('message') or '?'}; read its tasks' logs "
+            f"on node(s) {', '.join(nodes) or '?'}"
+        )
+
+    def silence(self, error: str, now: float) -> str | None:
+        """No answer this time (unreachable, no leader, a timeout); the reason to end, if any."""
+        if self.answered_at is None:
+            self.answered_at = now
+        if now - self.answered_at < self.patience_s:
+            return None
+        return f"no coordinator answered for {now - self.answered_at:.0f} s: {error}"
+
+    @property
+    def doubtful(self) -> bool:
+        """A bad answer is pending confirmation: ask again at the next poll."""
+        return self.bad > 0
+
+
 class ClusterRun:
     """One training run; `run()` blocks until it is over and every task has stopped."""
 
@@ -181,6 +236,7 @@ class ClusterRun:
         self.restarts = 0
         self._checked = 0.0
         self._submitted = False
+        self._watch = JobWatch()
 
     # -- talking to the coordinator ------------------------------------------------------------
 
@@ -299,17 +355,47 @@ class ClusterRun:
 
     def _check_children(self) -> None:
         now = time.monotonic()
-        if now - self._checked < CHECK_TASKS_EVERY_S:
+        if now - self._checked < CHECK_TASKS_EVERY_S and not self._watch.doubtful:
             return
         self._checked = now
-        job = self._call(lambda c: c.job(self.job_id))
-        self.restarts = int(job.get("restarts", 0))
-        if job.get("state") == "failed":
-            nodes = sorted({str(t.get("node")) for t in job.get("tasks", []) if t.get("node")})
+        from shoal.raft.client import RETRYABLE
+
+        try:
+            job = self._read_job()
+        except RETRYABLE as exc:
+            reason = self._watch.silence(str(exc), now)
+        else:
+            if job is not None:
+                self.restarts = int(job.get("restarts", 0))
+            reason = self._watch.answer(self.job_id, job, now)
+        if reason is not None:
+            raise TrainError(reason)
+
+    def _read_job(self) -> dict[str, Any] | None:
+        """The job through a consistent read (None: it does not exist). Retryable trouble is
+        raised as itself; anything else (a bad token) ends the run as a TrainError."""
+        from shoal.errors import ShoalError
+        from shoal.raft.client import RETRYABLE, CoordinatorClient
+        from shoal.raft.errors import NotFound
+
+        async def once() -> dict[str, Any] | None:
+            urls, token = self.coordinators.urls, self.coordinators.token
+            async with CoordinatorClient(urls, token, timeout=CLIENT_TIMEOUT_S) as c:
+                path = f"/v1/jobs/{self.job_id}"
+                try:
+                    return dict(await c.request("GET", path, params={"consistent": True}))
+                except NotFound:
+                    return None
+
+        try:
+            return asyncio.run(once())
+        except RETRYABLE:
+            raise
+        except ShoalError as exc:
             raise TrainError(
-                f"job {self.job_id} failed: {job.get('message') or '?'}; read its tasks' logs "
-                f"on node(s) {', '.join(nodes) or '?'}"
-            )
+                f"the coordinators {self.coordinators.urls} refused to show job {self.job_id}: "
+                f"{exc}"
+            ) from exc
 
     def shutdown(self) -> None:
         """Stop the job (ranks get SIGTERM; rank 0 checkpoints), then wait for every task.
