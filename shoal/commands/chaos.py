@@ -73,7 +73,7 @@ def _once(
     import tempfile
 
     from shoal.chaos.report import render_text
-    from shoal.chaos.runner import find_scenario, run_scenario
+    from shoal.chaos.runner import clock_file, find_scenario, run_scenario
     from shoal.local import LocalCluster, coordinator_specs
     from shoal.progress import ProgressLine, Ticker, stderr_is_tty
 
@@ -83,7 +83,9 @@ def _once(
     specs = coordinator_specs(cluster.run_dir, scenario.replicas, raft_bind=True)
     clock = _free_udp_port()
     nodes = _node_specs(cluster.run_dir, specs, scenario.nodes, scenario.sim_gpus, clock)
-    cluster.create(specs + nodes)
+    cluster.create(specs + nodes)  # checks the run dir is writable, with a one-line error
+    for node in nodes:
+        clock_file(cluster.run_dir, node.name).parent.mkdir(parents=True, exist_ok=True)
     if quiet or not stderr_is_tty():
         log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
         report = run_scenario(scenario, cluster, log, clock)
@@ -142,7 +144,6 @@ def _node_specs(
             "--clock", f"127.0.0.1:{clock_port}",
         ]  # fmt: skip
         clock = clock_file(run_dir, name)
-        clock.parent.mkdir(parents=True, exist_ok=True)
         specs.append(ProcessSpec(name, argv, "node", env={CHAOS_CLOCK_ENV: str(clock)}))
     return specs
 
