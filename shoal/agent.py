@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from shoal.errors import ConfigError
 from shoal.raft.client import RETRYABLE, CoordinatorClient
@@ -39,6 +39,7 @@ from shoal.tasks import PROCESS_KINDS, ActorTask, ProcessTask, TaskError, TaskSp
 log = logging.getLogger("shoal.node")
 
 RunningTask = ActorTask | ProcessTask
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,31 @@ class Backoff:
         self.next = self.first
 
 
+STOP_FIRST = "learner-rank"
+FIRST_REGISTRATION_PERIOD_S = 0.1
+REGISTER_WARN_EVERY_S = 5.0
+
+
+def registration_backoff(first: bool, most: float) -> Backoff:
+    """The pauses between registration tries. The node's first registration is what a
+    starting cluster (an embedded `shoal train`) waits on, and its coordinator is usually a
+    moment from ready: retry at a steady short period. Later ones (the coordinator forgot us)
+    back off, doubling, as the heartbeat does."""
+    if first:
+        return Backoff(FIRST_REGISTRATION_PERIOD_S, FIRST_REGISTRATION_PERIOD_S)
+    return Backoff(FIRST_REGISTRATION_PERIOD_S, most)
+
+
+def stop_waves(tasks: Sequence[T], kind: Callable[[T], str]) -> list[list[T]]:
+    """The order tasks stopped together stop in: learner ranks first, then the rest once
+    they are gone. A rank told to stop may be inside an all-reduce that needs one more batch
+    from a rollout worker; stopping the workers with it can leave it stuck until SIGKILL,
+    without its final checkpoint and ledger. Empty waves are left out."""
+    first = [t for t in tasks if kind(t) == STOP_FIRST]
+    rest = [t for t in tasks if kind(t) != STOP_FIRST]
+    return [wave for wave in (first, rest) if wave]
+
+
 class NodeAgent:
     """One node's agent. `await run(stop)` registers, then heartbeats and runs tasks until
     `stop` is set, then drains (see `drain`) and returns."""
@@ -156,6 +182,7 @@ class NodeAgent:
         self._assigned: list[TaskSpec] = []
         self._assigned_fresh = asyncio.Event()
         self._watchers: set[asyncio.Task[None]] = set()
+        self._registered_once = False
         self.metrics = Metrics()
         """Heartbeat and task counters for the node's `/metrics` (shoal/node_metrics.py)."""
 
@@ -200,7 +227,8 @@ class NodeAgent:
         """Register, retrying while no coordinator answers; end a drain left by our last exit.
         A refusal that retrying cannot cure (401, 403, 422) is raised."""
         reg = self.registration
-        backoff = Backoff(0.1, self.config.backoff_max_s)
+        backoff = registration_backoff(not self._registered_once, self.config.backoff_max_s)
+        warned = -math.inf
         while True:
             try:
                 node = await self.client.register_node(
@@ -209,13 +237,19 @@ class NodeAgent:
                 if node.get("draining"):
                     await self.client.uncordon(reg.node_id)
                 log.info("registered node %s at %s", reg.node_id, reg.address)
+                self._registered_once = True
                 return
             except (Unauthorized, Forbidden, ValidationError) as exc:
                 log.error("the coordinators refused node %s for good: %s", reg.node_id, exc)
                 raise
             except RaftError as exc:
                 pause = backoff.take()
-                log.warning(
+                now = time.monotonic()
+                # Steady 0.1 s tries would flood the log while the coordinators are down.
+                level = logging.WARNING if now - warned >= REGISTER_WARN_EVERY_S else logging.DEBUG
+                warned = now if level == logging.WARNING else warned
+                log.log(
+                    level,
                     "cannot register node %s: coordinators %s did not accept (%s); retrying in %.1f s",
                     reg.node_id,
                     self.client.urls,
@@ -295,7 +329,9 @@ class NodeAgent:
             stopping = [self.running.pop(task_id) for task_id in todo.stop]
             for task in stopping:
                 log.info("stopping task %s: not wanted here any more", task.spec.id)
-            await asyncio.gather(*(t.stop(self.config.stop_timeout_s) for t in stopping))
+            for wave in stop_waves(stopping, _kind):
+                await asyncio.gather(*(t.stop(self.config.stop_timeout_s) for t in wave))
+                log.info("stopped task(s) %s", ", ".join(t.spec.id for t in wave))
             for spec in todo.start:
                 await self._start(spec)
 
@@ -403,7 +439,8 @@ class NodeAgent:
     async def _stop_all(self, message: str) -> None:
         async with self._lock:
             tasks, self.running = list(self.running.values()), {}
-            await asyncio.gather(*(self._stop_one(t, message) for t in tasks))
+            for wave in stop_waves(tasks, _kind):
+                await asyncio.gather(*(self._stop_one(t, message) for t in wave))
             for watcher in list(self._watchers):
                 watcher.cancel()
             await asyncio.gather(*self._watchers, return_exceptions=True)
@@ -418,3 +455,7 @@ class NodeAgent:
             self._finished(task.spec, "failed", f"{message}; killed after {limit:g} s")
         else:
             self._finished(task.spec, "failed", reason)
+
+
+def _kind(task: RunningTask) -> str:
+    return task.spec.kind
