@@ -53,6 +53,8 @@ STOP_WAIT_S = 40.0
 CLIENT_TIMEOUT_S = 5.0
 ACTIVE = ("pending", "running")
 JOB_GONE_ANSWERS = 3
+MOST_RESTARTS = 1_000_000
+LONGEST_WINDOW_S = 1e9
 UNREACHABLE_S = 60.0
 
 
@@ -158,6 +160,37 @@ def find_cluster(run_dir: Path) -> Coordinators | None:
     return Coordinators([s.api_url for s in specs if s.api_url], local.run_dir / "api-token")
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """The job's `spec.restart`: the leader restarts failed tasks up to `max_restarts` times
+    within `window_s` seconds; one more failure fails the job (and ends the run)."""
+
+    max_restarts: int = 5
+    window_s: float = RESTART_WINDOW_S
+
+    def __post_init__(self) -> None:
+        from shoal.errors import ConfigError
+
+        count, window = self.max_restarts, self.window_s
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MOST_RESTARTS:
+            raise ConfigError(
+                f"max_restarts (--max-restarts) = {count!r}: give a whole number from 0 to "
+                f"{MOST_RESTARTS:,}"
+            )
+        if (
+            isinstance(window, bool)
+            or not isinstance(window, int | float)
+            or not 0 < window <= LONGEST_WINDOW_S
+        ):
+            raise ConfigError(
+                f"restart_window (--restart-window) = {window!r}: give seconds > 0 and at most "
+                f"{LONGEST_WINDOW_S:g}"
+            )
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"max_restarts": self.max_restarts, "window_s": float(self.window_s)}
+
+
 @dataclass
 class JobWatch:
     """Decides when the job's state ends the run. One answer never does: a replica just
@@ -221,6 +254,7 @@ class ClusterRun:
         *,
         progress: ProgressLine | None = None,
         max_restarts: int = 5,
+        restart_window_s: float = RESTART_WINDOW_S,
         on_poll: Callable[[ClusterRun], None] | None = None,
         embedded: LocalCluster | None = None,
     ) -> None:
@@ -229,7 +263,7 @@ class ClusterRun:
         self.run_dir = run_dir.resolve()
         self.coordinators = coordinators
         self.job_id = coordinators.job_id
-        self.max_restarts = max_restarts
+        self.restart = RestartPolicy(max_restarts, restart_window_s)
         self.on_poll = on_poll
         self.embedded = embedded
         self.status = RunStatus(cfg, env_id, self.run_dir, progress)
@@ -289,7 +323,7 @@ class ClusterRun:
             "placement": "auto",
             "kind": "train",
             "env_id": self.env_id,
-            "restart": {"max_restarts": self.max_restarts, "window_s": RESTART_WINDOW_S},
+            "restart": self.restart.to_spec(),
         }
         append_event(self.run_dir, {"event": "submitted", "job": self.job_id})
         self._submitted = True  # a reply lost after the write still leaves a job to stop

@@ -359,11 +359,15 @@ def train(
     on_poll: Callable[[ClusterRun], None] | None = None,
     coordinators: Coordinators | None = None,
     max_restarts: int = 5,
+    restart_window_s: float = 600.0,
 ) -> TrainResult:
     """Run `cfg` (a TrainConfig) to its target or limit; checkpoint, evaluate, report. The
     processes are a job on `coordinators`' cluster, or on an embedded one started here.
-    `max_restarts` restarts of its tasks within 10 minutes, and one more failure fails the job."""
-    from shoal.cluster_train import ClusterRun
+    `max_restarts` restarts of its tasks within `restart_window_s` seconds, and one more
+    failure fails the job."""
+    from shoal.cluster_train import ClusterRun, RestartPolicy
+
+    RestartPolicy(max_restarts, restart_window_s)  # refused before any process starts
     from shoal.envs import registry
 
     env_id = registry.spec(cfg.env_id).id  # unknown ids fail here, before any process starts
@@ -385,6 +389,7 @@ def train(
                 where,
                 progress=progress,
                 max_restarts=max_restarts,
+                restart_window_s=restart_window_s,
                 on_poll=on_poll,
                 embedded=local,
             )

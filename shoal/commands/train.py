@@ -56,6 +56,18 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "cluster is up",
     )
     parser.add_argument("--token-file", type=Path, help="the API token file for --coordinators")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        help="restarts of failed tasks the cluster allows within the window before the job "
+        "fails (default 5)",
+    )
+    parser.add_argument(
+        "--restart-window",
+        type=float,
+        metavar="S",
+        help="seconds over which --max-restarts counts (default 600)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -116,7 +128,8 @@ def find_coordinators(args: argparse.Namespace) -> Any:
 
 # flags of the PPO job that the pipeline has no use for: an error, not silently ignored
 NOT_FOR_PIPELINE = ("time_limit", "target_return", "max_env_steps", "workers", "envs", "ranks",
-                    "checkpoint_interval", "cluster", "coordinators", "token_file")  # fmt: skip
+                    "checkpoint_interval", "cluster", "coordinators", "token_file",
+                    "max_restarts", "restart_window")  # fmt: skip
 
 
 def run_pipeline_verb(args: argparse.Namespace) -> int:
@@ -157,17 +170,24 @@ def run(args: argparse.Namespace) -> int:
 
     if args.pipeline:
         return run_pipeline_verb(args)
+    from shoal.cluster_train import RESTART_WINDOW_S, RestartPolicy
     from shoal.train import train
 
     cfg = build_config(args)
     coordinators = find_coordinators(args)
     progress = None if args.quiet else ProgressLine()
+    restart = RestartPolicy(
+        5 if args.max_restarts is None else args.max_restarts,
+        RESTART_WINDOW_S if args.restart_window is None else args.restart_window,
+    )
     result = train(
         cfg,
         run_dir=args.run_dir,
         progress=progress,
         evaluate_at_end=not args.no_eval,
         coordinators=coordinators,
+        max_restarts=restart.max_restarts,
+        restart_window_s=restart.window_s,
     )
     verdict = "solved" if result.solved else f"not solved ({result.stopped_by})"
     final = "-" if result.final_return is None else f"{result.final_return:.1f}"
