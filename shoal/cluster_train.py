@@ -271,6 +271,8 @@ class ClusterRun:
         self._checked = 0.0
         self._submitted = False
         self._watch = JobWatch()
+        self._recorded: str | None = None
+        self._record_tried = 0.0
 
     # -- talking to the coordinator ------------------------------------------------------------
 
@@ -364,6 +366,7 @@ class ClusterRun:
                 self._check_cluster()
                 self._check_children()
                 self.status.read()
+                self._record_new_checkpoint()
                 elapsed = time.monotonic() - started
                 if startup_s is None and self.status.version() > 0:
                     startup_s = elapsed
@@ -404,6 +407,34 @@ class ClusterRun:
             reason = self._watch.answer(self.job_id, job, now)
         if reason is not None:
             raise TrainError(reason)
+
+    def _record_new_checkpoint(self) -> None:
+        """Record rank 0's newest complete checkpoint with the coordinator as it appears: the
+        balancer moves a learner group only at a checkpoint boundary it knows of (after an
+        XID drain, say). Once per new checkpoint; a failed try is retried a second later, and
+        a coordinator that does not answer never ends the run here (`_check_children` does)."""
+        path = self.status.statuses.get(0, {}).get("checkpoint")
+        now = time.monotonic()
+        if not isinstance(path, str) or path == self._recorded:
+            return
+        if now - self._record_tried < CHECK_TASKS_EVERY_S:
+            return
+        self._record_tried = now
+        from shoal.train import find_checkpoint
+
+        try:
+            info = find_checkpoint(Path(path))
+        except TrainError:
+            return  # pruned already, or not complete: a newer one follows
+        try:
+            self._call(
+                lambda c: c.record_checkpoint(
+                    self.job_id, str(info.path), info.step, info.sha256, True
+                )
+            )
+        except TrainError:
+            return
+        self._recorded = path
 
     def _read_job(self) -> dict[str, Any] | None:
         """The job through a consistent read (None: it does not exist). Retryable trouble is

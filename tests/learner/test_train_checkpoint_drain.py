@@ -1,0 +1,126 @@
+"""A run records each new complete checkpoint with the coordinator as it appears, so the
+balancer knows its learner group's checkpoint boundaries: after the learners' node is set
+draining through the API, the group moves to the other node and training goes on. Real
+processes: `shoal up --replicas 1 --nodes 2`, `shoal train` as a job on it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal.cli import main
+from shoal.local import LocalCluster
+from shoal.raft.client import CoordinatorClient
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    run_dir = tmp_path / "cluster"
+    local = LocalCluster(run_dir)
+    try:
+        argv = ["up", "--replicas", "1", "--nodes", "2", "--timeout", "60"]
+        assert main([*argv, "--run-dir", str(run_dir)]) == 0
+        yield local
+    finally:
+        if (run_dir / "cluster.json").exists():
+            local.stop_all()
+    assert all(local.pid(s.name) is None for s in local.specs())
+
+
+def _ask(local: LocalCluster, fn: Callable[[CoordinatorClient], Any]) -> Any:
+    async def go() -> Any:
+        async with CoordinatorClient(local.api_urls(), local.token) as client:
+            return await fn(client)
+
+    return asyncio.run(go())
+
+
+def _job_id(run_dir: Path) -> str | None:
+    events = run_dir / "events.jsonl"
+    for line in events.read_text().splitlines() if events.exists() else []:
+        if '"submitted"' in line:
+            return str(json.loads(line)["job"])
+    return None
+
+
+def _version(run_dir: Path) -> int:
+    try:
+        return int(json.loads((run_dir / "status-0.json").read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _wait(what: str, check: Callable[[], Any], proc: subprocess.Popen[str], limit: float) -> Any:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            raise AssertionError(f"shoal train exited ({proc.returncode}) before {what}: {err}")
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_recorded_checkpoints_let_a_draining_node_hand_its_learners_over(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "shoal", "train", "cartpole", "--cluster", str(cluster.run_dir),
+        "--run-dir", str(run_dir), "--workers", "1", "--time-limit", "200",
+        "--target-return", "100000", "--checkpoint-interval", "1", "--quiet", "--json",
+        "--no-eval",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job = _wait("the job", lambda: _job_id(run_dir), proc, 60)
+        recorded = _wait(
+            "several checkpoints recorded during the run",
+            lambda: (lambda cps: cps if len(cps) >= 2 else None)(
+                _ask(cluster, lambda c: c.checkpoints(job=job))
+            ),
+            proc,
+            150,
+        )
+        assert all(c["complete"] for c in recorded)
+        rank = f"{job}-learner-0"
+        task = _ask(cluster, lambda c: c.request("GET", f"/v1/tasks/{rank}"))
+        source = task["node"]
+        _ask(cluster, lambda c: c.drain(source))
+        moved = _wait(
+            "the learner rank running on the other node",
+            lambda: (lambda t: t if t["node"] != source and t["state"] == "running" else None)(
+                _ask(cluster, lambda c: c.request("GET", f"/v1/tasks/{rank}"))
+            ),
+            proc,
+            90,
+        )
+        assert moved["generation"] > task["generation"]
+        before = _version(run_dir)
+        _wait("training on the new node", lambda: _version(run_dir) > before + 2, proc, 90)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode in (0, 1), err[-2000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["job_id"] == job
+    events = _ask(cluster, lambda c: c.events(limit=1000))["events"]
+    migrations = [e for e in events if e["kind"] == "migration" and e["fields"]["task"] == rank]
+    assert migrations
+    assert migrations[0]["fields"]["source"] == source
