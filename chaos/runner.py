@@ -38,7 +38,6 @@ from shoal.chaos.faults import (
     XidStorm,
 )
 from shoal.chaos.history import HistoryRecorder
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.proxy import FaultProxy
 from shoal.chaos.raftnet import RaftMesh
 from shoal.chaos.report import FaultRecord, RunReport
@@ -75,7 +74,6 @@ SAMPLE_PERIOD = 0.5
 CURVE_PERIOD = 2.0
 RESTARTS_PERIOD = 2.0
 XID_CLEAR_TIMEOUT = 30.0
-GATE_TIMEOUT = 30.0
 DEFAULT_SKEW_S = 2.5
 SKEW_TOLERANCE = 0.25
 # Faults on the learners' node: their recovery is the job's too.
@@ -122,12 +120,6 @@ class ChaosRun:
         self._restarts = 0
         self._hits_group: set[int] = set()
         self._killed: dict[int, int] = {}
-        # The training job reaches the replicas through proxies of its own ("gates"), never
-        # faulted, except that a killed replica's gate stays closed until, restarted, it has
-        # caught up: `shoal train` reads its job from whichever replica answers first without
-        # a consistent read, and a replica that has not replayed its log yet says the job does
-        # not exist, which ends the run (a bug in ClusterRun._check_children, reported).
-        self.gates: dict[str, FaultProxy] = {}
         self._limits: dict[int, WriterFileLimit] = {}
 
     async def run(self) -> RunReport:
@@ -179,10 +171,6 @@ class ChaosRun:
             proxy = await FaultProxy((host, int(port))).start()
             self.proxies[spec.name] = proxy
             ports += [int(port), int(spec.raft.rsplit(":", 1)[1]), proxy.port]
-            if self.job is not None:
-                gate = await FaultProxy((host, int(port))).start()
-                self.gates[spec.name] = gate
-                ports.append(gate.port)
         nodes = await self._nodes_alive(60.0)
         if not nodes.held:
             raise ChaosError(f"{nodes.detail}; see the node logs in {self.run_dir / 'logs'}")
@@ -190,8 +178,10 @@ class ChaosRun:
             await prepare_registers(client, self.scenario.keys, self.history, self.stats)
         if self.job is not None:
             self._log(f"starting the training job ({self.job.cfg.env}) through the cluster")
-            gates = [f"http://127.0.0.1:{g.port}" for g in self.gates.values()]
-            await asyncio.to_thread(self.job.start, gates, self.run_dir / "api-token")
+            # Straight to the replicas, never through a faulted proxy: `shoal train` reads its
+            # job through consistent reads and rides out a killed or replaying replica itself.
+            urls = [s.api_url for s in specs if s.api_url]
+            await asyncio.to_thread(self.job.start, urls, self.run_dir / "api-token")
             try:
                 await asyncio.to_thread(self.job.wait_training)
             except FaultError as exc:
@@ -225,7 +215,7 @@ class ChaosRun:
 
     async def _stop(self) -> None:
         try:
-            for proxy in [*self.proxies.values(), *self.gates.values()]:
+            for proxy in self.proxies.values():
                 await proxy.close()
             await self.mesh.close()
         finally:
@@ -364,35 +354,10 @@ class ChaosRun:
             PauseProcess(self.cluster, n) if spec.kind == "pause" else KillProcess(self.cluster, n)
             for n in names
         ]
-        gated = [n for n in names if n in self.gates] if spec.kind == "kill" else []
-        inject: list[Callable[[], Any]] = [
-            functools.partial(_now, self._close_gate, n) for n in gated
-        ]
-        heal: list[Callable[[], Any]] = [functools.partial(asyncio.to_thread, f.heal) for f in made]
-        inject += [functools.partial(asyncio.to_thread, f.inject) for f in made]
-        heal += [functools.partial(self._open_gate, n) for n in gated]
-        return {"inject": inject, "heal": heal}
-
-    def _close_gate(self, name: str) -> str:
-        self.gates[name].set_faults(NetFaults(partition="refuse"))
-        return f"training job's path to {name} closed"
-
-    async def _open_gate(self, name: str) -> str:
-        """Open the training job's path to a restarted replica once it has applied what the
-        leader had applied when it came back (see `gates` in __init__)."""
-        deadline = time.monotonic() + GATE_TIMEOUT
-        views = await asyncio.to_thread(self._views)
-        leaders = [v for v in views.values() if v and v.get("leader_id") == v.get("replica")]
-        wanted = max((int(v.get("applied_commands", 0)) for v in leaders), default=0)
-        applied = -1
-        while time.monotonic() < deadline:
-            view = (await asyncio.to_thread(self._views)).get(name)
-            applied = -1 if view is None else int(view.get("applied_commands", -1))
-            if applied >= wanted:
-                break
-            await asyncio.sleep(0.1)
-        self.gates[name].heal()
-        return f"training job's path to {name} open (applied {applied} of {wanted})"
+        return {
+            "inject": [functools.partial(asyncio.to_thread, f.inject) for f in made],
+            "heal": [functools.partial(asyncio.to_thread, f.heal) for f in made],
+        }
 
     def _raft_fault(self, spec: FaultSpec) -> Callable[[str], str]:
         """What the mesh does to every Raft link of the replica it is given."""
