@@ -177,8 +177,17 @@ def test_shoal_train_goes_on_when_the_node_of_its_learner_group_drains(tmp_path:
                 proc.kill()
                 proc.communicate()
         summary = json.loads(out.strip().splitlines()[-1])
-        assert summary["restarts"] >= 1, err[-2000:]
-        job = api.get(f"/v1/jobs/{summary['job_id']}")
+        job_id = summary["job_id"]
+        # The drain restarts the group, or, once a checkpoint is recorded, the balancer may move
+        # it off the draining node first (a move, not a restart): either way the group went.
+        moved = [
+            e
+            for e in api.get("/v1/events?limit=1000")["events"]
+            if e["kind"] in ("restart", "migration", "replace")
+            and e["fields"].get("job", job_id) == job_id
+        ]
+        assert summary["restarts"] >= 1 or moved, err[-2000:]
+        job = api.get(f"/v1/jobs/{job_id}")
         assert job["restart_times"] == []  # the node went away: nothing counted
         after = [t for t in job["tasks"] if t["kind"] == "learner-rank"]
         assert all(t["node"] != drained for t in after)
