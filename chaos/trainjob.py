@@ -34,7 +34,6 @@ from shoal.errors import ConfigError
 LEARNER_ENTRY = "shoal.learner.learner_main"
 ROLLOUT_ENTRY = "shoal.learner.rollout_main"
 STOP_WAIT_S = 90.0
-LEARNER_STOP_S = 30.0
 MAX_RANKS = 4
 MAX_WORKERS = 8
 
@@ -189,19 +188,18 @@ class ClusterJob:
     # -- stopping and checking ---------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop the learner ranks first, then the run (which stops the rest of its job and
-        prints its JSON summary); a run that does not stop in time is killed with its group.
+        """Stop the run (it stops its job and prints its JSON summary); a run that does not
+        stop in time is killed with its group.
 
-        The learners go first, as in the embedded run, so rank 0 writes its final checkpoint
-        and every rank its final ledger while the rollout workers still feed them: a rank
-        told to stop may be inside an all-reduce that needs one more batch. Stopping the whole
-        job at once (the coordinator stops all its tasks together) can leave it waiting
-        until the node kills it. A rank that exits 0 is "stopped", never restarted."""
+        The job's tasks are stopped by the coordinator, learner ranks first on every node (so
+        rank 0 writes its final checkpoint and every rank its final ledger), and a group agrees
+        at the start of each update whether to stop, so no rank waits in an all-reduce for a
+        batch that never comes. Signalling the ranks here instead would be a failure while the
+        job runs: the leader would restart them."""
         proc = self.proc
         if proc is None:
             return
         if proc.poll() is None:
-            self._stop_learners()
             proc.send_signal(signal.SIGTERM)
         try:
             out, _ = proc.communicate(timeout=STOP_WAIT_S)
@@ -213,18 +211,6 @@ class ClusterJob:
         lines = [line for line in out.decode(errors="replace").splitlines() if line.startswith("{")]
         with contextlib.suppress(ValueError, IndexError):
             self.summary = json.loads(lines[-1])
-
-    def _stop_learners(self) -> None:
-        pids = []
-        for rank in range(self.cfg.ranks):
-            with contextlib.suppress(FaultError):
-                pids.append(self.learner_pid(rank))
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + LEARNER_STOP_S
-        while time.monotonic() < deadline and any(_running(pid) for pid in pids):
-            time.sleep(0.2)
 
     def verdicts(self, restarted: bool) -> dict[str, Verdict]:
         """The training invariants over everything the job recorded, across all its learner
@@ -260,12 +246,3 @@ class ClusterJob:
             f"{self.summary.get('env_steps')} env steps, final checkpoint step "
             f"{stops[-1].get('step') if stops else None}",
         )
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` runs (a zombie not yet reaped by its node counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
