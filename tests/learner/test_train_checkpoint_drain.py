@@ -11,13 +11,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shoal.cli import main
 from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
 
@@ -25,17 +24,8 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    run_dir = tmp_path / "cluster"
-    local = LocalCluster(run_dir)
-    try:
-        argv = ["up", "--replicas", "1", "--nodes", "2", "--timeout", "60"]
-        assert main([*argv, "--run-dir", str(run_dir)]) == 0
-        yield local
-    finally:
-        if (run_dir / "cluster.json").exists():
-            local.stop_all()
-    assert all(local.pid(s.name) is None for s in local.specs())
+def cluster(start_cluster: Callable[..., LocalCluster]) -> LocalCluster:
+    return start_cluster(nodes=2)
 
 
 def _ask(local: LocalCluster, fn: Callable[[CoordinatorClient], Any]) -> Any:
