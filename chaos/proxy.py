@@ -49,7 +49,7 @@ class ProxyStats:
         return dict(self.__dict__)
 
 
-def _rst_close(writer: asyncio.StreamWriter) -> None:
+def rst_close(writer: asyncio.StreamWriter) -> None:
     """Close so the peer gets a RST, not a FIN: SO_LINGER on with a zero timeout."""
     sock = writer.get_extra_info("socket")
     if sock is not None:
@@ -72,7 +72,7 @@ class _Link:
         self.closed = True
         for writer in (self.client, self.upstream):
             if writer is not None:
-                _rst_close(writer)
+                rst_close(writer)
         for task in self.tasks:
             task.cancel()
 
@@ -189,7 +189,7 @@ class FaultProxy:
         refused_from = self._refused_from
         if self.faults.partition == "refuse" or (refused_from is not None and refused_from(*ends)):
             self.stats.refused += 1
-            _rst_close(writer)
+            rst_close(writer)
             return
         self.stats.accepted += 1
         choose = self._link_faults
@@ -207,7 +207,7 @@ class FaultProxy:
                 up_reader, link.upstream = await asyncio.open_connection(*self.target)
             except OSError:
                 self.stats.upstream_failures += 1
-                _rst_close(writer)
+                rst_close(writer)
                 return
             link.tasks = [
                 asyncio.create_task(self._direction(link, reader, link.upstream, "up")),

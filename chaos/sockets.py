@@ -77,3 +77,31 @@ def opened_by(pid: int) -> ConnectionFilter:
         return inode is not None and holds_socket(pid, inode)
 
     return match
+
+
+def _table(proc: Path) -> dict[tuple[Endpoint, Endpoint], int]:
+    try:
+        return parse_tcp_table((proc / "net" / "tcp").read_text())
+    except OSError:
+        return {}
+
+
+def listening_inode(endpoint: Endpoint, table: dict[tuple[Endpoint, Endpoint], int]) -> int | None:
+    """The inode of the socket listening on `endpoint` (bound to it or to every address)."""
+    unbound = ("0.0.0.0", 0)
+    for local in (endpoint, ("0.0.0.0", endpoint[1])):
+        inode = table.get((local, unbound))
+        if inode is not None:
+            return inode
+    return None
+
+
+def link_of(pid: int, client: Endpoint, server: Endpoint, target: Endpoint) -> bool:
+    """Whether a relayed connection is one of process `pid`'s links: `pid` dialled it (holds
+    the client end of client -> server) or listens on the `target` it is relayed to."""
+    proc = Path("/proc")
+    table = _table(proc)
+    for inode in (table.get((client, server)), listening_inode(target, table)):
+        if inode is not None and holds_socket(pid, inode, proc):
+            return True
+    return False

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 
 from shoal.errors import ConfigError
-from shoal.runtime import auth, wire
+from shoal.runtime import auth, tunnel, wire
 from shoal.runtime.errors import ActorNotFound, LinkClosed, WireError
 from shoal.runtime.link import Link, Lookup
 from shoal.runtime.mailbox import DeadLetters
@@ -38,6 +39,10 @@ SCHEME = "shoal://"
 # so peers configured differently still understand each other.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 ROUTE = "/shoal"
+
+
+def _relay_from_env() -> str | None:
+    return os.environ.get(tunnel.RELAY_ENV) or None
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,10 @@ class TransportConfig:
     stream_port: int = 0
     """Where this process listens for frame streams; 0 picks a free port, announced to peers
     in the link handshake."""
+    relay: str | None = field(default_factory=_relay_from_env)
+    """'HOST:PORT' of a link relay every outbound link dials through (see tunnel.py), so a
+    chaos run can fault the real path between processes; like HTTP_PROXY it defaults to
+    `$SHOAL_LINK_RELAY`, inherited by every task a node daemon starts. None dials directly."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, bytes | str) or not self.token:
@@ -79,6 +88,10 @@ class TransportConfig:
                 raise ConfigError(f"{key}={value!r} is invalid: use 0 (any free port) to 65535")
         if not isinstance(self.stream, bool):
             raise ConfigError(f"stream={self.stream!r} is invalid: use true or false")
+        if self.relay is not None:
+            if not isinstance(self.relay, str):
+                raise ConfigError(f"relay={self.relay!r} is invalid: write HOST:PORT or None")
+            tunnel.parse_relay(self.relay)
         self._positive_int("max_frame_bytes", wire.PREFIX_SIZE)
         self._positive_int("chunk_bytes", 1024)
         if self.chunk_bytes > MAX_MESSAGE_BYTES // 2:
@@ -258,14 +271,24 @@ class Transport:
         """Connect and authenticate one new link to `address` ('shoal://host:port')."""
         if self._session is None:
             raise LinkClosed("the transport is not started; await transport.start() first")
-        ws = await self._session.ws_connect(
-            _ws_url(address),
-            compress=0,
-            max_msg_size=MAX_MESSAGE_BYTES,
-            autoping=True,
-            heartbeat=self.config.heartbeat,
-            timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
-        )
+        relay = self.config.relay
+        try:
+            ws = await self._session.ws_connect(
+                _ws_url(address),
+                compress=0,
+                max_msg_size=MAX_MESSAGE_BYTES,
+                autoping=True,
+                heartbeat=self.config.heartbeat,
+                timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
+                proxy=None if relay is None else tunnel.relay_url(relay),
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            if relay is None:
+                raise
+            raise tunnel.RelayRefused(
+                f"no link to {address} through the link relay {relay}: {exc}; is the relay "
+                f"running? (unset ${tunnel.RELAY_ENV} to dial peers directly)"
+            ) from exc
         try:
             session = await auth.client_handshake(
                 ws, self.config.token_bytes, self.config.window, self.config.handshake_timeout
@@ -285,13 +308,10 @@ class Transport:
             return None
         host = address.removeprefix(SCHEME).rpartition(":")[0].strip("[]")
         timeout = self.config.handshake_timeout
-        loop = asyncio.get_running_loop()
         stream: FrameStream | None = None
         try:
             async with asyncio.timeout(timeout):
-                _, stream = await loop.create_connection(
-                    lambda: FrameStream(auth.MAX_HANDSHAKE_BYTES), host, session.stream_port
-                )
+                stream = await self._connect_stream(host, session.stream_port)
             await auth.stream_client_handshake(stream, self.config.token_bytes, session, timeout)
         except (OSError, WireError, TimeoutError) as exc:
             logger.warning(
@@ -301,6 +321,25 @@ class Transport:
                 stream.close()
             return None
         stream.limit = self.config.max_frame_bytes
+        return stream
+
+    async def _connect_stream(self, host: str, port: int) -> FrameStream:
+        """A TCP connection to a peer's stream port, through the relay when there is one."""
+        loop = asyncio.get_running_loop()
+        relay = self.config.relay
+        if relay is None:
+            _, stream = await loop.create_connection(
+                lambda: FrameStream(auth.MAX_HANDSHAKE_BYTES), host, port
+            )
+            return stream
+        sock = await tunnel.open_tunnel(relay, host, port, self.config.handshake_timeout)
+        try:
+            _, stream = await loop.create_connection(
+                lambda: FrameStream(auth.MAX_HANDSHAKE_BYTES), sock=sock
+            )
+        except BaseException:
+            sock.close()
+            raise
         return stream
 
     def peer(self, address: str) -> Peer:
