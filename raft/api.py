@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from shoal.raft.chaos_api import CHAOS_ROUTES, chaos_routes
 from shoal.raft.commands import ID
 from shoal.raft.context import ApiContext
 from shoal.raft.dashboard import DASHBOARD_ROUTES
@@ -32,7 +33,8 @@ CONTEXT: web.AppKey[ApiContext] = web.AppKey("shoal_api_context", ApiContext)
 
 
 async def openapi_document(ctx: ApiContext, call: Call) -> web.Response:
-    return reply(build_document(ALL_ROUTES))
+    chaos = CHAOS_ROUTES if ctx.config.chaos.enabled else ()
+    return reply(build_document((*ALL_ROUTES, *chaos)))
 
 
 ALL_ROUTES: tuple[Route, ...] = (
@@ -166,6 +168,6 @@ def build_app(ctx: ApiContext) -> web.Application:
     """The admin API application for one replica; the caller runs and cleans it up."""
     app = web.Application(client_max_size=MAX_BODY)
     app[CONTEXT] = ctx
-    for route in ALL_ROUTES:
+    for route in (*ALL_ROUTES, *chaos_routes(ctx.config.chaos.enabled)):
         app.router.add_route(route.method, route.path, _wrap(ctx, route))
     return app

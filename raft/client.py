@@ -317,6 +317,28 @@ class CoordinatorClient:
         body = {"kind": kind, "message": message, "fields": fields or {}}
         return dict(await self.request("POST", "/v1/events", body, op_id=op_id))
 
+    # -- chaos (only on a cluster whose config enables it) ------------------------------------
+
+    async def inject_fault(
+        self, kind: str, target: str, op_id: str | None = None, **params: Any
+    ) -> dict[str, Any]:
+        """Ask for a fault (`duration_s`, `gpu`, `xid` as the kind takes them); its node runs it."""
+        body = {"kind": kind, "target": target, **params}
+        return dict(await self.request("POST", "/v1/chaos/faults", body, op_id=op_id))
+
+    async def fault(self, fault_id: str) -> dict[str, Any]:
+        return dict(await self.request("GET", f"/v1/chaos/faults/{fault_id}"))
+
+    async def faults(
+        self, node: str | None = None, state: str | None = None
+    ) -> list[dict[str, Any]]:
+        reply = await self.request("GET", "/v1/chaos/faults", params={"node": node, "state": state})
+        return list(reply["faults"])
+
+    async def report_fault(self, fault_id: str, state: str, message: str = "") -> dict[str, Any]:
+        body = {"state": state, "message": message}
+        return dict(await self.request("PUT", f"/v1/chaos/faults/{fault_id}/outcome", body))
+
 
 def _query_value(value: Any) -> str:
     if isinstance(value, bool):

@@ -13,7 +13,14 @@ import json
 from typing import Any
 
 from shoal.raft.errors import ValidationError
-from shoal.raft.model import DEFAULT_BACKOFF_MAX_S, DEFAULT_BACKOFF_S, LIVENESS, TASK_STATES
+from shoal.raft.model import (
+    DEFAULT_BACKOFF_MAX_S,
+    DEFAULT_BACKOFF_S,
+    FAULT_KINDS,
+    FAULT_STATES,
+    LIVENESS,
+    TASK_STATES,
+)
 from shoal.raft.schema import Schema, check
 
 MAX_COMMAND_BYTES = 1 << 20
@@ -90,6 +97,16 @@ RESTART_POLICY: Schema = {
 """A job's `spec.restart`: how many restarts of its tasks within `window_s` seconds the leader
 makes before it fails the job (OTP-style restart intensity), and the back-off between counted
 restarts (none for the first in the window, then `backoff_s` doubling up to `backoff_max_s`)."""
+
+
+MAX_FAULT_DURATION_S = 3600.0
+FAULT_PARAMS: Schema = {
+    "duration_s": {"type": "number", "minimum": 0, "maximum": MAX_FAULT_DURATION_S},
+    "gpu": {"type": "integer", "minimum": 0, "maximum": 1023},
+    "xid": {"type": "integer", "minimum": 1, "maximum": 1023},
+}
+"""The kind-specific keys of a fault: a pause's length, and the GPU and XID number of a
+gpu-xid; `validate_args` checks which kind takes which."""
 
 
 def _obj(required: list[str], **props: Schema) -> Schema:
@@ -191,6 +208,19 @@ ARG_SCHEMAS: dict[str, Schema] = {
         term={"type": "integer", "minimum": 0},
     ),
     "barrier": _obj([]),
+    "inject_fault": _obj(
+        ["fault_id", "kind", "target"],
+        fault_id=ID,
+        kind={"enum": list(FAULT_KINDS)},
+        target=ID,
+        **FAULT_PARAMS,
+    ),
+    "report_fault": _obj(
+        ["fault_id", "state"],
+        fault_id=ID,
+        state={"enum": [s for s in FAULT_STATES if s != "requested"]},
+        message=TEXT,
+    ),
 }
 
 BATCH_ARGS: Schema = _obj(["commands"], commands={"type": "array", "maxItems": MAX_BATCH})
@@ -211,10 +241,31 @@ def validate_args(op: str, args: Any, field: str = "args") -> None:
     _check_unique(op, args, field)
     if op == "submit_job":
         _check_restart_policy(args.get("spec", {}), f"{field}.spec.restart")
+    if op == "inject_fault":
+        check_fault_params(args, field)
     if op == "restart_tasks" and args["cause"] not in args["tasks"]:
         raise ValidationError(
             f"{field}.cause", f"{args['cause']!r} must be one of the tasks it restarts"
         )
+
+
+def check_fault_params(args: dict[str, Any], field: str) -> None:
+    """The keys each fault kind takes: a pause needs its length, gpu and xid belong to gpu-xid."""
+    kind = args["kind"]
+    if kind == "task-pause" and not args.get("duration_s", 0) > 0:
+        raise ValidationError(
+            f"{field}.duration_s",
+            "task-pause needs duration_s > 0 (seconds until SIGCONT); a paused task would "
+            "otherwise stay stopped",
+        )
+    if kind == "gpu-xid" and "gpu" not in args:
+        raise ValidationError(f"{field}.gpu", "gpu-xid needs gpu, the index of the GPU to fault")
+    if kind != "gpu-xid":
+        for key in ("gpu", "xid"):
+            if key in args:
+                raise ValidationError(
+                    f"{field}.{key}", f"only gpu-xid takes {key}; drop it for {kind}"
+                )
 
 
 def _check_restart_policy(spec: dict[str, Any], field: str) -> None:

@@ -127,6 +127,19 @@ class SchedulingConfig:
 
 
 @dataclass(frozen=True)
+class ChaosSection:
+    """The `[chaos]` table: whether the chaos API (`/v1/chaos/faults`) exists on this replica.
+    Off by default, so a production cluster cannot be faulted by anyone holding its token."""
+
+    enabled: bool = False
+    """Serve the chaos routes; when false they answer 404 saying how to turn them on."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"chaos.enabled={self.enabled!r} must be true or false")
+
+
+@dataclass(frozen=True)
 class CoordinatorConfig:
     """One replica: its ids and addresses, its data directory, its secrets, its timings."""
 
@@ -143,6 +156,7 @@ class CoordinatorConfig:
     write_timeout: float = 5.0
     settings_source: str = "defaults"
     """Where timings, liveness and scheduling came from: an operator's file or the defaults."""
+    chaos: ChaosSection = field(default_factory=ChaosSection)
     raft_bind: str | None = None
     """Where Raft listens when peers reach this replica through another address (`raft`), such
     as a proxy in front of it; None binds `raft` itself."""
@@ -193,6 +207,7 @@ class CoordinatorSettings:
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     raft: RaftTimings = field(default_factory=RaftTimings)
+    chaos: ChaosSection = field(default_factory=ChaosSection)
 
     @property
     def scheduling(self) -> SchedulingConfig:

@@ -22,5 +22,6 @@ async def get_config(ctx: ApiContext, call: Call) -> web.Response:
             "liveness": dataclasses.asdict(config.liveness),
             "raft": dataclasses.asdict(config.timings),
             "write_timeout": config.write_timeout,
+            "chaos": dataclasses.asdict(config.chaos),
         }
     )

@@ -152,13 +152,19 @@ async def heartbeat(ctx: ApiContext, call: Call) -> web.StreamResponse:
     view = ctx.read(lambda m: _node_view(m, node_id))
     ctx.liveness.heartbeat(node_id, time.time(), call.body.get("health"))
     ctx.metrics.inc("shoal_heartbeats_total", "heartbeats received by the leader")
-    tasks = ctx.read(lambda m: [asdict(m.tasks[t]) for t in view["tasks"]])
+    tasks, faults = ctx.read(
+        lambda m: (
+            [asdict(m.tasks[t]) for t in view["tasks"]],
+            [asdict(f) for f in m.faults_for(node_id)],
+        )
+    )
     return reply(
         {
             "node_id": node_id,
             "liveness": view["liveness"],
             "cordoned": view["cordoned"],
             "tasks": tasks,
+            "faults": faults,
         }
     )
 

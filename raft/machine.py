@@ -17,8 +17,12 @@ from dataclasses import asdict
 from typing import Any
 
 from shoal.raft.model import (
+    DEFAULT_XID,
+    FAULT_FINAL,
+    TASK_FAULTS,
     Checkpoint,
     Event,
+    Fault,
     Gpu,
     Incoming,
     Job,
@@ -32,6 +36,8 @@ from shoal.raft.model import (
 Result = dict[str, Any]
 MAX_EVENTS = 5000
 MAX_APPLIED_OPS = 20_000
+MAX_FAULTS = 1000
+_FAULT_ORDER = {"requested": 0, "injected": 1, "healed": 2, "failed": 2}
 
 
 def ok(**fields: Any) -> Result:
@@ -55,6 +61,8 @@ class StateMachine:
         self.leader: LeaderRecord | None = None
         self.applied: OrderedDict[str, Result] = OrderedDict()
         self.applied_count = 0
+        self.faults: dict[str, Fault] = {}
+        """Chaos faults by id, oldest first, the newest MAX_FAULTS kept."""
         # Derived index node -> task ids (an ordered set), kept so a heartbeat need not scan
         # every task; it is rebuilt from nothing but placements (current and incoming copies)
         # and left out of the digest.
@@ -513,7 +521,96 @@ class StateMachine:
     def _barrier(self, args: dict[str, Any], at: float) -> Result:
         return ok(applied=self.applied_count)
 
+    # -- chaos faults (recorded here, executed by the node they name) ---------------------------
+
+    def _inject_fault(self, args: dict[str, Any], at: float) -> Result:
+        fault_id = args["fault_id"]
+        if fault_id in self.faults:
+            return refused("conflict", f"fault {fault_id!r} exists; pick another id", "fault_id")
+        kind, target = args["kind"], args["target"]
+        if kind in TASK_FAULTS:
+            where = self._fault_task(target)
+        else:
+            where = self._fault_node(target, args.get("gpu") if kind == "gpu-xid" else None)
+        if "ok" in where:
+            return where
+        fault = Fault(
+            fault_id,
+            kind,
+            target,
+            where["node"],
+            at,
+            float(args.get("duration_s", 0.0)),
+            where.get("generation", 0),
+            args.get("gpu"),
+            args.get("xid", DEFAULT_XID) if kind == "gpu-xid" else None,
+            updated_at=at,
+        )
+        self.faults[fault_id] = fault
+        while len(self.faults) > MAX_FAULTS:
+            del self.faults[next(iter(self.faults))]
+        self._fault_event(at, fault, f"{kind} of {target} on node {fault.node} requested")
+        return ok(fault=asdict(fault))
+
+    def _fault_task(self, task_id: str) -> dict[str, Any]:
+        """The node and generation of the task a fault targets, or the refusal."""
+        task = self.tasks.get(task_id)
+        if task is None:
+            return refused("not_found", f"no task {task_id!r}; see GET /v1/tasks", "target")
+        if task.node is None or task.state not in ("pending", "running"):
+            return refused(
+                "conflict",
+                f"task {task_id!r} is {task.state} on no node: nothing runs to fault",
+                "target",
+            )
+        return {"node": task.node, "generation": task.generation}
+
+    def _fault_node(self, node_id: str, gpu: int | None) -> dict[str, Any]:
+        node = self.nodes.get(node_id)
+        if node is None:
+            return refused("not_found", f"no node {node_id!r}; see GET /v1/nodes", "target")
+        if node.liveness == "dead":
+            return refused("conflict", f"node {node_id!r} is dead: nothing runs to fault", "target")
+        count = len(node.resources.gpus)
+        if gpu is not None and gpu >= count:
+            have = f"GPUs 0..{count - 1}" if count else "no GPUs"
+            return refused("conflict", f"node {node_id!r} registered {have}, not GPU {gpu}", "gpu")
+        return {"node": node_id}
+
+    def _report_fault(self, args: dict[str, Any], at: float) -> Result:
+        """A node's outcome. States only move forward; the same state again is a no-op, so a
+        node that re-sends a report it is unsure was applied changes nothing."""
+        fault = self.faults.get(args["fault_id"])
+        if fault is None:
+            return refused("not_found", f"no fault {args['fault_id']!r}", "fault_id")
+        state = args["state"]
+        if state == fault.state:
+            return ok(fault=asdict(fault), changed=False)
+        if fault.state in FAULT_FINAL or _FAULT_ORDER[state] < _FAULT_ORDER[fault.state]:
+            return refused(
+                "conflict", f"fault {fault.id!r} is already {fault.state}, not {state}", "state"
+            )
+        fault.state, fault.message, fault.updated_at = state, args.get("message", ""), at
+        self._fault_event(at, fault, f"{state}: {fault.message}" if fault.message else state)
+        return ok(fault=asdict(fault), changed=True)
+
+    def _fault_event(self, at: float, fault: Fault, message: str) -> None:
+        self._event(
+            at,
+            "chaos_fault",
+            f"fault {fault.id}: {message}",
+            fault=fault.id,
+            fault_kind=fault.kind,
+            target=fault.target,
+            node=fault.node,
+            state=fault.state,
+        )
+
     # -- reads ----------------------------------------------------------------------------------
+
+    def faults_for(self, node_id: str) -> list[Fault]:
+        """The faults `node_id` has yet to execute (still `requested`), oldest first."""
+        return [f for f in self.faults.values() if f.node == node_id and f.state == "requested"]
 
     def assignments(self) -> dict[str, list[str]]:
         """node id -> ids of the tasks placed there (derived from the placements)."""
@@ -534,6 +631,7 @@ class StateMachine:
             "leader": None if self.leader is None else asdict(self.leader),
             "applied": list(self.applied.items()),
             "applied_count": self.applied_count,
+            "faults": [asdict(f) for f in self.faults.values()],
         }
 
     def digest(self) -> str:
@@ -559,4 +657,6 @@ _HANDLERS: dict[str, Callable[[StateMachine, dict[str, Any], float], Result]] = 
     "add_event": StateMachine._add_event,
     "announce_leader": StateMachine._announce_leader,
     "barrier": StateMachine._barrier,
+    "inject_fault": StateMachine._inject_fault,
+    "report_fault": StateMachine._report_fault,
 }

@@ -14,6 +14,11 @@ from typing import Any
 LIVENESS = ("alive", "suspect", "dead")
 TASK_STATES = ("pending", "running", "stopped", "failed")
 JOB_STATES = ("running", "stopped", "failed")
+FAULT_KINDS = ("task-kill", "task-pause", "node-kill", "gpu-xid")
+TASK_FAULTS = ("task-kill", "task-pause")
+FAULT_STATES = ("requested", "injected", "healed", "failed")
+FAULT_FINAL = ("healed", "failed")
+DEFAULT_XID = 79
 DEFAULT_MAX_RESTARTS = 5
 DEFAULT_RESTART_WINDOW_S = 600.0
 DEFAULT_BACKOFF_S = 1.0
@@ -165,3 +170,24 @@ class LeaderRecord(Restorable):
     api: str
     term: int
     since: float
+
+
+@dataclass
+class Fault(Restorable):
+    """A fault asked for through the chaos API, addressed to the node that executes it (the
+    task's node, or the node itself). Replicas only record it; the node acts, once, and
+    reports the outcome: requested -> injected (-> healed, for a pause) or failed."""
+
+    id: str
+    kind: str
+    target: str
+    node: str
+    requested_at: float
+    duration_s: float = 0.0
+    generation: int = 0
+    """For a task fault, the task's generation when asked: a later incarnation is spared."""
+    gpu: int | None = None
+    xid: int | None = None
+    state: str = "requested"
+    message: str = ""
+    updated_at: float = 0.0

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shoal.errors import ConfigError
+from shoal.node_faults import NodeFaults
 from shoal.raft.client import RETRYABLE, CoordinatorClient
 from shoal.raft.errors import (
     Conflict,
@@ -163,6 +164,7 @@ class NodeAgent:
         log_dir: Path,
         config: AgentConfig,
         health: Callable[[], dict[str, Any]] = dict,
+        faults: NodeFaults | None = None,
     ) -> None:
         self.client = client
         self.registration = registration
@@ -171,6 +173,8 @@ class NodeAgent:
         self.log_dir = log_dir
         self.config = config
         self._health = health
+        self.faults = faults
+        """Executes the chaos faults the heartbeat replies address to this node."""
         self.running: dict[str, RunningTask] = {}
         self.done: set[tuple[str, int]] = set()
         self.accepting = True
@@ -221,6 +225,8 @@ class NodeAgent:
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
+            if self.faults is not None:
+                await self.faults.close()
             await self._stop_all("node agent closed")
 
     async def register(self) -> None:
@@ -290,6 +296,8 @@ class NodeAgent:
                 self._assigned_fresh.set()
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("a heartbeat reply without a valid task list (%r): %s", exc, reply)
+            if self.faults is not None and reply.get("faults"):
+                self.faults.offer(reply["faults"], self.running)
             await asyncio.sleep(self.config.heartbeat_s)
 
     async def _timed_heartbeat(self) -> dict[str, Any]:

@@ -4,8 +4,9 @@ heartbeats and runs the tasks the coordinator assigns (see shoal/agent.py).
 
 The data directory holds the node's stable id (`node-id`), a lock so two daemons never share
 it, `node.json` (pid, id, transport address: what tools and tests read), the simulated GPUs'
-state (`simgpu.json`, so chaos can raise an XID on a running node) and `tasks/` (one log per
-child process task). SIGTERM or SIGINT drains the node and exits 0.
+state (`simgpu.json`, so chaos can raise an XID on a running node), the ledger of the chaos
+faults it executed (`chaos-faults.json`, shoal/node_faults.py) and `tasks/` (one log per child
+process task). SIGTERM or SIGINT drains the node and exits 0.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from shoal.agent import AgentConfig, NodeAgent, Registration
 from shoal.errors import ConfigError
+from shoal.node_faults import NodeFaults
 from shoal.node_metrics import add_xids, node_gauges
 from shoal.scheduler.health.collector import Collector, Report, summarise
 
@@ -329,6 +331,7 @@ async def _serve(
                     config.data_dir / "tasks",
                     config.agent,
                     monitor.latest,
+                    NodeFaults(node_id, client, config.data_dir, _sim_state(config)),
                 )
                 async with _scrape_server(config, monitor, agent) as metrics_url:
                     _write_node_file(config.data_dir, registration, metrics_url)

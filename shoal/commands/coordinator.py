@@ -44,7 +44,7 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--config",
         type=Path,
         metavar="FILE.toml",
-        help="scheduler, balancer, liveness and raft settings (docs/operations.md); "
+        help="scheduler, balancer, liveness, raft and chaos settings (docs/operations.md); "
         "the flags below override it",
     )
     parser.add_argument("--min-election-timeout", type=float, help="seconds (default 0.2)")
@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         timings=settings.raft,
         liveness=settings.liveness,
         scheduling=settings.scheduling,
+        chaos=settings.chaos,
         settings_source=str(args.config) if args.config else "defaults",
     )
     loop.run(serve_until_signalled(config))

@@ -11,6 +11,7 @@ from shoal.raft.model import LIVENESS, TASK_STATES
 node_ids = st.sampled_from(["n1", "n2", "n3"])
 job_ids = st.sampled_from(["j1", "j2"])
 task_ids = st.sampled_from(["t1", "t2", "t3", "t4"])
+fault_ids = st.sampled_from(["f1", "f2", "f3"])
 op_ids = st.sampled_from([f"op{i}" for i in range(12)])
 stamps = st.floats(min_value=0, max_value=2e9, allow_nan=False, allow_infinity=False)
 json_leaf = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=5) | stamps
@@ -152,6 +153,36 @@ args_by_op: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         }
     ),
     "barrier": st.just({}),
+    "inject_fault": st.one_of(
+        st.fixed_dictionaries(
+            {"fault_id": fault_ids, "kind": st.just("task-kill"), "target": task_ids},
+            optional={"duration_s": st.floats(0, 60)},
+        ),
+        st.fixed_dictionaries(
+            {
+                "fault_id": fault_ids,
+                "kind": st.just("task-pause"),
+                "target": task_ids,
+                "duration_s": st.floats(0.1, 60),
+            }
+        ),
+        st.fixed_dictionaries(
+            {"fault_id": fault_ids, "kind": st.just("node-kill"), "target": node_ids}
+        ),
+        st.fixed_dictionaries(
+            {
+                "fault_id": fault_ids,
+                "kind": st.just("gpu-xid"),
+                "target": node_ids,
+                "gpu": st.integers(0, 8),
+            },
+            optional={"xid": st.sampled_from([48, 79, 94])},
+        ),
+    ),
+    "report_fault": st.fixed_dictionaries(
+        {"fault_id": fault_ids, "state": st.sampled_from(["injected", "healed", "failed"])},
+        optional={"message": st.text(max_size=8)},
+    ),
 }
 
 
