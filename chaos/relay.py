@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Any
 
 from shoal.chaos.errors import ProxyError
 from shoal.chaos.netfaults import NetFaults, TokenBucket, due_time
@@ -179,6 +180,19 @@ class LinkRelay:
             tunnel.reset()
         self.stats.reset += len(hit)
         return len(hit)
+
+    def links(self, pids: Iterable[int] | None = None) -> list[dict[str, Any]]:
+        """The open links of `pids` (None: all): their ends and the faults on them now."""
+        chosen = None if pids is None else frozenset(pids)
+        return [
+            {
+                "client": f"{t.ends[0][0]}:{t.ends[0][1]}",
+                "target": f"{t.target[0]}:{t.target[1]}",
+                "faults": t.faults.to_dict(),
+            }
+            for t in self._tunnels
+            if t.target is not None and self._matches(t, chosen)
+        ]
 
     def _matches(self, tunnel: _Tunnel, pids: frozenset[int] | None) -> bool:
         if tunnel.target is None:
