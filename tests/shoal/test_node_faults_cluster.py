@@ -1,0 +1,192 @@
+"""Faults through the chaos API on real processes: one coordinator replica started with
+`[chaos] enabled = true` and two node daemons. A task killed through the API is restarted by
+the leader; a paused one is stopped, then continued; an XID raised on a simulated GPU shows in
+the node's replicated health; node-kill SIGKILLs the daemon once, and not again when it is back;
+a node with no simulated GPUs refuses gpu-xid with a clear outcome."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from shoal.local import LocalCluster, coordinator_specs, node_specs
+from shoal.raft.client import CoordinatorClient
+from shoal.raft.errors import Conflict
+from shoal.runtime import loop
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+
+HERE = Path(__file__).parent
+T = TypeVar("T")
+SETTINGS = """
+[chaos]
+enabled = true
+
+[liveness]
+suspect_after = 1.5
+dead_after = 3.0
+health_period = 0.5
+
+[scheduler]
+period = 0.2
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    tmp = tmp_path_factory.mktemp("faults")
+    config = tmp / "coordinator.toml"
+    config.write_text(SETTINGS)
+    local = LocalCluster(tmp / "run")
+    coordinators = coordinator_specs(local.run_dir, 1, ("--config", str(config)))
+    urls = [s.api_url for s in coordinators if s.api_url]
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    fast = ("--heartbeat", "0.3", "--health-period", "0.3", "--stop-timeout", "5")
+    with_gpus = node_specs(local.run_dir, urls, 1, 2, extra_args=fast)
+    # n2 runs no simulated GPUs: gpu-xid must be refused there.
+    without = node_specs(local.run_dir, urls, 2, 0, extra_args=fast)[1:]
+    local.create([*coordinators, *(dataclasses.replace(s, env=env) for s in with_gpus + without)])
+    try:
+        local.start_all()
+        local.wait_ready()
+        local.wait_nodes(2)
+        yield local
+    finally:
+        local.stop_all()
+
+
+def call(local: LocalCluster, fn: Callable[[CoordinatorClient], Any]) -> Any:
+    async def body() -> Any:
+        async with CoordinatorClient(local.api_urls(), local.token, timeout=15.0) as client:
+            return await fn(client)
+
+    return loop.run(body())
+
+
+def eventually(check: Callable[[], T | None], what: str, timeout: float = 40.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} within {timeout} s"
+        time.sleep(0.1)
+
+
+def inject(local: LocalCluster, kind: str, target: str, **params: Any) -> dict[str, Any]:
+    return dict(call(local, lambda c: c.inject_fault(kind, target, **params)))
+
+
+def outcome(local: LocalCluster, fault_id: str, states: tuple[str, ...]) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        fault = call(local, lambda c: c.fault(fault_id))
+        return fault if fault["state"] in states else None
+
+    return eventually(check, f"fault {fault_id} {states}")
+
+
+def task(local: LocalCluster, task_id: str) -> dict[str, Any]:
+    return dict(call(local, lambda c: c.request("GET", f"/v1/tasks/{task_id}")))
+
+
+def start_sleeper(local: LocalCluster, name: str, tmp: Path) -> tuple[int, int]:
+    """A process task in a job the leader places and restarts: (generation, pid) once up."""
+    base = tmp / name
+    spec = {
+        "task_id": name,
+        "kind": "rollout-worker",
+        "actor": "test_node_tasks:sleeper",
+        "args": {"argv": [str(base)]},
+    }
+    call(local, lambda c: c.submit_job(spec={"placement": "auto"}, tasks=[spec], job_id=name))
+    running = eventually(
+        lambda: (t := task(local, name))["state"] == "running" and t["node"] and t, "running"
+    )
+    pid_file = Path(f"{base}.g{running['generation']}.pid")
+    pid = int(eventually(lambda: pid_file.exists() and pid_file.read_text(), "pid file"))
+    return running["generation"], pid
+
+
+def proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_a_task_killed_through_the_api_is_restarted_by_the_leader(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    generation, pid = start_sleeper(cluster, "victim", tmp_path)
+    fault = inject(cluster, "task-kill", "victim")
+    assert fault["generation"] == generation
+    done = outcome(cluster, fault["id"], ("injected", "failed"))
+    assert done["state"] == "injected", done
+    assert f"SIGKILL sent to task victim (pid {pid})" in done["message"]
+    eventually(lambda: proc_state(pid) in ("gone", "Z"), "the killed task gone")
+    again = eventually(
+        lambda: (
+            (t := task(cluster, "victim"))["generation"] > generation
+            and t["state"] == "running"
+            and t
+        ),
+        "the task running again",
+    )
+    assert again["restarts"] >= 1
+    call(cluster, lambda c: c.stop_job("victim"))
+
+
+def test_a_task_paused_through_the_api_is_continued_after_its_duration(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    generation, pid = start_sleeper(cluster, "sleepy", tmp_path)
+    fault = inject(cluster, "task-pause", "sleepy", duration_s=3.0)
+    outcome(cluster, fault["id"], ("injected", "healed", "failed"))
+    assert proc_state(pid) == "T"
+    healed = outcome(cluster, fault["id"], ("healed", "failed"))
+    assert healed["state"] == "healed", healed
+    assert proc_state(pid) in ("S", "R")
+    assert task(cluster, "sleepy")["generation"] == generation
+    call(cluster, lambda c: c.stop_job("sleepy"))
+
+
+def test_gpu_xid_is_refused_for_a_node_that_registered_no_gpus(cluster: LocalCluster) -> None:
+    with pytest.raises(Conflict, match="node 'n2' registered no GPUs, not GPU 0"):
+        inject(cluster, "gpu-xid", "n2", gpu=0)
+
+
+def test_node_kill_kills_the_daemon_once(cluster: LocalCluster) -> None:
+    pid = cluster.pid("n2")
+    assert pid is not None
+    fault = inject(cluster, "node-kill", "n2")
+    eventually(lambda: cluster.pid("n2") is None, "n2 gone")
+    done = outcome(cluster, fault["id"], ("injected",))
+    assert f"daemon pid {pid}) SIGKILLed itself" in done["message"]
+    assert "SIGKILL" in (Path(cluster.run_dir) / "data" / "n2" / "chaos-faults.json").read_text()
+    eventually(lambda: call(cluster, lambda c: c.node("n2"))["liveness"] == "dead", "n2 dead", 20)
+    cluster.start("n2")
+    eventually(lambda: call(cluster, lambda c: c.node("n2"))["liveness"] == "alive", "n2 back", 40)
+    time.sleep(2.0)  # several heartbeats: the ledger keeps the fault from running again
+    assert cluster.pid("n2") is not None
+    assert call(cluster, lambda c: c.fault(fault["id"]))["state"] == "injected"
+
+
+def test_an_xid_raised_through_the_api_shows_in_the_replicated_health(
+    cluster: LocalCluster,
+) -> None:
+    fault = inject(cluster, "gpu-xid", "n1", gpu=1, xid=48)
+    done = outcome(cluster, fault["id"], ("injected", "failed"))
+    assert done["state"] == "injected", done
+    assert "XID 48 raised on simulated GPU 1 of node n1" in done["message"]
+
+    def xids() -> int:
+        node = call(cluster, lambda c: c.request("GET", "/v1/nodes/n1?consistent=true"))
+        return int(node["health"].get("summary", {}).get("xid_total", 0))
+
+    assert eventually(xids, "the XID in n1's replicated health") >= 1
