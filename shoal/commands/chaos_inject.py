@@ -1,37 +1,103 @@
-"""`shoal chaos inject`: one fault on a running cluster."""
+"""`shoal chaos inject KIND --target T`: one fault on a running cluster.
+
+Two families. `kill` and `pause` signal a process of a local `shoal up` cluster from this host
+(leader, follower, c1.., n1..). The API kinds (`task-kill`, `task-pause`, `node-kill`,
+`gpu-xid`) go through the coordinator's chaos API (the cluster's config must enable it), so they
+reach any host: the node that runs the target executes the fault and reports its outcome,
+which this command waits for and prints.
+"""
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 from shoal.commands.up import add_run_dir
 
+LOCAL_KINDS = ("kill", "pause")
+API_KINDS = ("task-kill", "task-pause", "node-kill", "gpu-xid")
+MAX_DURATION_S = 3600.0
+
 
 def add_inject(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    inject = sub.add_parser("inject", help="one fault on a running local cluster (shoal up)")
-    inject.add_argument("kind", choices=["kill", "pause"], help="SIGKILL or SIGSTOP")
-    inject.add_argument("target", help="leader, follower or a process name (c1, c2, ...)")
+    inject = sub.add_parser(
+        "inject",
+        help="one fault on a running cluster: a local process, or a task, node or GPU via the API",
+    )
+    inject.add_argument(
+        "kind",
+        choices=[*LOCAL_KINDS, *API_KINDS],
+        help="kill/pause: SIGKILL/SIGSTOP a `shoal up` process; task-kill, task-pause, node-kill, "
+        "gpu-xid: through the chaos API, executed by the target's node",
+    )
+    inject.add_argument(
+        "--target",
+        required=True,
+        help="kill/pause: leader, follower or a process name (c1, n1, ...); task-*: a task id; "
+        "node-kill, gpu-xid: a node id",
+    )
     inject.add_argument(
         "--duration",
         type=float,
         default=None,
         help="heal after this many seconds (restart / SIGCONT); kill without it stays down",
     )
+    inject.add_argument("--gpu", type=int, default=None, help="gpu-xid: the GPU index")
+    inject.add_argument("--xid", type=int, default=None, help="gpu-xid: the XID number (79)")
+    inject.add_argument(
+        "--coordinator",
+        metavar="URL[,URL...]",
+        default=None,
+        help="API kinds: the replicas' API URLs (default: the local cluster's in --run-dir)",
+    )
+    inject.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help="API kinds with --coordinator: the API token (default: $SHOAL_API_TOKEN)",
+    )
+    inject.add_argument(
+        "--wait",
+        type=float,
+        default=15.0,
+        help="API kinds: seconds to wait for the node's outcome (0: do not wait)",
+    )
     add_run_dir(inject)
     inject.set_defaults(func=_inject)
 
 
 def _inject(args: argparse.Namespace) -> int:
-    from shoal.chaos.faults import Fault, KillProcess, PauseProcess
     from shoal.errors import ConfigError
+
+    if args.duration is not None and not 0 <= args.duration <= MAX_DURATION_S:
+        raise ConfigError(f"--duration={args.duration} must be in 0..{MAX_DURATION_S:g} seconds")
+    if args.kind in ("pause", "task-pause") and not args.duration:
+        raise ConfigError(f"{args.kind} needs --duration > 0 (a paused process would stay stopped)")
+    if args.kind != "gpu-xid" and (args.gpu is not None or args.xid is not None):
+        raise ConfigError(f"--gpu and --xid belong to gpu-xid, not {args.kind}")
+    if args.kind == "gpu-xid" and args.gpu is None:
+        raise ConfigError("gpu-xid needs --gpu N, the index of the GPU to fault")
+    if args.kind in LOCAL_KINDS:
+        if args.coordinator is not None:
+            raise ConfigError(
+                f"{args.kind} signals a local `shoal up` process and takes no --coordinator; "
+                "use task-kill, task-pause or node-kill for a remote cluster"
+            )
+        return _local(args)
+    if not 0 <= args.wait <= MAX_DURATION_S:
+        raise ConfigError(f"--wait={args.wait} must be in 0..{MAX_DURATION_S:g} seconds")
+    return _through_api(args)
+
+
+# -- local processes of `shoal up` -------------------------------------------------------------
+
+
+def _local(args: argparse.Namespace) -> int:
+    from shoal.chaos.faults import Fault, KillProcess, PauseProcess
     from shoal.local import LocalCluster, default_run_dir
 
-    if args.duration is not None and not 0 <= args.duration <= 3600:
-        raise ConfigError(f"--duration={args.duration} must be in 0..3600 seconds")
-    if args.kind == "pause" and args.duration is None:
-        raise ConfigError("pause needs --duration (a paused process would stay stopped)")
     cluster = LocalCluster(args.run_dir or default_run_dir())
     name = _target(cluster, args.target)
     fault: Fault = (
@@ -62,3 +128,82 @@ def _target(cluster: Any, target: str) -> str:
     if not followers:
         raise FaultError("no running follower to fault")
     return followers[0]
+
+
+# -- through the chaos API ------------------------------------------------------------------------
+
+
+def _through_api(args: argparse.Namespace) -> int:
+    from shoal.runtime import loop
+
+    urls, token = _endpoint(args)
+    params: dict[str, Any] = {}
+    if args.duration is not None:
+        params["duration_s"] = args.duration
+    if args.gpu is not None:
+        params["gpu"] = args.gpu
+    if args.xid is not None:
+        params["xid"] = args.xid
+    fault = loop.run(_inject_and_wait(urls, token, args.kind, args.target, params, args.wait))
+    return 0 if fault["state"] in ("injected", "healed") or args.wait == 0 else 1
+
+
+def _endpoint(args: argparse.Namespace) -> tuple[list[str], str]:
+    """The replicas' URLs and the token: given by flags, else the local cluster's."""
+    import os
+
+    from shoal.commands.coordinator import read_secret_file
+    from shoal.errors import ConfigError
+    from shoal.local import LocalCluster, default_run_dir
+
+    if args.coordinator is None:
+        if args.token_file is not None:
+            raise ConfigError("--token-file goes with --coordinator; a local cluster has its own")
+        local = LocalCluster(args.run_dir or default_run_dir())
+        return local.api_urls(), local.token
+    urls = [u.strip().rstrip("/") for u in args.coordinator.split(",") if u.strip()]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"--coordinator entry {url!r} is invalid: use http://HOST:PORT of a replica's API"
+            )
+    if not urls:
+        raise ConfigError("--coordinator is empty: give the replicas' API URLs, comma-separated")
+    if args.token_file is not None:
+        return urls, read_secret_file(args.token_file, "API token")
+    token = os.environ.get("SHOAL_API_TOKEN", "")
+    if not token:
+        raise ConfigError("no API token: pass --token-file or set $SHOAL_API_TOKEN")
+    return urls, token
+
+
+async def _inject_and_wait(
+    urls: list[str], token: str, kind: str, target: str, params: dict[str, Any], wait: float
+) -> dict[str, Any]:
+    import asyncio
+
+    from shoal.raft.client import CoordinatorClient
+
+    async with CoordinatorClient(urls, token, timeout=10.0) as client:
+        fault = await client.inject_fault(kind, target, **params)
+        print(
+            f"shoal chaos: fault {fault['id']}: {kind} of {target} on node {fault['node']} requested"
+        )
+        # A pause reports `healed` only after its duration: wait for that too.
+        final = ("healed", "failed") if kind == "task-pause" else ("injected", "failed")
+        deadline = time.monotonic() + wait + (params.get("duration_s", 0.0) if wait else 0.0)
+        shown = "requested"
+        while time.monotonic() < deadline:
+            fault = await client.fault(fault["id"])
+            if fault["state"] != shown:
+                shown = fault["state"]
+                print(f"shoal chaos: fault {fault['id']} {shown}: {fault['message']}")
+            if fault["state"] in final:
+                return fault
+            await asyncio.sleep(0.2)
+        if wait:
+            print(
+                f"shoal chaos: fault {fault['id']} is still {fault['state']} after {wait:g} s; "
+                f"is node {fault['node']} up? (GET /v1/chaos/faults/{fault['id']})"
+            )
+        return fault

@@ -134,7 +134,8 @@ def test_inject_kills_the_leader_and_restarts_it(cluster: LocalCluster) -> None:
     cluster.wait_ready()
     pids = {s.name: cluster.pid(s.name) for s in cluster.specs()}
     done = shoal(
-        "chaos", "inject", "kill", "leader", "--duration", "1", "--run-dir", str(cluster.run_dir),
+        "chaos", "inject", "kill", "--target", "leader", "--duration", "1",
+        "--run-dir", str(cluster.run_dir),
         timeout=100,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -147,9 +148,30 @@ def test_inject_kills_the_leader_and_restarts_it(cluster: LocalCluster) -> None:
 
 
 def test_inject_refuses_bad_input(cluster: LocalCluster) -> None:
-    done = shoal("chaos", "inject", "kill", "c9", "--run-dir", str(cluster.run_dir), timeout=30)
+    run_dir = str(cluster.run_dir)
+    done = shoal("chaos", "inject", "kill", "--target", "c9", "--run-dir", run_dir, timeout=30)
     assert done.returncode == 2
     assert "no process 'c9'" in done.stderr
+    # The API kinds need [chaos] enabled = true in the coordinators' config; this cluster has none.
+    done = shoal("chaos", "inject", "node-kill", "--target", "n1", "--run-dir", run_dir, timeout=30)
+    assert done.returncode == 2
+    assert "chaos is disabled" in done.stderr
+    assert "enabled = true" in done.stderr
+    for argv, text in (
+        (("pause", "--target", "c1"), "pause needs --duration > 0"),
+        (("task-pause", "--target", "t1", "--duration", "0"), "task-pause needs --duration > 0"),
+        (("task-kill", "--target", "t1", "--gpu", "0"), "--gpu and --xid belong to gpu-xid"),
+        (("gpu-xid", "--target", "n1"), "gpu-xid needs --gpu N"),
+        (("task-kill", "--target", "t1", "--duration", "-1"), "--duration=-1.0 must be in"),
+        (("kill", "--target", "c1", "--coordinator", "http://h:1"), "takes no --coordinator"),
+        (("node-kill", "--target", "n1", "--coordinator", "h:1"), "use http://HOST:PORT"),
+        (("node-kill",), "--target"),
+        (("disk-melt", "--target", "n1"), "invalid choice"),
+    ):
+        done = shoal("chaos", "inject", *argv, "--run-dir", run_dir, timeout=30)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert text in done.stderr, (argv, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     done = shoal("chaos", "run", "no-such-scenario", timeout=30)
     assert done.returncode == 2
     assert "smoke" in done.stderr

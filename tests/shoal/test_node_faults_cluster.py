@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -190,3 +193,21 @@ def test_an_xid_raised_through_the_api_shows_in_the_replicated_health(
         return int(node["health"].get("summary", {}).get("xid_total", 0))
 
     assert eventually(xids, "the XID in n1's replicated health") >= 1
+
+
+def test_the_cli_injects_through_the_api_and_prints_the_outcome(cluster: LocalCluster) -> None:
+    argv = [
+        sys.executable, "-m", "shoal", "chaos", "inject", "gpu-xid", "--target", "n1",
+        "--gpu", "0", "--xid", "79",
+        "--coordinator", ",".join(cluster.api_urls()),
+        "--token-file", str(cluster.run_dir / "api-token"),
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"fault \w+: gpu-xid of n1 on node n1 requested", done.stdout)
+    assert "injected: XID 79 raised on simulated GPU 0 of node n1" in done.stdout
+    done = subprocess.run(
+        [*argv[:7], "no-such-node", *argv[8:]], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("shoal: error: no node 'no-such-node'; see GET /v1/nodes")
