@@ -79,7 +79,7 @@ def opened_by(pid: int) -> ConnectionFilter:
     return match
 
 
-def _table(proc: Path) -> dict[tuple[Endpoint, Endpoint], int]:
+def tcp_table(proc: Path = Path("/proc")) -> dict[tuple[Endpoint, Endpoint], int]:
     try:
         return parse_tcp_table((proc / "net" / "tcp").read_text())
     except OSError:
@@ -100,7 +100,7 @@ def link_of(pid: int, client: Endpoint, server: Endpoint, target: Endpoint) -> b
     """Whether a relayed connection is one of process `pid`'s links: `pid` dialled it (holds
     the client end of client -> server) or listens on the `target` it is relayed to."""
     proc = Path("/proc")
-    table = _table(proc)
+    table = tcp_table(proc)
     for inode in (table.get((client, server)), listening_inode(target, table)):
         if inode is not None and holds_socket(pid, inode, proc):
             return True

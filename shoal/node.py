@@ -56,6 +56,9 @@ class NodeConfig:
     """None: the id stored in the data dir, or a new `<hostname>-<hex>` stored there."""
     listen: str = "127.0.0.1:0"
     """The actor transport's address; port 0 picks a free one."""
+    stream_port: int = 0
+    """Where the transport takes its links' frame streams; 0 picks a free port (announced
+    to peers in each link's handshake). Fixed, a firewall or proxy can be set up for it."""
     sim_gpus: int = 0
     island_size: int = 16
     """GPUs per NVLink island: GPU i is in island i // island_size of this node."""
@@ -88,6 +91,10 @@ class NodeConfig:
                 "starting with a letter or digit"
             )
         parse_listen(self.listen)
+        if type(self.stream_port) is not int or not 0 <= self.stream_port <= 65535:
+            raise ConfigError(
+                f"--stream-port={self.stream_port!r} is invalid: use 0 (any free port) to 65535"
+            )
         if type(self.sim_gpus) is not int or not 0 <= self.sim_gpus <= 1024:
             raise ConfigError(f"--sim-gpus={self.sim_gpus!r} is invalid: use 0 to 1024")
         if type(self.island_size) is not int or self.island_size < 1:
@@ -307,11 +314,17 @@ async def _serve(
     async with ActorSystem(f"node-{node_id}") as system:
         try:
             transport = await attach(
-                system, TransportConfig(token=config.token, host=host, port=port)
+                system,
+                TransportConfig(
+                    token=config.token, host=host, port=port, stream_port=config.stream_port
+                ),
             )
         except OSError as exc:
+            what = f"--listen={config.listen}"
+            if config.stream_port:
+                what += f" or --stream-port={config.stream_port}"
             raise ConfigError(
-                f"--listen={config.listen} cannot be bound ({exc.strerror}); pick a free address"
+                f"{what} cannot be bound ({exc.strerror}); pick a free address"
             ) from None
         try:
             registration = Registration(

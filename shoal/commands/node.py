@@ -27,6 +27,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--listen", default="127.0.0.1:0", metavar="HOST:PORT", help="actor transport address"
     )
+    parser.add_argument(
+        "--stream-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="port of the actor transport's frame streams (default 0: any free port)",
+    )
     parser.add_argument("--sim-gpus", type=int, default=0, help="simulate N GPUs instead of NVML")
     parser.add_argument("--island-size", type=int, default=16, help="GPUs per NVLink island")
     parser.add_argument("--domain", default="default", help="RDMA domain label of this node")
@@ -87,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         token=token,
         node_id=args.node_id,
         listen=args.listen,
+        stream_port=args.stream_port,
         sim_gpus=args.sim_gpus,
         island_size=args.island_size,
         domain=args.domain,
