@@ -189,7 +189,7 @@ class LearnerGroup:
         while True:
             try:
                 return self._store_once(timeout)
-            except RuntimeError as exc:
+            except (RuntimeError, _OldGroupStore) as exc:
                 if not _transient(exc):
                     raise GroupError(
                         f"rank {self.rank} could not join the group at {self._where}: its store "
@@ -207,9 +207,12 @@ class LearnerGroup:
                 time.sleep(RETRY_PAUSE_S)
 
     def _store_once(self, timeout: timedelta) -> dist.Store:
-        """Rank 0 serves the store and marks it this epoch's; the others connect and wait for
-        that mark, so a store still served by the old rank 0 is never taken for the new one
-        (it closes under them instead, a transient error)."""
+        """Rank 0 serves the store and marks it this epoch's; the others connect, wait for
+        that mark and claim their rank in it. A store still served by an old rank 0 is never
+        taken for the new one: one of another epoch never gets the mark (it closes under the
+        waiting rank instead, a transient error), and one of the same epoch (a node daemon
+        restarted before its node was declared dead runs its tasks again at the generation
+        they had) already has the rank claimed by the old group's member."""
         store = dist.TCPStore(
             self.spec.addr,
             self.spec.port,
@@ -218,11 +221,17 @@ class LearnerGroup:
             timeout=timeout,
             wait_for_workers=False,
         )
-        ready = f"shoal/{self.spec.epoch}/ready"
+        prefix = f"shoal/{self.spec.epoch}"
         if self.rank == 0:
-            store.set(ready, "1")
-        else:
-            store.wait([ready])
+            store.set(f"{prefix}/ready", "1")
+            return store
+        store.wait([f"{prefix}/ready"])
+        claims = store.add(f"{prefix}/rank{self.rank}", 1)
+        if claims != 1:
+            raise _OldGroupStore(
+                f"the store there belongs to an older group of epoch {self.spec.epoch!r}: "
+                f"rank {self.rank} joined it {claims - 1} time(s) before"
+            )
         return store
 
     def leave(self) -> None:
@@ -272,9 +281,16 @@ class LearnerGroup:
             ) from exc
 
 
+class _OldGroupStore(Exception):
+    """The store reached is an older incarnation's of the same epoch (its rank 0 is exiting)."""
+
+
 def _transient(exc: BaseException) -> bool:
-    """An error worth another try: the port is still bound, or the store we reached (an old
-    group's) went away. A time-out is not: peers that never came will not come sooner."""
+    """An error worth another try: the port is still bound, or the store we reached is an old
+    group's (it went away, or it is still there). A time-out is not: peers that never came
+    will not come sooner."""
+    if isinstance(exc, _OldGroupStore):
+        return True
     text = str(exc).lower()
     return isinstance(exc, dist.DistNetworkError) and "timed out" not in text
 

@@ -115,6 +115,9 @@ class LearnerCore:
         self.checkpoint_requested = False
         self.closed = False  # the final ledger is written: later pushes are refused, not counted
         self.started = time.monotonic()
+        self.phases: dict[str, float] = {"process": process_started_at()}
+        """Wall-clock times (epoch seconds) of this incarnation's start-up steps: where a
+        restart's seconds go (docs/training.md). Written to the start event and the status."""
         self.published: dict[str, np.ndarray] = self.model.get_weights()
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -283,7 +286,22 @@ class LearnerCore:
             "checkpoint_failures": self.checkpoints.failures,
             "checkpoint_error": self.checkpoints.last_failure,
             "ledger": self.intake.ledger(),
+            "phases": self.phases,
         }
+
+    def mark(self, phase: str) -> None:
+        self.phases.setdefault(phase, time.time())
+
+
+def process_started_at() -> float:
+    """When this process started (epoch seconds, 10 ms resolution), from /proc: the time a
+    restarted rank spends starting Python and importing torch counts too. Now, without /proc."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
 
 def _device(group: LearnerGroup) -> torch.device:
@@ -396,6 +414,7 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
             return
         agreed, checkpoint = await asyncio.to_thread(core.train_step, fragments, stopping.is_set())
         core.publish()
+        core.mark("trained")
         if checkpoint:
             trained = await asyncio.to_thread(core.gather_trained)
             if core.group.is_leader:
@@ -430,6 +449,7 @@ async def serve(
     torch.set_num_threads(cfg.learner.threads)
     group = LearnerGroup(spec)
     core = LearnerCore(cfg, env_id, group, run_dir)
+    core.mark("built")
     optimizer_ready = asyncio.ensure_future(asyncio.to_thread(core.make_optimizer))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -438,11 +458,15 @@ async def serve(
     loop.add_signal_handler(signal.SIGUSR1, core.request_checkpoint)
     async with ActorSystem(f"learner-{group.rank}") as system:
         transport = await listen(system, TransportConfig(token=token, port=port), spec.retry_s)
+        core.mark("listening")
         try:
             await asyncio.to_thread(group.join)
+            core.mark("joined")
             await optimizer_ready
             resumed = core.restore()
+            core.mark("restored")
             await asyncio.to_thread(_broadcast, group, core)
+            core.mark("ready")
             await system.spawn(LearnerActor, core, name=LEARNER_NAME, mailbox_size=4096)
             write_json_atomically(
                 run_dir / f"learner-{group.rank}.addr", {"address": transport.address}
@@ -458,6 +482,7 @@ async def serve(
                     "step": core.version,
                     "env_steps": core.env_steps,
                     "resumed_from": None if resumed is None else str(resumed.path),
+                    "phases": core.phases,
                 },
             )
             poster = (

@@ -96,6 +96,84 @@ def test_a_new_group_forms_once_the_old_rank0_lets_go_of_the_port(tmp_path: Path
                 proc.stdout.close()
 
 
+# A rank of the old incarnation: it joins its group like any rank; then rank 1 leaves and
+# rank 0 keeps the group's store (and port) while it "checkpoints".
+_OLD_GROUP_RANK = textwrap.dedent(
+    """
+    import os, sys, time
+    from shoal.learner.group import GroupSpec, LearnerGroup
+    spec = GroupSpec.from_env()
+    LearnerGroup(spec).join()
+    if spec.rank == 0:
+        print("formed", flush=True)
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.05)
+    """
+)
+
+
+def _start_rank(
+    script: str, rank: int, port: int, generation: str, log: Path, *argv: str
+) -> subprocess.Popen[bytes]:
+    spec = GroupSpec(rank=rank, world_size=2, port=port, backend="gloo", timeout_s=30)
+    env = {
+        **os.environ,
+        **spec.to_env(),
+        "SHOAL_TASK_GENERATION": generation,
+        "OMP_NUM_THREADS": "1",
+    }
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", script, *argv], env=env, stdout=subprocess.PIPE, stderr=out
+        )
+
+
+@pytest.mark.timeout(120)
+def test_a_group_restarted_at_the_same_generation_does_not_join_the_old_groups_store(
+    tmp_path: Path,
+) -> None:
+    """A node daemon that is killed and started again before the coordinator declares its
+    node dead runs the node's tasks again at the generation they had: the old ranks (SIGTERMed
+    when their daemon died) may still be exiting, and the old rank 0 still serves the store
+    of the same epoch. The new rank 1 must not take that store, already used by a formed
+    group, for its own (it joined the old group's keys and the new rank 0 timed out)."""
+    port = free_port()
+    release = tmp_path / "release"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        old = [
+            _start_rank(_OLD_GROUP_RANK, r, port, "4", tmp_path / f"old{r}.log", str(release))
+            for r in (0, 1)
+        ]
+        procs += old
+        assert old[0].stdout is not None
+        assert old[0].stdout.readline().strip() == b"formed"
+        assert old[1].wait(timeout=30) == 0
+        new = [_start_rank(_NEW_RANK, r, port, "4", tmp_path / f"rank{r}.log") for r in (1, 0)]
+        procs += new
+        deadline = time.monotonic() + 60
+        while "busy" not in (tmp_path / "rank0.log").read_text():
+            assert time.monotonic() < deadline, "rank 0 never found the port busy"
+            assert new[1].poll() is None, "rank 0 exited while the port was held"
+            time.sleep(0.1)
+        while "older group" not in (tmp_path / "rank1.log").read_text():
+            assert time.monotonic() < deadline, "rank 1 never recognised the old group's store"
+            assert new[0].poll() is None, (tmp_path / "rank1.log").read_text()[-2000:]
+            time.sleep(0.1)
+        release.touch()
+        codes = [p.wait(timeout=60) for p in new]
+        logs = [(tmp_path / f"rank{r}.log").read_text()[-1500:] for r in (1, 0)]
+        assert codes == [0, 0], logs
+        assert old[0].wait(timeout=10) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
 def test_the_epoch_comes_from_the_task_generation_and_retry_s_is_checked() -> None:
     spec = GroupSpec.from_env({"SHOAL_TASK_GENERATION": "7"})
     assert spec.epoch == "7"
