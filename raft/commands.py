@@ -104,9 +104,14 @@ FAULT_PARAMS: Schema = {
     "duration_s": {"type": "number", "minimum": 0, "maximum": MAX_FAULT_DURATION_S},
     "gpu": {"type": "integer", "minimum": 0, "maximum": 1023},
     "xid": {"type": "integer", "minimum": 1, "maximum": 1023},
+    "offset_s": {
+        "type": "number",
+        "minimum": -MAX_FAULT_DURATION_S,
+        "maximum": MAX_FAULT_DURATION_S,
+    },
 }
-"""The kind-specific keys of a fault: a pause's length, and the GPU and XID number of a
-gpu-xid; `validate_args` checks which kind takes which."""
+"""The kind-specific keys of a fault: how long a pause or a skew lasts, the GPU and XID number
+of a gpu-xid, a skew's offset; `validate_args` checks which kind takes which."""
 
 
 def _obj(required: list[str], **props: Schema) -> Schema:
@@ -250,22 +255,24 @@ def validate_args(op: str, args: Any, field: str = "args") -> None:
 
 
 def check_fault_params(args: dict[str, Any], field: str) -> None:
-    """The keys each fault kind takes: a pause needs its length, gpu and xid belong to gpu-xid."""
+    """The keys each fault kind takes: a pause and a skew need their length, gpu and xid
+    belong to gpu-xid, offset_s to clock-skew."""
     kind = args["kind"]
-    if kind == "task-pause" and not args.get("duration_s", 0) > 0:
+    if kind in ("task-pause", "clock-skew") and not args.get("duration_s", 0) > 0:
         raise ValidationError(
             f"{field}.duration_s",
-            "task-pause needs duration_s > 0 (seconds until SIGCONT); a paused task would "
-            "otherwise stay stopped",
+            f"{kind} needs duration_s > 0 (seconds until it is undone); it would otherwise "
+            "stay in place",
         )
     if kind == "gpu-xid" and "gpu" not in args:
         raise ValidationError(f"{field}.gpu", "gpu-xid needs gpu, the index of the GPU to fault")
-    if kind != "gpu-xid":
-        for key in ("gpu", "xid"):
-            if key in args:
-                raise ValidationError(
-                    f"{field}.{key}", f"only gpu-xid takes {key}; drop it for {kind}"
-                )
+    if kind == "clock-skew" and not args.get("offset_s"):
+        raise ValidationError(
+            f"{field}.offset_s", "clock-skew needs offset_s, the non-zero seconds to add"
+        )
+    for key, owner in (("gpu", "gpu-xid"), ("xid", "gpu-xid"), ("offset_s", "clock-skew")):
+        if key in args and kind != owner:
+            raise ValidationError(f"{field}.{key}", f"only {owner} takes {key}; drop it for {kind}")
 
 
 def _check_restart_policy(spec: dict[str, Any], field: str) -> None:

@@ -544,6 +544,7 @@ class StateMachine:
             where.get("generation", 0),
             args.get("gpu"),
             args.get("xid", DEFAULT_XID) if kind == "gpu-xid" else None,
+            args.get("offset_s"),
             updated_at=at,
         )
         self.faults[fault_id] = fault

@@ -14,7 +14,7 @@ from typing import Any
 LIVENESS = ("alive", "suspect", "dead")
 TASK_STATES = ("pending", "running", "stopped", "failed")
 JOB_STATES = ("running", "stopped", "failed")
-FAULT_KINDS = ("task-kill", "task-pause", "node-kill", "gpu-xid")
+FAULT_KINDS = ("task-kill", "task-pause", "node-kill", "gpu-xid", "clock-skew")
 TASK_FAULTS = ("task-kill", "task-pause")
 FAULT_STATES = ("requested", "injected", "healed", "failed")
 FAULT_FINAL = ("healed", "failed")
@@ -188,6 +188,8 @@ class Fault(Restorable):
     """For a task fault, the task's generation when asked: a later incarnation is spared."""
     gpu: int | None = None
     xid: int | None = None
+    offset_s: float | None = None
+    """For clock-skew, the seconds added to the node's clock until `duration_s` has passed."""
     state: str = "requested"
     message: str = ""
     updated_at: float = 0.0

@@ -264,6 +264,14 @@ def build_collectors(config: NodeConfig) -> list[Collector]:
     return collectors
 
 
+def _clock_file(config: NodeConfig) -> Path | None:
+    """The chaos clock hook's offset file, which only a node measuring its clock (--clock) reads."""
+    from shoal.scheduler.health.clock import CHAOS_CLOCK_ENV
+
+    path = os.environ.get(CHAOS_CLOCK_ENV)
+    return Path(path) if path and config.clock is not None else None
+
+
 def _sim_state(config: NodeConfig) -> Path | None:
     return config.data_dir / "simgpu.json" if config.sim_gpus else None
 
@@ -344,7 +352,9 @@ async def _serve(
                     config.data_dir / "tasks",
                     config.agent,
                     monitor.latest,
-                    NodeFaults(node_id, client, config.data_dir, _sim_state(config)),
+                    NodeFaults(
+                        node_id, client, config.data_dir, _sim_state(config), _clock_file(config)
+                    ),
                 )
                 async with _scrape_server(config, monitor, agent) as metrics_url:
                     _write_node_file(config.data_dir, registration, metrics_url)

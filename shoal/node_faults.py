@@ -91,6 +91,7 @@ class FaultOrder:
     generation: int
     gpu: int | None
     xid: int | None
+    offset_s: float | None = None
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> FaultOrder:
@@ -102,6 +103,7 @@ class FaultOrder:
             int(record.get("generation") or 0),
             None if record.get("gpu") is None else int(record["gpu"]),
             None if record.get("xid") is None else int(record["xid"]),
+            None if record.get("offset_s") is None else float(record["offset_s"]),
         )
 
 
@@ -120,12 +122,15 @@ class NodeFaults:
         client: CoordinatorClient,
         data_dir: Path,
         sim_gpu_state: Path | None,
+        clock_file: Path | None = None,
         die: Callable[[], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.client = client
         self.ledger = FaultLedger(data_dir / LEDGER_FILE)
         self.sim_gpu_state = sim_gpu_state
+        self.clock_file = clock_file
+        """The offset file of the node's chaos clock hook, when it runs with one."""
         self._die = die or _kill_self
         self._busy: set[str] = set()
         self._jobs: set[asyncio.Task[None]] = set()
@@ -169,6 +174,9 @@ class NodeFaults:
         log.warning("chaos: executing fault %s (%s of %s)", order.id, order.kind, order.target)
         if order.kind == "node-kill":
             await self._node_kill(order)
+            return
+        if order.kind == "clock-skew":
+            await self._clock_skew(order)
             return
         try:
             if order.kind == "gpu-xid":
@@ -236,6 +244,24 @@ class NodeFaults:
             raise FaultRefused(str(exc)) from None
         return f"XID {xid} raised on simulated GPU {gpu} of node {self.node_id}"
 
+    async def _clock_skew(self, order: FaultOrder) -> None:
+        if self.clock_file is None:
+            await self._outcome(
+                order.id,
+                "failed",
+                f"node {self.node_id} has no chaos clock hook: start it with --clock HOST:PORT "
+                "and SHOAL_CHAOS_CLOCK_FILE=PATH to let clock-skew move its clock",
+            )
+            return
+        offset = order.offset_s or 0.0
+        await asyncio.to_thread(_write_offset, self.clock_file, offset)
+        await self._outcome(order.id, "injected", f"clock skewed by {offset:+g} s")
+        try:
+            await asyncio.sleep(order.duration_s)
+        finally:
+            await asyncio.to_thread(_write_offset, self.clock_file, 0.0)
+        await self._outcome(order.id, "healed", f"clock true again after {order.duration_s:g} s")
+
     # -- outcomes ----------------------------------------------------------------------------
 
     async def _outcome(self, fault_id: str, state: str, message: str) -> None:
@@ -260,6 +286,13 @@ class NodeFaults:
 
 class FaultRefused(ShoalError):
     """This node cannot execute the fault; the message is the outcome reported as failed."""
+
+
+def _write_offset(path: Path, seconds: float) -> None:
+    """The chaos clock hook's file (scheduler/health/clock.py OffsetClock), replaced whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(repr(seconds))
+    os.replace(tmp, path)
 
 
 def _kill_self() -> None:

@@ -2,7 +2,7 @@
 
 Two families. `kill` and `pause` signal a process of a local `shoal up` cluster from this host
 (leader, follower, c1.., n1..). The API kinds (`task-kill`, `task-pause`, `node-kill`,
-`gpu-xid`) go through the coordinator's chaos API (the cluster's config must enable it), so they
+`gpu-xid`, `clock-skew`) go through the coordinator's chaos API (the cluster's config must enable it), so they
 reach any host: the node that runs the target executes the fault and reports its outcome,
 which this command waits for and prints.
 """
@@ -17,7 +17,7 @@ from typing import Any
 from shoal.commands.up import add_run_dir
 
 LOCAL_KINDS = ("kill", "pause")
-API_KINDS = ("task-kill", "task-pause", "node-kill", "gpu-xid")
+API_KINDS = ("task-kill", "task-pause", "node-kill", "gpu-xid", "clock-skew")
 MAX_DURATION_S = 3600.0
 
 
@@ -30,13 +30,13 @@ def add_inject(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "kind",
         choices=[*LOCAL_KINDS, *API_KINDS],
         help="kill/pause: SIGKILL/SIGSTOP a `shoal up` process; task-kill, task-pause, node-kill, "
-        "gpu-xid: through the chaos API, executed by the target's node",
+        "gpu-xid, clock-skew: through the chaos API, executed by the target's node",
     )
     inject.add_argument(
         "--target",
         required=True,
         help="kill/pause: leader, follower or a process name (c1, n1, ...); task-*: a task id; "
-        "node-kill, gpu-xid: a node id",
+        "node-kill, gpu-xid, clock-skew: a node id",
     )
     inject.add_argument(
         "--duration",
@@ -46,6 +46,9 @@ def add_inject(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     inject.add_argument("--gpu", type=int, default=None, help="gpu-xid: the GPU index")
     inject.add_argument("--xid", type=int, default=None, help="gpu-xid: the XID number (79)")
+    inject.add_argument(
+        "--offset", type=float, default=None, help="clock-skew: seconds added to the node's clock"
+    )
     inject.add_argument(
         "--coordinator",
         metavar="URL[,URL...]",
@@ -73,12 +76,16 @@ def _inject(args: argparse.Namespace) -> int:
 
     if args.duration is not None and not 0 <= args.duration <= MAX_DURATION_S:
         raise ConfigError(f"--duration={args.duration} must be in 0..{MAX_DURATION_S:g} seconds")
-    if args.kind in ("pause", "task-pause") and not args.duration:
-        raise ConfigError(f"{args.kind} needs --duration > 0 (a paused process would stay stopped)")
+    if args.kind in ("pause", "task-pause", "clock-skew") and not args.duration:
+        raise ConfigError(f"{args.kind} needs --duration > 0 (seconds until it is undone)")
     if args.kind != "gpu-xid" and (args.gpu is not None or args.xid is not None):
         raise ConfigError(f"--gpu and --xid belong to gpu-xid, not {args.kind}")
     if args.kind == "gpu-xid" and args.gpu is None:
         raise ConfigError("gpu-xid needs --gpu N, the index of the GPU to fault")
+    if args.offset is not None and args.kind != "clock-skew":
+        raise ConfigError(f"--offset belongs to clock-skew, not {args.kind}")
+    if args.kind == "clock-skew" and not args.offset:
+        raise ConfigError("clock-skew needs --offset S, the non-zero seconds to add to the clock")
     if args.kind in LOCAL_KINDS:
         if args.coordinator is not None:
             raise ConfigError(
@@ -144,6 +151,8 @@ def _through_api(args: argparse.Namespace) -> int:
         params["gpu"] = args.gpu
     if args.xid is not None:
         params["xid"] = args.xid
+    if args.offset is not None:
+        params["offset_s"] = args.offset
     fault = loop.run(_inject_and_wait(urls, token, args.kind, args.target, params, args.wait))
     return 0 if fault["state"] in ("injected", "healed") or args.wait == 0 else 1
 
@@ -189,8 +198,9 @@ async def _inject_and_wait(
         print(
             f"shoal chaos: fault {fault['id']}: {kind} of {target} on node {fault['node']} requested"
         )
-        # A pause reports `healed` only after its duration: wait for that too.
-        final = ("healed", "failed") if kind == "task-pause" else ("injected", "failed")
+        # A pause or a skew reports `healed` only after its duration: wait for that too.
+        undone = kind in ("task-pause", "clock-skew")
+        final = ("healed", "failed") if undone else ("injected", "failed")
         deadline = time.monotonic() + wait + (params.get("duration_s", 0.0) if wait else 0.0)
         shown = "requested"
         while time.monotonic() < deadline:

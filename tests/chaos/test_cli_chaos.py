@@ -159,6 +159,8 @@ def test_inject_refuses_bad_input(cluster: LocalCluster) -> None:
     assert "enabled = true" in done.stderr
     for argv, text in (
         (("pause", "--target", "c1"), "pause needs --duration > 0"),
+        (("clock-skew", "--target", "n1", "--duration", "3"), "clock-skew needs --offset"),
+        (("node-kill", "--target", "n1", "--offset", "2"), "--offset belongs to clock-skew"),
         (("task-pause", "--target", "t1", "--duration", "0"), "task-pause needs --duration > 0"),
         (("task-kill", "--target", "t1", "--gpu", "0"), "--gpu and --xid belong to gpu-xid"),
         (("gpu-xid", "--target", "n1"), "gpu-xid needs --gpu N"),

@@ -178,6 +178,15 @@ args_by_op: dict[str, st.SearchStrategy[dict[str, Any]]] = {
             },
             optional={"xid": st.sampled_from([48, 79, 94])},
         ),
+        st.fixed_dictionaries(
+            {
+                "fault_id": fault_ids,
+                "kind": st.just("clock-skew"),
+                "target": node_ids,
+                "offset_s": st.sampled_from([-2.5, 0.5, 30.0]),
+                "duration_s": st.floats(0.1, 60),
+            }
+        ),
     ),
     "report_fault": st.fixed_dictionaries(
         {"fault_id": fault_ids, "state": st.sampled_from(["injected", "healed", "failed"])},

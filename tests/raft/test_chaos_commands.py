@@ -104,6 +104,9 @@ def test_a_duplicate_fault_id_is_a_conflict() -> None:
         ({"kind": "gpu-xid", "target": "n1"}, "gpu", "needs gpu"),
         ({"kind": "task-kill", "target": "t1", "gpu": 0}, "gpu", "only gpu-xid"),
         ({"kind": "node-kill", "target": "n1", "xid": 79}, "xid", "only gpu-xid"),
+        ({"kind": "clock-skew", "target": "n1", "offset_s": 2}, "duration_s", "> 0"),
+        ({"kind": "clock-skew", "target": "n1", "duration_s": 2}, "offset_s", "needs offset_s"),
+        ({"kind": "gpu-xid", "target": "n1", "gpu": 0, "offset_s": 1}, "offset_s", "only clock"),
         ({"kind": "disk-melt", "target": "n1"}, "kind", "one of"),
         ({"kind": "node-kill"}, "target", "is required"),
     ],
@@ -135,7 +138,7 @@ def test_recording_faults_changes_nothing_but_faults_events_and_applied_ops(
 
 @FAST
 @given(
-    st.sampled_from(["task-kill", "task-pause", "node-kill", "gpu-xid"]),
+    st.sampled_from(["task-kill", "task-pause", "node-kill", "gpu-xid", "clock-skew"]),
     st.lists(st.tuples(st.sampled_from(["injected", "healed", "failed"]), stamps), max_size=8),
 )
 def test_outcomes_only_move_forward_and_a_repeat_is_a_no_op(
@@ -146,6 +149,7 @@ def test_outcomes_only_move_forward_and_a_repeat_is_a_no_op(
     args: dict[str, Any] = {"fault_id": "f1", "kind": kind, "target": target}
     args.update({"duration_s": 1.0} if kind == "task-pause" else {})
     args.update({"gpu": 1} if kind == "gpu-xid" else {})
+    args.update({"offset_s": 5.0, "duration_s": 1.0} if kind == "clock-skew" else {})
     assert apply(m, "inject_fault", args)["ok"]
     seen = ["requested"]
     for state, at in reports:

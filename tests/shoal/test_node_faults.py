@@ -19,6 +19,7 @@ from shoal.local import free_port
 from shoal.node_faults import MAX_LEDGER, FaultLedger, FaultOrder, NodeFaults, to_execute
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.config import ChaosSection
+from shoal.scheduler.health.clock import OffsetClock
 from shoal.scheduler.health.simgpu import SimGpuBackend
 from tests.raft.inprocess import TOKEN, InProcessReplica
 
@@ -56,17 +57,26 @@ def fault_state(replica: InProcessReplica, fault_id: str) -> dict[str, Any]:
 
 
 async def run_offer(
-    url: str, data_dir: Path, records: list[dict[str, Any]], sim: Path | None = None
+    url: str,
+    data_dir: Path,
+    records: list[dict[str, Any]],
+    sim: Path | None = None,
+    clock: Path | None = None,
 ) -> list[str]:
-    """Offer `records` to a fresh executor (a node process starting anew); the deaths it asked for."""
+    """Offer `records` to a fresh executor (a node process starting anew) until it is done: the
+    deaths it asked for, then each non-zero clock offset seen meanwhile."""
     deaths: list[str] = []
     async with CoordinatorClient([url], TOKEN, timeout=1.0, request_timeout=0.5) as client:
-        faults = NodeFaults("n1", client, data_dir, sim, die=lambda: deaths.append("died"))
+        faults = NodeFaults("n1", client, data_dir, sim, clock, die=lambda: deaths.append("died"))
         faults.offer(records, {})
+        skewed = []
         while faults._jobs:
-            await asyncio.gather(*faults._jobs, return_exceptions=True)
+            offset = 0.0 if clock is None else OffsetClock(clock, refresh=0).offset()
+            if offset:
+                skewed.append(offset)
+            await asyncio.wait(faults._jobs, timeout=0.05)
         await faults.close()
-    return deaths
+    return deaths + [f"offset {s:g}" for s in dict.fromkeys(skewed)]
 
 
 def test_a_node_kill_whose_report_was_lost_is_not_run_again(
@@ -125,6 +135,27 @@ def test_a_task_fault_for_a_task_not_running_here_fails_with_the_reason(
     done = fault_state(replica, fault["id"])
     assert done["state"] == "failed"
     assert "does not run on node n1" in done["message"]
+
+
+def test_clock_skew_moves_the_hooked_clock_for_its_duration(
+    replica: InProcessReplica, tmp_path: Path
+) -> None:
+    clock = tmp_path / "clock-offset"
+    fault = request_fault(replica, kind="clock-skew", target="n1", offset_s=2.5, duration_s=0.6)
+    assert asyncio.run(run_offer(replica.url, tmp_path, [fault], clock=clock)) == ["offset 2.5"]
+    done = fault_state(replica, fault["id"])
+    assert (done["state"], done["message"]) == ("healed", "clock true again after 0.6 s")
+    assert OffsetClock(clock, refresh=0).offset() == 0.0
+
+
+def test_clock_skew_fails_on_a_node_without_the_clock_hook(
+    replica: InProcessReplica, tmp_path: Path
+) -> None:
+    fault = request_fault(replica, kind="clock-skew", target="n1", offset_s=1.0, duration_s=1.0)
+    asyncio.run(run_offer(replica.url, tmp_path, [fault]))
+    done = fault_state(replica, fault["id"])
+    assert done["state"] == "failed"
+    assert "SHOAL_CHAOS_CLOCK_FILE" in done["message"]
 
 
 def test_the_ledger_survives_a_restart_and_keeps_the_newest(tmp_path: Path) -> None:
