@@ -1,13 +1,16 @@
 """`SandboxPool`: run untrusted Python against unit tests, each episode in a fresh confined child.
 
 The pool starts `workers` pre-forked servers (envs/sandbox_server.py, each its own interpreter);
-`run` borrows an idle server, which forks one child for the episode, confines it (network
-namespace, chroot into a fresh directory, an unprivileged uid of its own, CPU/memory/file/
+`run` borrows an idle server, which forks one child for the episode, confines it (network and
+IPC namespaces, chroot into a fresh directory on a tmpfs, an unprivileged uid, CPU/memory/file/
 process/open-file limits, a new session), runs the source and the test calls, and reports back
-raw facts as JSON, which `sandbox_verdict.judge` turns into a `SandboxResult`.
+raw facts as JSON, which `sandbox_verdict.judge` turns into a `SandboxResult`. `run_many` sends
+up to `batch` episodes to a server in one request; the server runs them at once, each in a
+slot with a uid, a tmpfs and namespaces of its own, which costs far less per episode.
 
-`run` is thread-safe (each call holds one server; calls beyond `workers` wait for one);
-`run_async` runs it on the pool's own threads so an event loop never blocks.
+`run` and `run_many` are thread-safe (each request holds one server; requests beyond
+`workers` wait for one); `run_async` runs `run` on the pool's own threads so an event loop
+never blocks.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ __all__ = [
 
 _SERVER = Path(__file__).with_name("sandbox_server.py")
 _UID_BASE = 200_000
+_MAX_BATCH = 64  # sandbox_server.MAX_SLOTS: uids are laid out for that many slots a server
 _START_TIMEOUT_S = 30.0
 _REPLY_GRACE_S = 10.0
 
@@ -128,8 +132,13 @@ def _frame(obj: Any) -> bytes:
 class _Server:
     """One pre-forked server process and its pipes; used by one thread at a time."""
 
-    def __init__(self, limits: Limits, root: Path) -> None:
-        config = {"limits": limits.to_wire(), "root": str(root), "uid_base": _UID_BASE}
+    def __init__(self, limits: Limits, root: Path, slots: int) -> None:
+        config = {
+            "limits": limits.to_wire(),
+            "root": str(root),
+            "uid_base": _UID_BASE,
+            "slots": slots,
+        }
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(_SERVER), json.dumps(config)],
             stdin=subprocess.PIPE,
@@ -143,17 +152,21 @@ class _Server:
             self.kill()
             raise
         self.pid: int = hello["pid"]
-        self.uid: int | None = hello["uid"]
+        self.uids: list[int] = hello["uids"]
         self.isolation: dict[str, str] = hello["isolation"]
 
-    def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def run_batch(self, episodes: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+        """The facts of each episode, in order; they all run at once, so `timeout` bounds all."""
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(_frame(message))
+            self.proc.stdin.write(_frame({"episodes": episodes}))
             self.proc.stdin.flush()
         except OSError as exc:
             raise SandboxError(f"sandbox server {self.proc.pid} is gone: {exc}") from exc
-        return self._read(time.monotonic() + timeout + _REPLY_GRACE_S)
+        results = self._read(time.monotonic() + timeout + _REPLY_GRACE_S).get("results")
+        if not isinstance(results, list) or len(results) != len(episodes):
+            raise SandboxError(f"sandbox server {self.proc.pid} sent a malformed reply")
+        return results
 
     def _read(self, deadline: float) -> dict[str, Any]:
         header = self._read_exact(4, deadline)
@@ -201,11 +214,19 @@ class _Server:
 
 
 class SandboxPool:
-    """`workers` pre-forked sandbox servers; use as a context manager so they always stop."""
+    """`workers` pre-forked sandbox servers; use as a context manager so they always stop.
 
-    def __init__(self, workers: int = 2, limits: Limits | None = None) -> None:
+    `batch` is how many episodes one server runs at once for `run_many` (each in a slot of
+    its own); at worst each may use `limits.memory_mb`, so memory at risk is
+    workers × batch × memory_mb.
+    """
+
+    def __init__(self, workers: int = 2, limits: Limits | None = None, batch: int = 16) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise SandboxConfigError(f"workers={workers!r}: must be an integer ≥ 1")
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= _MAX_BATCH:
+            raise SandboxConfigError(f"batch={batch!r}: must be an integer from 1 to {_MAX_BATCH}")
+        self.batch = batch
         self.limits = limits or Limits()
         self._tmp = tempfile.TemporaryDirectory(prefix="shoal-sandbox-", dir=_scratch_root())
         os.chmod(self._tmp.name, 0o711)
@@ -214,6 +235,7 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._closed = False
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="sandbox")
+        self._batches = ThreadPoolExecutor(workers, thread_name_prefix="sandbox-batch")
         # A server gets SIGKILL when the *thread* that started it ends (its parent-death
         # signal follows the thread), so every server is started from this one, which lives
         # as long as the pool; a caller's thread may end any time.
@@ -226,7 +248,9 @@ class SandboxPool:
             raise
 
     def _add_server(self) -> None:
-        server = self._spawner.submit(_Server, self.limits, Path(self._tmp.name)).result()
+        server = self._spawner.submit(
+            _Server, self.limits, Path(self._tmp.name), self.batch
+        ).result()
         with self._lock:
             self._servers.append(server)
         self._idle.put(server)
@@ -241,29 +265,46 @@ class SandboxPool:
             return [s.pid for s in self._servers]
 
     def uids(self) -> list[int]:
+        """Every uid an episode may run as (one per slot of each server)."""
         with self._lock:
-            return [s.uid for s in self._servers if s.uid is not None]
+            return [uid for s in self._servers for uid in s.uids]
 
     def run(
         self, source: str, tests: Sequence[TestCase] = (), timeout: float | None = None
     ) -> SandboxResult:
         """Run `source`, then each test's call, in a fresh confined child; thread-safe."""
-        if not isinstance(source, str):
-            raise SandboxConfigError(
-                f"source must be a str of Python code, not {type(source).__name__}"
-            )
+        return self.run_many([(source, tests)], timeout)[0]
+
+    def run_many(
+        self, episodes: Sequence[tuple[str, Sequence[TestCase]]], timeout: float | None = None
+    ) -> list[SandboxResult]:
+        """Run each `(source, tests)` as `run` would, and as isolated, in order; thread-safe.
+
+        The episodes go to the servers in requests of up to `batch`, spread over all servers;
+        within a request they run at once, so `timeout` is each episode's wall clock.
+        """
         wall = self.limits.timeout_s if timeout is None else timeout
         _check_timeout("timeout", wall)
-        message = {"source": source, "calls": [_call(t) for t in tests], "timeout": wall}
+        messages = [_message(episode, wall) for episode in episodes]
+        tests = [list(episode[1]) for episode in episodes]
+        size = min(self.batch, max(1, math.ceil(len(messages) / max(1, len(self._servers)))))
+        starts = range(0, len(messages), size)
+        chunks = [(messages[i : i + size], tests[i : i + size], wall) for i in starts]
+        if len(chunks) == 1:
+            return self._run_chunk(*chunks[0])
+        return [r for rs in self._batches.map(lambda c: self._run_chunk(*c), chunks) for r in rs]
+
+    def _run_chunk(
+        self, messages: list[dict[str, Any]], tests: list[list[TestCase]], wall: float
+    ) -> list[SandboxResult]:
         server = self._borrow()
         try:
-            facts = server.request(message, wall)
+            facts = server.run_batch(messages, wall)
         except SandboxError as exc:
             self._replace(server)
-            return _sandbox_failure(str(exc), tests, server.isolation)
+            return [_sandbox_failure(str(exc), t, server.isolation) for t in tests]
         self._idle.put(server)
-        result = judge(facts, tests)
-        return _with_isolation(result, server.isolation)
+        return [_with_isolation(judge(f, t), server.isolation) for f, t in zip(facts, tests)]
 
     def _borrow(self) -> _Server:
         while True:
@@ -298,6 +339,7 @@ class SandboxPool:
         """Stop every server (each removes its episode directories) and the temp root; idempotent."""
         self._closed = True
         self._executor.shutdown(wait=True)
+        self._batches.shutdown(wait=True)
         with self._lock:
             servers, self._servers = self._servers, []
         for server in servers:
@@ -321,6 +363,17 @@ def _scratch_root() -> str | None:
     there costs microseconds, against about a millisecond on a journalled disk."""
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+
+
+def _message(episode: tuple[str, Sequence[TestCase]], wall: float) -> dict[str, Any]:
+    if not isinstance(episode, tuple) or len(episode) != 2:
+        raise SandboxConfigError(f"an episode must be a (source, tests) tuple, got {episode!r}")
+    source, tests = episode
+    if not isinstance(source, str):
+        raise SandboxConfigError(
+            f"source must be a str of Python code, not {type(source).__name__}"
+        )
+    return {"source": source, "calls": [_call(t) for t in tests], "timeout": wall}
 
 
 def _call(test: TestCase) -> str:

@@ -2,9 +2,13 @@
 
 It runs as its own interpreter (`python -I -S sandbox_server.py CONFIG`) and imports only the
 standard library, so its memory stays small and a fork stays cheap. Isolation that is costly to
-set up (a new network namespace, the code of the modules a child may import) is done once here
-and inherited by every child; what is per episode (a chroot into a fresh directory,
-an unprivileged uid, resource limits, a new session) is a few system calls in the child.
+set up is done once here: the code of the modules a child may import, and for each of its
+`slots` (the episodes it may run at once) a uid, a tmpfs, a network and an IPC namespace of its
+own. A request carries up to `slots` episodes; each gets a slot, and what is per episode (a
+session, the slot's namespaces, a chroot into a fresh directory, rlimits, the slot's uid) is a
+few system calls in its child. All of a request's children are forked back to back and watched
+together, so the server's own bookkeeping (whose writes to shared pages each cost a page copy
+after every fork) is paid once per request rather than once per episode.
 
 The server reports facts (exit status, signal, events the child wrote, captured output); the
 pool decides what they mean, so the untrusted side never classifies its own result.
@@ -64,6 +68,7 @@ ALLOWED_MODULES = (
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWIPC = 0x08000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -71,6 +76,8 @@ _RESULT_FD = 3
 _READ_CHUNK = 65536
 _MAX_EVENT_BYTES = 4 * 1024 * 1024
 _FINAL_READS = 8
+MAX_SLOTS = 64
+"""Uids are `uid_base + server pid * MAX_SLOTS + slot`, so no two slots anywhere share one."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 # Declared signatures let ctypes skip guessing argument types on each call: the child calls
@@ -78,6 +85,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _prctl = _libc.prctl
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _prctl.restype = ctypes.c_int
+_setns = _libc.setns
+_setns.argtypes = [ctypes.c_int, ctypes.c_int]
+_setns.restype = ctypes.c_int
 _DONE = b'{"event": "done"}\n'
 
 
@@ -141,14 +151,17 @@ def _harness(source: str, calls: list[str]) -> None:
     os.write(_RESULT_FD, _DONE)
 
 
-def _confine(workdir: str, out_w: int, err_w: int, res_w: int, config: dict[str, Any]) -> None:
+def _confine(workdir: str, fds: tuple[int, int, int], slot: _Slot, config: dict[str, Any]) -> None:
     """Everything that turns a fresh fork into a sandbox, in the order the kernel needs."""
     os.setsid()
+    for ns_fd, kind in ((slot.netns, _CLONE_NEWNET), (slot.ipcns, _CLONE_NEWIPC)):
+        if ns_fd is not None and _setns(ns_fd, kind) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the slot's namespace failed")
     devnull = os.open("/dev/null", os.O_RDONLY)
     os.dup2(devnull, 0)
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    os.dup2(res_w, _RESULT_FD)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    os.dup2(fds[2], _RESULT_FD)
     os.closerange(_RESULT_FD + 1, 65536)
     os.chdir(workdir)
     if config["chroot"]:
@@ -165,13 +178,12 @@ def _confine(workdir: str, out_w: int, err_w: int, res_w: int, config: dict[str,
         (resource.RLIMIT_CORE, 0, 0),
     ):
         resource.setrlimit(which, (soft, hard))
-    uid = config["uid"]
-    if uid is not None:
+    if slot.uid is not None:
         os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
+        os.setgid(slot.uid)
+        os.setuid(slot.uid)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if not config["netns"]:
+    if slot.netns is None:
         _block_sockets()
 
 
@@ -188,11 +200,15 @@ def _block_sockets() -> None:
 
 
 def _child(
-    request: dict[str, Any], workdir: str, fds: tuple[int, int, int], config: dict[str, Any]
+    request: dict[str, Any],
+    workdir: str,
+    fds: tuple[int, int, int],
+    slot: _Slot,
+    config: dict[str, Any],
 ) -> None:
     """The forked child's whole life; it never returns into the server's loop."""
     try:
-        _confine(workdir, *fds, config)
+        _confine(workdir, fds, slot, config)
     except BaseException as exc:
         with contextlib.suppress(BaseException):
             _emit(_RESULT_FD, {"event": "error", "phase": "setup", **_describe(exc)})
@@ -296,6 +312,22 @@ def _parent_path(name: str) -> list[str] | None:
 # ---------------------------------------------------------------- the server (trusted side)
 
 
+class _Slot:
+    """What each of the episodes running at once has of its own, made when the server starts:
+    a directory (its own tmpfs where possible), a uid, a network and an IPC namespace. A slot
+    is reused only after everything its last episode started is dead."""
+
+    __slots__ = ("directory", "ipcns", "netns", "uid")
+
+    def __init__(
+        self, directory: str, uid: int | None, netns: int | None, ipcns: int | None
+    ) -> None:
+        self.directory = directory
+        self.uid = uid
+        self.netns = netns
+        self.ipcns = ipcns
+
+
 class _Capture:
     """A bounded byte buffer: keeps the first `cap` bytes, counts the rest."""
 
@@ -308,6 +340,123 @@ class _Capture:
         room = self.cap - len(self.data)
         self.data += chunk[: max(room, 0)]
         self.dropped += max(len(chunk) - max(room, 0), 0)
+
+
+_EPISODES = itertools.count()
+
+
+class _Episode:
+    """One running child: its pipes, what it wrote so far, its deadline, and in the end its
+    wait status."""
+
+    def __init__(self, slot: _Slot, request: dict[str, Any], config: dict[str, Any]) -> None:
+        self.started = time.perf_counter()
+        self.workdir = os.path.join(slot.directory, f"ep-{os.getpid()}-{next(_EPISODES)}")
+        os.mkdir(self.workdir, 0o700)
+        if slot.uid is not None:
+            os.chown(self.workdir, slot.uid, slot.uid)
+        cap = config["limits"]["output_bytes"]
+        self.out, self.err, self.res = _Capture(cap), _Capture(cap), _Capture(_MAX_EVENT_BYTES)
+        self.deadline = time.monotonic() + float(request["timeout"])
+        self.timed_out = self.exited = False
+        self.status: int | None = None
+        self.ended = 0.0
+        pipes = [os.pipe() for _ in range(3)]
+        self.pid = os.fork()
+        if self.pid == 0:
+            _child(request, self.workdir, (pipes[0][1], pipes[1][1], pipes[2][1]), slot, config)
+        for _, write_end in pipes:
+            os.close(write_end)
+        self.sinks = {
+            pipes[0][0]: self.out.add,
+            pipes[1][0]: self.err.add,
+            pipes[2][0]: self.res.add,
+        }
+        self.fds = [read_end for read_end, _ in pipes]
+        self.pidfd = os.pidfd_open(self.pid)
+        self.fds.append(self.pidfd)
+
+    def read(self, fd: int, poller: select.poll) -> None:
+        """One read from a pipe poll called readable (so it neither blocks nor raises); a
+        pipe whose writers are all gone is forgotten."""
+        chunk = os.read(fd, _READ_CHUNK)
+        if chunk:
+            self.sinks[fd](chunk)
+        else:
+            poller.unregister(fd)
+            del self.sinks[fd]
+
+    def end(self, poller: select.poll) -> None:
+        """Take what is left in the pipes (bounded: a leftover descendant may keep writing),
+        kill the episode's session and reap the child."""
+        poller.unregister(self.pidfd)
+        for _ in range(_FINAL_READS):
+            ready = select.select(list(self.sinks), [], [], 0)[0] if self.sinks else []
+            if not ready:
+                break
+            for fd in ready:
+                self.read(fd, poller)
+        for fd in self.sinks:
+            poller.unregister(fd)
+        self.sinks = {}
+        self._reap()
+
+    def _reap(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        _, self.status = os.waitpid(self.pid, 0)
+        self.ended = time.perf_counter()
+
+    def close(self) -> None:
+        if self.status is None:
+            self._reap()
+        for fd in self.fds:
+            os.close(fd)
+
+    def facts(self) -> dict[str, Any]:
+        """The raw result, unparsed: this process forks, so every page it touches after a fork
+        is copied, and parsing belongs to the pool, which never forks."""
+        status = self.status or 0
+        return {
+            "events": self.res.data.decode("utf-8", "replace"),
+            "events_overflow": self.res.dropped > 0,
+            "stdout": self.out.data.decode("utf-8", "replace"),
+            "stderr": self.err.data.decode("utf-8", "replace"),
+            "output_dropped": self.out.dropped + self.err.dropped,
+            "timed_out": self.timed_out,
+            "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            "duration_s": self.ended - self.started,
+        }
+
+
+def _watch(episodes: list[_Episode]) -> None:
+    """Gather every child's output until it exits, overflows its result channel or runs out
+    of time, and end each as soon as it does; one poll watches them all."""
+    poller = select.poll()
+    owners = {}
+    for episode in episodes:
+        for fd in episode.fds:
+            poller.register(fd, select.POLLIN)
+            owners[fd] = episode
+    live = list(episodes)
+    while live:
+        now = time.monotonic()
+        for episode in live:
+            episode.timed_out = episode.deadline <= now
+        if not any(e.timed_out for e in live):
+            wait_ms = (min(e.deadline for e in live) - now) * 1000
+            for fd, _ in poller.poll(wait_ms):
+                episode = owners[fd]
+                if fd == episode.pidfd:
+                    episode.exited = True
+                elif fd in episode.sinks:
+                    episode.read(fd, poller)
+        for episode in [e for e in live if e.timed_out or e.exited or e.res.dropped]:
+            episode.end(poller)
+            live.remove(episode)
 
 
 def _children() -> list[int]:
@@ -329,18 +478,10 @@ def _reap_all() -> None:
             return
 
 
-def _kill_everything(child: int) -> int:
-    """Kill the episode's session, then every process reparented to us (we are a subreaper);
-    returns the child's wait status.
-
-    A descendant that escaped the session with setsid() is reparented to this server once its
-    parent dies, so repeating until no child is left catches it.
-    """
-    try:
-        os.killpg(child, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    _, status = os.waitpid(child, 0)
+def _sweep() -> None:
+    """Kill every process still our child once all episodes are reaped: descendants that left
+    their episode's session with setsid() are reparented to this server (a subreaper) when
+    their parent dies, so repeating until none is left catches them all."""
     for _ in range(2000):
         others = _children()
         if not others:
@@ -353,73 +494,6 @@ def _kill_everything(child: int) -> int:
         _reap_all()
         time.sleep(0.001)
     _reap_all()
-    return status
-
-
-def _read_ready(poller: select.poll, sinks: dict[int, Any], timeout_ms: float) -> bool:
-    """One read from each pipe `poll` reports readable, so no read blocks or raises; a pipe
-    whose writers are all gone is forgotten. True when the child (its pidfd) has exited."""
-    exited = False
-    for fd, _ in poller.poll(timeout_ms):
-        if fd not in sinks:
-            exited = True
-            continue
-        chunk = os.read(fd, _READ_CHUNK)
-        if chunk:
-            sinks[fd](chunk)
-        else:
-            poller.unregister(fd)
-            del sinks[fd]
-    return exited
-
-
-def _collect(
-    child: int, fds: tuple[int, int, int], timeout: float, config: dict[str, Any]
-) -> dict[str, Any]:
-    """Gather the child's output until it exits, overflows or runs out of time.
-
-    The result lines go back unparsed: this process forks, so every page it touches after a
-    fork is copied, and parsing belongs to the pool, which never forks.
-    """
-    out_r, err_r, res_r = fds
-    cap = config["limits"]["output_bytes"]
-    out, err, res = _Capture(cap), _Capture(cap), _Capture(_MAX_EVENT_BYTES)
-    sinks = {out_r: out.add, err_r: err.add, res_r: res.add}
-    pidfd = os.pidfd_open(child)
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    deadline = time.monotonic() + timeout
-    timed_out = exited = False
-    try:
-        while not (exited or res.dropped):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            exited = _read_ready(poller, sinks, remaining * 1000)
-        poller.unregister(pidfd)
-        for _ in range(_FINAL_READS):  # bounded: a leftover descendant may keep writing
-            if not sinks or not poller.poll(0):
-                break
-            _read_ready(poller, sinks, 0)
-    finally:
-        os.close(pidfd)
-    status = _kill_everything(child)
-    return {
-        "events": res.data.decode("utf-8", "replace"),
-        "events_overflow": res.dropped > 0,
-        "stdout": out.data.decode("utf-8", "replace"),
-        "stderr": err.data.decode("utf-8", "replace"),
-        "output_dropped": out.dropped + err.dropped,
-        "timed_out": timed_out,
-        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-    }
-
-
-_EPISODES = itertools.count()
 
 
 def _remove_tree(top: str) -> None:
@@ -443,27 +517,25 @@ def _remove_tree(top: str) -> None:
             os.rmdir(path)
 
 
-def _run_episode(request: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    started = time.perf_counter()
-    workdir = os.path.join(config["root"], f"ep-{os.getpid()}-{next(_EPISODES)}")
-    os.mkdir(workdir, 0o700)
-    if config["uid"] is not None:
-        os.chown(workdir, config["uid"], config["uid"])
-    pipes = [os.pipe() for _ in range(3)]
+def _run_batch(
+    requests: list[dict[str, Any]], slots: list[_Slot], config: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Fork one child per request, each in a slot of its own, watch them all, then make sure
+    nothing any of them started is left before the slots are used again."""
+    if len(requests) > len(slots):
+        raise ValueError(f"{len(requests)} episodes in one request, but only {len(slots)} slots")
+    episodes: list[_Episode] = []
     try:
-        child = os.fork()
-        if child == 0:
-            _child(request, workdir, (pipes[0][1], pipes[1][1], pipes[2][1]), config)
-        for _, write_end in pipes:
-            os.close(write_end)
-        reads = (pipes[0][0], pipes[1][0], pipes[2][0])
-        facts = _collect(child, reads, float(request["timeout"]), config)
+        for slot, request in zip(slots, requests):
+            episodes.append(_Episode(slot, request, config))
+        _watch(episodes)
     finally:
-        for read_end, _ in pipes:
-            os.close(read_end)
-        _remove_tree(workdir)
-    facts["duration_s"] = time.perf_counter() - started
-    return facts
+        for episode in episodes:
+            episode.close()
+        _sweep()
+        for episode in episodes:
+            _remove_tree(episode.workdir)
+    return [episode.facts() for episode in episodes]
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -492,61 +564,88 @@ def write_frame(fd: int, obj: Any) -> None:
         data = data[os.write(fd, data) :]
 
 
-def _private_disk(config: dict[str, Any]) -> bool:
-    """Mount a small tmpfs of our own over the episode root, in a mount namespace of our own.
-
-    Without it, episodes share the machine's /dev/shm or /tmp and one of them could fill it
-    (RLIMIT_FSIZE bounds a file, not how many). The mount vanishes with the server.
-    """
+def _private_mounts() -> bool:
+    """A mount namespace of our own whose mounts never propagate back to the machine's."""
     if _libc.unshare(_CLONE_NEWNS) != 0:
         return False
-    if _libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-        return False
+    return bool(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) == 0)
+
+
+def _mount_tmpfs(directory: str, config: dict[str, Any]) -> bool:
+    """A small tmpfs of a slot's own: without it, episodes share the machine's /dev/shm or
+    /tmp and one of them could fill it (RLIMIT_FSIZE bounds a file, not how many), or fill it
+    for an episode running beside it. The mount vanishes with the server."""
     options = f"size={config['limits']['disk_bytes']},nr_inodes=4096,mode=0711".encode()
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-    return bool(_libc.mount(b"tmpfs", config["root"].encode(), b"tmpfs", flags, options) == 0)
+    return bool(_libc.mount(b"tmpfs", directory.encode(), b"tmpfs", flags, options) == 0)
 
 
-def _isolate_once(config: dict[str, Any]) -> dict[str, Any]:
-    """Apply the server-wide isolation; returns what really applied, for every result."""
+def _new_namespace(flag: int, name: str) -> int | None:
+    """Move into a new namespace and keep a descriptor on it, so that a child can enter it
+    later with one setns(); None where we may not create one."""
+    if _libc.unshare(flag) != 0:
+        return None
+    return os.open(f"/proc/self/ns/{name}", os.O_RDONLY)
+
+
+def _make_slot(index: int, config: dict[str, Any], root: bool, private: bool) -> tuple[_Slot, bool]:
+    directory = os.path.join(config["root"], f"slot-{os.getpid()}-{index}")
+    os.mkdir(directory, 0o711)
+    disk = private and _mount_tmpfs(directory, config)
+    if not root:
+        return _Slot(directory, None, None, None), disk
+    uid = config["uid_base"] + os.getpid() * MAX_SLOTS + index
+    netns = _new_namespace(_CLONE_NEWNET, "net")
+    return _Slot(directory, uid, netns, _new_namespace(_CLONE_NEWIPC, "ipc")), disk
+
+
+def _isolate_once(config: dict[str, Any]) -> tuple[dict[str, str], list[_Slot]]:
+    """Apply the server-wide isolation and make the slots; returns what really applied, for
+    every result, and the slots."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     root = os.geteuid() == 0
-    config["netns"] = root and _libc.unshare(_CLONE_NEWNET) == 0
     config["chroot"] = root
-    config["uid"] = (config["uid_base"] + os.getpid()) if root else None
-    disk = root and _private_disk(config)
+    private = root and _private_mounts()
+    made = [_make_slot(i, config, root, private) for i in range(config["slots"])]
+    slots = [slot for slot, _ in made]
+    disk = all(mounted for _, mounted in made)
     _install_preloaded(ALLOWED_MODULES)
     gc.collect()
     gc.freeze()
     mib = config["limits"]["disk_bytes"] // (1024 * 1024)
+    netns = all(slot.netns is not None for slot in slots)
+    ipcns = all(slot.ipcns is not None for slot in slots)
+    uids = [slot.uid for slot in slots if slot.uid is not None]
     return {
-        "network": "network namespace (no interfaces up)"
-        if config["netns"]
+        "network": "network namespace per slot (no interfaces up)"
+        if netns
         else "python-level socket block (weak: no namespace permitted)",
+        "ipc": "IPC namespace per slot" if ipcns else "the machine's (System V IPC is shared)",
         "filesystem": "chroot into the episode directory"
-        if config["chroot"]
+        if root
         else "none (not root): the episode runs as the pool's user",
-        "disk": f"private {mib} MiB tmpfs (noexec) in a mount namespace"
+        "disk": f"private {mib} MiB tmpfs (noexec) per slot in a mount namespace"
         if disk
         else "shared temp directory (no quota: only RLIMIT_FSIZE per file)",
-        "user": f"uid {config['uid']}" if root else f"uid {os.geteuid()} (could not drop)",
+        "user": f"a uid per slot ({uids[0]}-{uids[-1]})"
+        if uids
+        else f"uid {os.geteuid()} (could not drop)",
         "processes": f"RLIMIT_NPROC={config['limits']['processes']} for a uid of its own"
         if root
         else "RLIMIT_NPROC on the shared user (weak)",
-    }
+    }, slots
 
 
 def serve(config: dict[str, Any]) -> None:
-    isolation = _isolate_once(config)
-    write_frame(
-        1, {"ready": True, "pid": os.getpid(), "uid": config["uid"], "isolation": isolation}
-    )
+    isolation, slots = _isolate_once(config)
+    uids = [slot.uid for slot in slots if slot.uid is not None]
+    write_frame(1, {"ready": True, "pid": os.getpid(), "uids": uids, "isolation": isolation})
     while True:
         request = read_frame(0)
         if request is None:
             return
-        write_frame(1, _run_episode(request, config))
+        write_frame(1, {"results": _run_batch(request["episodes"], slots, config)})
 
 
 if __name__ == "__main__":
