@@ -97,6 +97,7 @@ CHAOS_ROUTES: tuple[Route, ...] = (
         body=INJECT_BODY,
         write=True,
         tag="chaos",
+        accepted=True,
     ),
     Route(
         "GET",

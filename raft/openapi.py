@@ -62,7 +62,9 @@ def _operation(route: Route) -> dict[str, Any]:
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     }
     responses: dict[str, Any] = {"200": {"description": "success"}}
-    if route.method == "POST" and route.write:
+    if route.accepted:
+        responses["202"] = {"description": "accepted: recorded, carried out later"}
+    elif route.method == "POST" and route.write:
         responses["201"] = {"description": "created"}
     for code, text in _ERRORS.items():
         if code in ("401", "403") and not route.auth:

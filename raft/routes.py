@@ -51,6 +51,8 @@ class Route:
     write: bool = False
     """Writes take an `X-Shoal-Op-Id` header: a retry with the same id is applied once."""
     tag: str = "cluster"
+    accepted: bool = False
+    """The write answers 202: what it asks for is carried out later, by another process."""
 
     @property
     def path_params(self) -> list[str]:

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shoal.commands.coordinator import load_settings
+from shoal.errors import ConfigError
 from shoal.raft.chaos_api import CHAOS_ROUTES
 from shoal.raft.config import ChaosSection
 from shoal.raft.routes import Route
@@ -81,6 +82,9 @@ def test_enabled_chaos_is_in_the_config_and_in_openapi(chaos: InProcessReplica) 
         assert op["security"]
         if route.body is not None:
             assert op["requestBody"]["content"]["application/json"]["schema"] == route.body
+    posted = doc["paths"]["/v1/chaos/faults"]["post"]["responses"]
+    assert "202" in posted
+    assert "201" not in posted
 
 
 def test_the_config_file_switches_chaos_on(tmp_path: Path) -> None:
@@ -88,6 +92,13 @@ def test_the_config_file_switches_chaos_on(tmp_path: Path) -> None:
     path.write_text("[chaos]\nenabled = true\n")
     assert load_settings(path).chaos.enabled is True
     assert load_settings(None).chaos.enabled is False
+    path.write_text('[chaos]\nenabled = "yes"\n')
+    with pytest.raises(ConfigError, match=r"chaos\.enabled") as exc:
+        load_settings(path)
+    assert "true or false" in str(exc.value)
+    path.write_text("[chaos]\nenable = true\n")
+    with pytest.raises(ConfigError, match="enable"):
+        load_settings(path)
 
 
 @pytest.mark.parametrize("route", CHAOS_ROUTES, ids=_rid)
