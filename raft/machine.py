@@ -140,6 +140,7 @@ class StateMachine:
             )
             if node.liveness == "dead":
                 self._abandon_on(node.id, at)
+                self._fail_faults_of(node.id, at)
         return ok(changed=changed)
 
     def _abandon_on(self, node_id: str, at: float) -> None:
@@ -577,6 +578,16 @@ class StateMachine:
             have = f"GPUs 0..{count - 1}" if count else "no GPUs"
             return refused("conflict", f"node {node_id!r} registered {have}, not GPU {gpu}", "gpu")
         return {"node": node_id}
+
+    def _fail_faults_of(self, node_id: str, at: float) -> None:
+        """A node declared dead never executes what it was sent: those faults fail now, rather
+        than fire late when the node comes back. A node-kill is left alone, since its node
+        dying is the fault (its report may come when the node is back)."""
+        for fault in self.faults_for(node_id):
+            if fault.kind != "node-kill":
+                fault.state, fault.updated_at = "failed", at
+                fault.message = f"node {node_id} was declared dead before it executed the fault"
+                self._fault_event(at, fault, f"failed: {fault.message}")
 
     def _report_fault(self, args: dict[str, Any], at: float) -> Result:
         """A node's outcome. States only move forward; the same state again is a no-op, so a

@@ -172,6 +172,23 @@ def test_outcomes_only_move_forward_and_a_repeat_is_a_no_op(
     assert (m.faults_for("n1") != []) == (seen[-1] == "requested")
 
 
+def test_a_dead_node_fails_its_pending_faults_except_its_own_kill() -> None:
+    m = cluster()
+    for fid, args in (
+        ("kill", {"kind": "node-kill", "target": "n1"}),
+        ("xid", {"kind": "gpu-xid", "target": "n1", "gpu": 0}),
+        ("task", {"kind": "task-kill", "target": "t1"}),
+    ):
+        assert apply(m, "inject_fault", {"fault_id": fid, **args})["ok"]
+    apply(m, "set_liveness", {"changes": [{"node_id": "n1", "liveness": "dead"}]}, at=5.0)
+    assert [f.id for f in m.faults_for("n1")] == ["kill"]
+    for fid in ("xid", "task"):
+        assert m.faults[fid].state == "failed"
+        assert m.faults[fid].message == "node n1 was declared dead before it executed the fault"
+        assert m.faults[fid].updated_at == 5.0
+    assert apply(m, "report_fault", {"fault_id": "kill", "state": "injected"})["changed"]
+
+
 def test_an_unknown_fault_report_is_not_found() -> None:
     result = apply(StateMachine(), "report_fault", {"fault_id": "nope", "state": "injected"})
     assert result["error"] == "not_found"
