@@ -3,9 +3,11 @@
 Baselines, measured in the same run: `subprocess.run([python, "-c", ...])` (a fresh interpreter
 per episode, the naive way), and a bare fork+exit loop in an interpreter as small as a sandbox
 server (the ceiling: an episode can't be cheaper than one fork). Each sandbox episode is a
-trivial program so the figure is the cost of isolation, not of the code. Rounds of shoal and
-the fork loop alternate, so load from other work on a shared machine hits both; CPU time per
-episode (every process involved) is reported too, since it depends far less on that load.
+trivial program so the figure is the cost of isolation, not of the code. Episodes go one per
+`run` call (threads keep every server busy) and, separately, through `run_many` in requests of
+`_BATCH`. Rounds of shoal and the fork loop alternate, so load from other work on a shared
+machine hits both; CPU time per episode (every process involved) is reported too, since it
+depends far less on that load.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from shoal.bench.report import Row
-from shoal.envs.sandbox import Limits, SandboxPool, Status
+from shoal.envs.sandbox import Limits, SandboxPool, SandboxResult, Status
 
 _FORK_LOOP = """
 import os, resource, sys, time
@@ -46,6 +48,7 @@ print(n * procs / wall, (usage.ru_utime + usage.ru_stime) / (n * procs))
 """
 
 _TICK = os.sysconf("SC_CLK_TCK")
+_BATCH = 16
 
 
 def _bare_fork(episodes: int, procs: int) -> tuple[float, float]:
@@ -72,35 +75,45 @@ def _own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _sandbox_round(pool: SandboxPool, episodes: int) -> tuple[float, float, list[float]]:
+def _check(result: SandboxResult) -> None:
+    if result.status is not Status.OK:
+        raise RuntimeError(f"sandbox benchmark episode failed: {result.message}")
+
+
+def _sandbox_round(
+    pool: SandboxPool, episodes: int, batched: bool
+) -> tuple[float, float, list[float]]:
     """(episodes/s, CPU s per episode, latencies) with the pool's servers kept busy."""
     workers = len(pool.server_pids())
     latencies: list[float] = []
 
     def one(_: int) -> None:
         start = time.perf_counter()
-        result = pool.run("pass")
+        _check(pool.run("pass"))
         latencies.append(time.perf_counter() - start)
-        if result.status is not Status.OK:
-            raise RuntimeError(f"sandbox benchmark episode failed: {result.message}")
 
     cpu_before = _own_cpu() + sum(_process_cpu(p) for p in pool.server_pids())
     start = time.perf_counter()
-    with ThreadPoolExecutor(2 * workers) as threads:
-        list(threads.map(one, range(episodes)))
+    if batched:
+        for result in pool.run_many([("pass", ())] * episodes):
+            _check(result)
+        latencies.append(time.perf_counter() - start)  # of the whole call, not of an episode
+    else:
+        with ThreadPoolExecutor(2 * workers) as threads:
+            list(threads.map(one, range(episodes)))
     wall = time.perf_counter() - start
     cpu = _own_cpu() + sum(_process_cpu(p) for p in pool.server_pids()) - cpu_before
     return episodes / wall, cpu / episodes, latencies
 
 
-def _compare(workers: int, episodes: int, rounds: int) -> dict[str, float]:
+def _compare(workers: int, episodes: int, rounds: int, batched: bool) -> dict[str, float]:
     shoal_rates, shoal_cpu, fork_rates, fork_cpu = [], [], [], []
     latencies: list[float] = []
-    with SandboxPool(workers, Limits()) as pool:
+    with SandboxPool(workers, Limits(), batch=_BATCH) as pool:
         for _ in range(20):
             pool.run("pass")
         for _ in range(rounds):
-            rate, cpu, lat = _sandbox_round(pool, episodes)
+            rate, cpu, lat = _sandbox_round(pool, episodes, batched)
             shoal_rates.append(rate)
             shoal_cpu.append(cpu)
             latencies.extend(lat)
@@ -127,8 +140,9 @@ def _subprocess_latencies(episodes: int) -> list[float]:
 
 def run(quick: bool) -> list[Row]:
     episodes, rounds, naive = (100, 1, 10) if quick else (1000, 5, 100)
-    two = _compare(2, episodes, rounds)
-    one = _compare(1, episodes, rounds)
+    two = _compare(2, episodes, rounds, batched=False)
+    one = _compare(1, episodes, rounds, batched=False)
+    many = _compare(2, episodes, rounds, batched=True)
     naive_lat = _subprocess_latencies(naive)
     return [
         Row(
@@ -160,6 +174,22 @@ def run(quick: bool) -> list[Row]:
             "ms",
             one["cpu"] * 1e3,
             one["fork_cpu"] * 1e3,
+            "bare fork+exit",
+            False,
+        ),
+        Row(
+            f"isolated episodes/s, 2 servers, run_many (batch {_BATCH})",
+            "1/s",
+            many["rate"],
+            many["fork_rate"],
+            "bare fork+exit, 2 procs",
+            True,
+        ),
+        Row(
+            f"CPU per episode, run_many (batch {_BATCH})",
+            "ms",
+            many["cpu"] * 1e3,
+            many["fork_cpu"] * 1e3,
             "bare fork+exit",
             False,
         ),
