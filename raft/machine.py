@@ -467,6 +467,8 @@ class StateMachine:
         self._event(
             at, "task_state", f"task {task.id} {task.state}", task=task.id, state=task.state
         )
+        if task.state == "running":
+            self._heal_kills(at)
         return ok(task=asdict(task))
 
     def _incoming_state(
@@ -476,6 +478,7 @@ class StateMachine:
         state = args["state"]
         if state == "running":
             self._promote(task, incoming, at)
+            self._heal_kills(at)
         elif state == "pending":
             incoming.state = state
         else:
@@ -547,6 +550,7 @@ class StateMachine:
             args.get("xid", DEFAULT_XID) if kind == "gpu-xid" else None,
             args.get("offset_s"),
             updated_at=at,
+            tasks=self._stopped_by(kind, where),
         )
         self.faults[fault_id] = fault
         while len(self.faults) > MAX_FAULTS:
@@ -565,7 +569,21 @@ class StateMachine:
                 f"task {task_id!r} is {task.state} on no node: nothing runs to fault",
                 "target",
             )
-        return {"node": task.node, "generation": task.generation}
+        return {"node": task.node, "generation": task.generation, "target": task_id}
+
+    def _stopped_by(self, kind: str, where: dict[str, Any]) -> dict[str, int]:
+        """The tasks a kill stops, with their generations: the task itself, or the current
+        copies of the active tasks on the node."""
+        if kind == "task-kill":
+            return {where["target"]: where["generation"]}
+        if kind != "node-kill":
+            return {}
+        on = [self.tasks[t] for t in self.tasks_on(where["node"])]
+        return {
+            t.id: t.generation
+            for t in on
+            if t.node == where["node"] and t.state in ("pending", "running")
+        }
 
     def _fault_node(self, node_id: str, gpu: int | None) -> dict[str, Any]:
         node = self.nodes.get(node_id)
@@ -603,8 +621,35 @@ class StateMachine:
                 "conflict", f"fault {fault.id!r} is already {fault.state}, not {state}", "state"
             )
         fault.state, fault.message, fault.updated_at = state, args.get("message", ""), at
+        if state == "injected":
+            fault.injected_at = at
+        elif state == "healed" and fault.injected_at is not None:
+            fault.recovery_s = at - fault.injected_at
         self._fault_event(at, fault, f"{state}: {fault.message}" if fault.message else state)
+        if state == "injected":
+            self._heal_kills(at)
         return ok(fault=asdict(fault), changed=True)
+
+    def _heal_kills(self, at: float) -> None:
+        """Mark healed each injected kill whose tasks all run again at a later generation (or
+        whose jobs ended): called whenever a task reports running, and on an injected report."""
+        for fault in self.faults.values():
+            if fault.state != "injected" or not fault.tasks or fault.injected_at is None:
+                continue
+            if all(self._recovered(t, g) for t, g in fault.tasks.items()):
+                fault.state, fault.updated_at = "healed", at
+                fault.recovery_s = at - fault.injected_at
+                fault.message = (
+                    f"{len(fault.tasks)} task(s) running again {fault.recovery_s:.2f} s after "
+                    "the fault was injected"
+                )
+                self._fault_event(at, fault, f"healed: {fault.message}")
+
+    def _recovered(self, task_id: str, generation: int) -> bool:
+        task = self.tasks.get(task_id)
+        if task is None or self.jobs[task.job_id].state != "running":
+            return True
+        return task.generation > generation and task.state == "running"
 
     def _fault_event(self, at: float, fault: Fault, message: str) -> None:
         self._event(

@@ -193,3 +193,9 @@ class Fault(Restorable):
     state: str = "requested"
     message: str = ""
     updated_at: float = 0.0
+    tasks: dict[str, int] = field(default_factory=dict)
+    """What a kill stops: task id -> its generation then. The fault is healed when each runs
+    again at a later generation (or its job ended), the recovery the leader measures."""
+    injected_at: float | None = None
+    recovery_s: float | None = None
+    """Seconds from the node's `injected` report to the fault healed (kills: tasks running)."""

@@ -189,6 +189,44 @@ def test_a_dead_node_fails_its_pending_faults_except_its_own_kill() -> None:
     assert apply(m, "report_fault", {"fault_id": "kill", "state": "injected"})["changed"]
 
 
+def running(m: StateMachine, task_id: str, at: float) -> None:
+    t = m.tasks[task_id]
+    report = {"task_id": task_id, "state": "running", "generation": t.generation}
+    assert apply(m, "set_task_state", report, at)["ok"]
+
+
+def test_a_killed_task_heals_its_fault_when_it_runs_again_at_a_later_generation() -> None:
+    m = cluster()
+    running(m, "t1", 1.0)
+    apply(m, "inject_fault", {"fault_id": "f1", "kind": "task-kill", "target": "t1"}, 2.0)
+    assert m.faults["f1"].tasks == {"t1": 1}
+    apply(m, "report_fault", {"fault_id": "f1", "state": "injected"}, 3.0)
+    running(m, "t1", 4.0)  # a late report of the killed incarnation heals nothing
+    assert m.faults["f1"].state == "injected"
+    apply(m, "place_tasks", {"placements": [{"task_id": "t1", "node_id": "n2"}]}, 5.0)
+    running(m, "t1", 7.5)
+    fault = m.faults["f1"]
+    assert (fault.state, fault.injected_at, fault.recovery_s) == ("healed", 3.0, 4.5)
+    assert fault.message == "1 task(s) running again 4.50 s after the fault was injected"
+
+
+def test_a_killed_node_heals_when_all_its_tasks_run_elsewhere_or_ended() -> None:
+    m = cluster()
+    tasks = [{"task_id": t, "kind": "rollout-worker", "actor": "a.b:main"} for t in ("t3", "t4")]
+    apply(m, "submit_job", {"job_id": "j2", "spec": {"placement": "manual"}, "tasks": tasks})
+    for t in ("t3", "t4"):
+        apply(m, "place_tasks", {"placements": [{"task_id": t, "node_id": "n1"}]})
+        running(m, t, 1.0)
+    apply(m, "inject_fault", {"fault_id": "k", "kind": "node-kill", "target": "n1"}, 2.0)
+    assert m.faults["k"].tasks == {"t1": 1, "t3": 1, "t4": 1}
+    apply(m, "report_fault", {"fault_id": "k", "state": "injected"}, 2.0)
+    apply(m, "stop_job", {"job_id": "j2"}, 3.0)
+    assert m.faults["k"].state == "injected"
+    apply(m, "place_tasks", {"placements": [{"task_id": "t1", "node_id": "n2"}]}, 4.0)
+    running(m, "t1", 6.0)
+    assert (m.faults["k"].state, m.faults["k"].recovery_s) == ("healed", 4.0)
+
+
 def test_an_unknown_fault_report_is_not_found() -> None:
     result = apply(StateMachine(), "report_fault", {"fault_id": "nope", "state": "injected"})
     assert result["error"] == "not_found"

@@ -142,6 +142,9 @@ def test_a_task_killed_through_the_api_is_restarted_by_the_leader(
         "the task running again",
     )
     assert again["restarts"] >= 1
+    healed = outcome(cluster, fault["id"], ("healed",))
+    assert healed["recovery_s"] > 0
+    assert "1 task(s) running again" in healed["message"]
     call(cluster, lambda c: c.stop_job("victim"))
 
 
