@@ -24,6 +24,13 @@ class FaultRecord:
     """duration + recover_within_s: recovery (and training progress) must come within it."""
     progress_s: float | None = None
     """Seconds from injection until the training job progressed again after the heal."""
+    liveness: dict[str, list[str]] = field(default_factory=dict)
+    """Node faults: each faulted node's liveness as the leader gave it, in order."""
+    tasks_elsewhere_s: float | None = None
+    """Node faults: seconds from injection until every task of the job the node ran was
+    running on another node (None: nothing moved, e.g. the node was back before it was
+    declared dead; `detail` says why)."""
+    tasks_elsewhere_target_s: float | None = None
 
 
 @dataclass
@@ -49,6 +56,7 @@ class RunReport:
             "workload": self.workload,
             "faults": [asdict(f) for f in self.faults],
             "recovery": recovery_stats([asdict(f) for f in self.faults]),
+            "tasks_elsewhere": _elsewhere(self.faults),
             "invariants": {name: v.to_dict() for name, v in self.invariants.items()},
             "training": self.training,
         }
@@ -62,13 +70,22 @@ def render_text(report: RunReport) -> str:
         took = "not recovered" if f.recovery_s is None else f"recovered in {f.recovery_s:.2f} s"
         at = "-" if f.injected_at is None else f"{f.injected_at:.1f}"
         trained = "" if f.progress_s is None else f"; training again after {f.progress_s:.2f} s"
-        lines.append(f"    t={at:>6} s  {f.kind:<14} {f.target:<9} {f.processes}  {took}{trained}")
+        moved = (
+            ""
+            if f.tasks_elsewhere_s is None
+            else f"; tasks running elsewhere after {f.tasks_elsewhere_s:.2f} s "
+            f"(target {f.tasks_elsewhere_target_s:g} s)"
+        )
+        lines.append(
+            f"    t={at:>6} s  {f.kind:<15} {f.target:<9} {f.processes}  {took}{trained}{moved}"
+        )
     lines.append("  recovery (s):")
     for kind, stats in recovery_stats([asdict(f) for f in report.faults]).items():
         lines.append(
             f"    {kind:<15} {stats['faults']:>3} faults  p50 {_secs(stats['p50_s'])}  "
             f"max {_secs(stats['max_s'])}  unrecovered {stats['unrecovered']}"
         )
+    lines += _elsewhere_lines(report.faults)
     lines += _training_lines(report)
     lines.append("  invariants:")
     for name, verdict in report.invariants.items():
@@ -76,6 +93,31 @@ def render_text(report: RunReport) -> str:
     if not report.ok:
         lines.append(f"  run directory kept: {report.run_dir}")
     return "\n".join(lines)
+
+
+def _elsewhere(faults: list[FaultRecord]) -> dict[str, Any]:
+    """Node failures measured as the issue states them: seconds until the node's tasks ran
+    elsewhere, each fault that moved them, against the target."""
+    moved = [f for f in faults if f.tasks_elsewhere_s is not None]
+    worst = max((f.tasks_elsewhere_s or 0.0 for f in moved), default=None)
+    target = max((f.tasks_elsewhere_target_s or 0.0 for f in moved), default=None)
+    return {
+        "measured": len(moved),
+        "max_s": worst,
+        "target_s": target,
+        "met": None if worst is None or target is None else worst <= target,
+    }
+
+
+def _elsewhere_lines(faults: list[FaultRecord]) -> list[str]:
+    summary = _elsewhere(faults)
+    if not summary["measured"]:
+        return []
+    verdict = "within" if summary["met"] else "OVER"
+    return [
+        f"  node failure -> its tasks running elsewhere: {summary['measured']} measured, max "
+        f"{summary['max_s']:.2f} s ({verdict} the target {summary['target_s']:g} s)"
+    ]
 
 
 def _secs(value: float | None) -> str:

@@ -1,15 +1,18 @@
 """Run a scenario: start a local cluster (coordinator replicas, node daemons) with a fault proxy
-in front of each replica's API and at each replica's Raft address, run the scenario's training
-job through that cluster (chaos/trainjob.py), drive the client workload through the proxies,
-inject and heal the faults on schedule, then check the invariants and stop everything.
+in front of each replica's API, at each replica's Raft address and on each node's link to each
+replica (chaos/nodenet.py), run the scenario's training job through that cluster
+(chaos/trainjob.py, chaos/jobfaults.py), drive the client workload through the proxies, inject
+and heal the faults on schedule, then check the invariants and stop everything.
 
 Recovery of a fault is measured by a probe through the same proxies from the moment of
-injection: for control-plane faults until a write is acknowledged, for a killed node until it
-re-registered, for a GPU fault until the node's replicated health shows it, for a clock skew
-until that health shows the offset. For the faults that hit the training job it is the time
-until the job trains again, read off the curve of rank 0's status. The fault counts as
-recovered if that came within `duration + recover_within_s`. For the event loop; signals, file
-reads of the run and the blocking local-cluster calls run in worker threads.
+injection: for control-plane faults until a write is acknowledged, for a killed node or one
+whose coordinator links were faulted until it heartbeats again after the heal, for a GPU fault
+until the node's replicated health shows it, for a clock skew until that health shows the
+offset. For the faults that hit the training job it is the time until the job trains again,
+read off the curve of rank 0's status. The fault counts as recovered if that came within
+`duration + recover_within_s`. For node faults the run also records the node's liveness and
+when its tasks ran elsewhere (chaos/nodefate.py). For the event loop; signals, file reads of
+the run and the blocking local-cluster calls run in worker threads.
 """
 
 from __future__ import annotations
@@ -24,25 +27,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shoal.chaos import invariants
+from shoal.chaos import invariants, nodefate
 from shoal.chaos.cluster import Cluster, ProcessSpec
-from shoal.chaos.curve import Sample, incarnation_at, progressed_at, thin
 from shoal.chaos.errors import ChaosError, FaultError
-from shoal.chaos.faults import (
-    ClockSkew,
-    Fault,
-    GpuXid,
-    KillProcess,
-    PauseProcess,
-    WriterFileLimit,
-    XidStorm,
-)
+from shoal.chaos.faults import ClockSkew, Fault, GpuXid, KillProcess, PauseProcess, XidStorm
 from shoal.chaos.history import HistoryRecorder
+from shoal.chaos.jobfaults import SAMPLE_PERIOD, JobFaults
+from shoal.chaos.nodenet import NodeLinks, NodeMesh
 from shoal.chaos.proxy import FaultProxy
 from shoal.chaos.raftnet import RaftMesh
 from shoal.chaos.report import FaultRecord, RunReport
 from shoal.chaos.scenario import (
-    DISK_LIMIT_BYTES,
+    COORD_KINDS,
     LEARNERS,
     NET_KINDS,
     RAFT_KINDS,
@@ -70,14 +66,13 @@ from shoal.scheduler.health.clock import ClockServer, serve_clock
 
 PROBE_PERIOD = 0.05
 CONVERGE_TIMEOUT = 30.0
-SAMPLE_PERIOD = 0.5
-CURVE_PERIOD = 2.0
-RESTARTS_PERIOD = 2.0
 XID_CLEAR_TIMEOUT = 30.0
 DEFAULT_SKEW_S = 2.5
 SKEW_TOLERANCE = 0.25
 # Faults on the learners' node: their recovery is the job's too.
-LEARNER_NODE_KINDS = ("node-kill", "gpu-xid")
+LEARNER_NODE_KINDS = ("node-kill", "gpu-xid", *COORD_KINDS)
+# Faults after which the run watches what becomes of the node and its tasks.
+FATE_KINDS = ("node-kill", *COORD_KINDS)
 # Faults after which training must come from a new learner incarnation (the old one is dead).
 GROUP_RESTARTING = ("learner-kill", "node-kill")
 
@@ -93,9 +88,13 @@ class ChaosRun:
         cluster: Cluster,
         log: Callable[[str], None] | None = None,
         clock_port: int | None = None,
+        node_links: NodeLinks | None = None,
     ) -> None:
         """`clock_port`: the UDP port on 127.0.0.1 the node daemons measure their clock
-        against (`shoal node --clock`); the run serves the reference clock there."""
+        against (`shoal node --clock`); the run serves the reference clock there.
+        `node_links`: the proxy port through which each node reaches each replica (the
+        nodes' `--coordinators` name them, see chaos/nodenet.py); without it coord-* faults
+        are refused."""
         self.scenario = scenario
         self.clock_port = clock_port
         self._clock: ClockServer | None = None
@@ -104,6 +103,7 @@ class ChaosRun:
         self.cluster = cluster
         self.proxies: dict[str, FaultProxy] = {}
         self.mesh = RaftMesh(cluster)
+        self.node_mesh = NodeMesh(node_links or {})
         self.history = HistoryRecorder()
         self.stats = WorkloadStats()
         self.checkpoints = CheckpointLog()
@@ -116,11 +116,10 @@ class ChaosRun:
             if scenario.training is None
             else ClusterJob(scenario.training, cluster.run_dir, scenario.duration_s + 600.0)
         )
-        self.samples: list[Sample] = []
-        self._restarts = 0
+        self.jobfaults = (
+            None if self.job is None else JobFaults(self.job, self._client, self._nodes)
+        )
         self._hits_group: set[int] = set()
-        self._killed: dict[int, int] = {}
-        self._limits: dict[int, WriterFileLimit] = {}
 
     async def run(self) -> RunReport:
         results: dict[str, invariants.Verdict] = {}
@@ -159,6 +158,7 @@ class ChaosRun:
                 f"{self.run_dir} bind their advertised Raft addresses; make the specs with "
                 "coordinator_specs(..., raft_bind=True)"
             )
+        ports += await self._start_node_mesh(specs)
         self._log(f"starting {shape[0]} replicas and {shape[1]} nodes in {self.run_dir}")
         if self.clock_port is not None:
             self._clock = await serve_clock(port=self.clock_port)
@@ -187,6 +187,24 @@ class ChaosRun:
             except FaultError as exc:
                 raise ChaosError(str(exc)) from exc
         return ports
+
+    async def _start_node_mesh(self, specs: list[ProcessSpec]) -> list[int]:
+        """The nodes' coordinator-link proxies, before the nodes (they register through them)."""
+        links = self.node_mesh.links
+        if not links:
+            if any(f.kind in COORD_KINDS for f in self.scenario.faults):
+                raise ChaosError(
+                    f"scenario {self.scenario.name} faults the node<->coordinator links, but "
+                    "no node links were planned; pass node_links (chaos.nodenet.plan_links) "
+                    "and point each node's --coordinators at coordinator_urls(links, node)"
+                )
+            return []
+        if sorted(links) != sorted(self._nodes()):
+            raise ChaosError(
+                f"node links are planned for {sorted(links)}, the cluster's nodes are "
+                f"{sorted(self._nodes())}"
+            )
+        return await self.node_mesh.start(specs)
 
     def _coordinators(self) -> list[ProcessSpec]:
         return [s for s in self.cluster.specs() if s.kind == "coordinator"]
@@ -218,6 +236,7 @@ class ChaosRun:
             for proxy in self.proxies.values():
                 await proxy.close()
             await self.mesh.close()
+            await self.node_mesh.close()
         finally:
             await asyncio.to_thread(self.cluster.stop_all)
             if self._clock is not None:
@@ -248,10 +267,10 @@ class ChaosRun:
         watching = asyncio.Event()
         watchers = (
             [
-                asyncio.create_task(self._sample_curve(watching)),
-                asyncio.create_task(self._count_restarts(watching)),
+                asyncio.create_task(self.jobfaults.sample_curve(watching, self._t0)),
+                asyncio.create_task(self.jobfaults.count_restarts(watching)),
             ]
-            if self.job is not None
+            if self.jobfaults is not None
             else []
         )
         self._log(f"workload of {self.scenario.clients} clients for {self.scenario.duration_s:g} s")
@@ -294,6 +313,7 @@ class ChaosRun:
             if spec.kind in LEARNER_NODE_KINDS and await self._runs_learners(spec, record):
                 self._hits_group.add(len(self.records) - 1)
             faults = self._faults(spec, record.processes)
+            fates = await self._fates(spec, record.processes)
         except ShoalError as exc:
             self._faulted.subtract(record.processes)
             record.detail = f"not injected: {exc}"
@@ -303,6 +323,8 @@ class ChaosRun:
         deadline = injected + spec.duration + spec.recover_within_s
         check = self._check(spec, record)
         probe = asyncio.create_task(self._probe(injected, deadline, check))
+        healed_event = asyncio.Event()
+        watch = asyncio.create_task(self._watch(fates, injected, deadline, healed_event))
         try:
             try:
                 record.detail = "; ".join([await f() for f in faults["inject"]])
@@ -318,9 +340,46 @@ class ChaosRun:
             self._healed_wall[id(spec)] = time.time()
             record.healed_at = round(time.monotonic() - self._t0, 3)
             record.detail += "; healed: " + "; ".join(healed)
+            healed_event.set()
             record.recovery_s = await probe
+            await watch
+            self._fate_into(record, fates)
             bound = spec.duration + spec.recover_within_s
             record.recovered = record.recovery_s is not None and record.recovery_s <= bound
+
+    async def _fates(self, spec: FaultSpec, nodes: list[str]) -> list[nodefate.NodeFate]:
+        """For a node fault, each node and the job's tasks it runs now (read before the
+        injection: a dead node's tasks are placed elsewhere soon after)."""
+        if spec.kind not in FATE_KINDS:
+            return []
+        return [
+            nodefate.NodeFate(n, [] if self.jobfaults is None else await self.jobfaults.tasks_on(n))
+            for n in nodes
+        ]
+
+    async def _watch(
+        self,
+        fates: list[nodefate.NodeFate],
+        start: float,
+        deadline: float,
+        healed: asyncio.Event,
+    ) -> None:
+        if not fates:
+            return
+        read = None if self.jobfaults is None else self.jobfaults.tasks
+        async with self._client() as client:
+            await nodefate.watch(client, fates, read, start, deadline, healed)
+
+    def _fate_into(self, record: FaultRecord, fates: list[nodefate.NodeFate]) -> None:
+        if not fates:
+            return
+        record.liveness = {f.node: f.liveness for f in fates}
+        record.detail += "; " + "; ".join(f.describe() for f in fates)
+        if any(f.tasks for f in fates):
+            record.tasks_elsewhere_target_s = nodefate.TASKS_ELSEWHERE_TARGET_S
+        times = [f.elsewhere_s for f in fates if f.tasks]
+        if times and all(t is not None for t in times):
+            record.tasks_elsewhere_s = max(t for t in times if t is not None)
 
     def _faults(self, spec: FaultSpec, names: list[str]) -> dict[str, list[Callable[[], Any]]]:
         """Coroutine functions that inject and heal `spec` on the processes `names`."""
@@ -329,12 +388,18 @@ class ChaosRun:
             uncordon = functools.partial(self._uncordon, names[0])
             return {"inject": [storm.start], "heal": [storm.stop, uncordon]}
         if spec.kind == "disk-full":
-            full = functools.partial(self._disk_full, spec)
-            return {"inject": [full], "heal": [functools.partial(self._disk_freed, spec)]}
+            jobfaults = self._jobfaults()
+            full = functools.partial(jobfaults.disk_full, spec)
+            return {"inject": [full], "heal": [functools.partial(jobfaults.disk_freed, spec)]}
         if spec.kind in TRAINING_KINDS:
             return {
-                "inject": [functools.partial(self._kill_task, spec)],
-                "heal": [functools.partial(self._task_back, spec)],
+                "inject": [functools.partial(self._jobfaults().kill_task, spec)],
+                "heal": [functools.partial(self._jobfaults().task_back, spec)],
+            }
+        if spec.kind in COORD_KINDS:
+            return {
+                "inject": [functools.partial(self._coord, spec, names)],
+                "heal": [functools.partial(self._coord_heal, names)],
             }
         if spec.kind in NET_KINDS:
             proxies = [self.proxies[n] for n in names]
@@ -358,6 +423,15 @@ class ChaosRun:
             "inject": [functools.partial(asyncio.to_thread, f.inject) for f in made],
             "heal": [functools.partial(asyncio.to_thread, f.heal) for f in made],
         }
+
+    async def _coord(self, spec: FaultSpec, nodes: list[str]) -> str:
+        if spec.kind == "coord-reset":
+            return "; ".join(self.node_mesh.reset(n) for n in nodes)
+        faults = spec.net_faults()
+        return "; ".join(self.node_mesh.degrade(n, faults) for n in nodes)
+
+    async def _coord_heal(self, nodes: list[str]) -> str:
+        return "; ".join(self.node_mesh.heal(n) for n in nodes)
 
     def _raft_fault(self, spec: FaultSpec) -> Callable[[str], str]:
         """What the mesh does to every Raft link of the replica it is given."""
@@ -391,8 +465,13 @@ class ChaosRun:
 
         async def node_back(client: CoordinatorClient) -> bool:
             healed = self._healed_wall.get(id(spec))
-            node = await client.node(record.processes[0])
-            return healed is not None and node["last_heartbeat"] >= healed
+            if healed is None:
+                return False
+            for name in record.processes:
+                node = await client.node(name)
+                if node["last_heartbeat"] < healed:
+                    return False
+            return True
 
         async def xid_seen(client: CoordinatorClient) -> bool:
             node = await client.node(record.processes[0])
@@ -405,6 +484,7 @@ class ChaosRun:
             return offset_ms is not None and abs(offset_ms - wanted) <= SKEW_TOLERANCE * abs(wanted)
 
         checks = {"node-kill": node_back, "gpu-xid": xid_seen, "clock-skew": skew_seen}
+        checks.update({kind: node_back for kind in COORD_KINDS})
         return checks.get(spec.kind, writable)
 
     async def _net(self, spec: FaultSpec, proxies: list[FaultProxy]) -> str:
@@ -425,7 +505,7 @@ class ChaosRun:
         if spec.target == LEARNERS:
             chosen = [await self._learner_node()]
         elif spec.target == "all":
-            chosen = names
+            chosen = self._nodes() if spec.kind in COORD_KINDS else names
         elif spec.target not in ("leader", "follower"):
             chosen = [spec.target]
         else:
@@ -515,17 +595,8 @@ class ChaosRun:
         return results
 
     def _measure_progress(self) -> None:
-        """Per fault: seconds from injection until training progressed again after the heal
-        (from a new learner incarnation when the fault restarts the group)."""
-        for i, record in enumerate(self.records):
-            if record.injected_at is None:
-                continue
-            old = None
-            if self._kills_learners(i):
-                old = incarnation_at(self.samples, record.injected_at)
-            after = record.healed_at if record.healed_at is not None else record.injected_at
-            at = progressed_at(self.samples, after, old)
-            record.progress_s = None if at is None else round(at - record.injected_at, 3)
+        if self.jobfaults is not None:
+            self.jobfaults.measure_progress(self.records, self._kills_learners)
 
     def _kills_learners(self, index: int) -> bool:
         """Whether fault `index` killed the learner ranks (a learner kill, or a kill of the
@@ -553,100 +624,19 @@ class ChaosRun:
 
     # -- the training job ------------------------------------------------------------------------
 
-    async def _sample_curve(self, done: asyncio.Event) -> None:
-        """Rank 0's status every SAMPLE_PERIOD seconds (one file read each) until `done`."""
-        job = self.job
-        assert job is not None
-        while not done.is_set():
-            sample = job.sample(time.monotonic() - self._t0, self._restarts)
-            if sample is not None:
-                self.samples.append(sample)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), SAMPLE_PERIOD)
-
-    async def _count_restarts(self, done: asyncio.Event) -> None:
-        """The job's task restarts as the coordinator records them (the last count is kept
-        while it is slow to answer)."""
-        async with self._client() as client:
-            while not done.is_set():
-                with contextlib.suppress(RaftError, OSError, TimeoutError, FaultError):
-                    tasks = await self._job_tasks(client)
-                    self._restarts = sum(int(t.get("restarts", 0)) for t in tasks)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(done.wait(), RESTARTS_PERIOD)
-
-    async def _job_tasks(self, client: CoordinatorClient) -> list[dict[str, Any]]:
-        job = self.job
-        job_id = None if job is None else await asyncio.to_thread(job.job_id)
-        if job_id is None:
-            raise FaultError("the training job was never submitted")
-        return list(await client.tasks(job=job_id))
-
-    async def _learner_nodes(self) -> list[str]:
-        """The nodes running the job's learner ranks, rank 0's first."""
-        async with self._client() as client:
-            tasks = await self._job_tasks(client)
-        ranks = sorted(
-            (t["id"], t.get("node")) for t in tasks if "-learner-" in str(t.get("id", ""))
-        )
-        nodes = [str(node) for _, node in ranks if node]
-        if not nodes:
-            raise FaultError("no learner rank of the training job is placed on a node")
-        return list(dict.fromkeys(nodes))
+    def _jobfaults(self) -> JobFaults:
+        if self.jobfaults is None:
+            raise FaultError("the scenario has no [training] job to fault")
+        return self.jobfaults
 
     async def _learner_node(self) -> str:
-        node = (await self._learner_nodes())[0]
-        if node not in self._nodes():
-            raise FaultError(f"learner rank 0 is placed on {node!r}, not a node daemon of the run")
-        return node
+        return await self._jobfaults().learner_node()
 
     async def _runs_learners(self, spec: FaultSpec, record: FaultRecord) -> bool:
-        if self.job is None:
+        if self.jobfaults is None:
             return False
-        return record.processes[0] in await self._learner_nodes()
-
-    async def _kill_task(self, spec: FaultSpec) -> str:
-        job = self.job
-        assert job is not None
-        index = int(spec.target.removeprefix("rank").removeprefix("w"))
-        if spec.kind == "learner-kill":
-            pid = await asyncio.to_thread(job.learner_pid, index)
-            what = f"learner rank {index}"
-        else:
-            pid = await asyncio.to_thread(job.rollout_pid, index)
-            what = f"rollout worker {index}"
-        self._killed[id(spec)] = pid
-        return await asyncio.to_thread(job.kill, pid, what)
-
-    async def _disk_full(self, spec: FaultSpec) -> str:
-        """Learner rank 0's checkpoint writes fail (RLIMIT_FSIZE on its pid: the unprivileged
-        full disk, which needs no mount under a running writer)."""
-        job = self.job
-        assert job is not None
-        pid = await asyncio.to_thread(job.learner_pid, 0)
-        limit = int(spec.params.get("limit_bytes", DISK_LIMIT_BYTES))
-        fault = WriterFileLimit(pid, limit, target=f"learner rank 0 (pid {pid})")
-        self._limits[id(spec)] = fault
-        return await asyncio.to_thread(fault.inject)
-
-    async def _disk_freed(self, spec: FaultSpec) -> str:
-        fault = self._limits.pop(id(spec), None)
-        return "nothing to heal" if fault is None else await asyncio.to_thread(fault.heal)
-
-    async def _task_back(self, spec: FaultSpec) -> str:
-        """Heal of a task kill is the cluster's: wait (within the bound) for the new process."""
-        job = self.job
-        assert job is not None
-        index = int(spec.target.removeprefix("rank").removeprefix("w"))
-        find = job.learner_pid if spec.kind == "learner-kill" else job.rollout_pid
-        deadline = time.monotonic() + spec.recover_within_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(FaultError):
-                pid = await asyncio.to_thread(find, index)
-                if pid != self._killed.get(id(spec)):
-                    return f"the cluster started {spec.target} again (pid {pid})"
-            await asyncio.sleep(0.2)
-        return f"{spec.target} not started again within {spec.recover_within_s:g} s"
+        learners = await self.jobfaults.learner_nodes()
+        return any(node in learners for node in record.processes)
 
     async def _uncordon(self, node: str) -> str:
         """After an XID storm the leader has drained the node; once its health shows no XID
@@ -714,19 +704,7 @@ class ChaosRun:
         )
 
     def _training_section(self) -> dict[str, Any]:
-        job = self.job
-        if job is None:
-            return {}
-        curve = thin(self.samples, CURVE_PERIOD)
-        return {
-            "env": job.cfg.env,
-            "ranks": job.cfg.ranks,
-            "workers": job.cfg.workers,
-            "job": job.job_id(),
-            "env_steps": job.summary.get("env_steps"),
-            "restarts": max((s.restarts for s in self.samples), default=0),
-            "curve": [s.to_dict() for s in curve],
-        }
+        return {} if self.jobfaults is None else self.jobfaults.section()
 
 
 async def _now(action: Callable[[str], str], name: str) -> str:
@@ -765,6 +743,7 @@ def run_scenario(
     cluster: Cluster,
     log: Callable[[str], None] | None = None,
     clock_port: int | None = None,
+    node_links: NodeLinks | None = None,
 ) -> RunReport:
     """Blocking entry point (CLI, tests): one run in a fresh event loop."""
-    return asyncio.run(ChaosRun(scenario, cluster, log, clock_port).run())
+    return asyncio.run(ChaosRun(scenario, cluster, log, clock_port, node_links).run())

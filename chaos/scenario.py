@@ -17,9 +17,11 @@ would be valid.
 
     [[faults]]
     kind = "kill"           # see FAULT_KINDS; raft-partition cuts a replica's Raft links;
-                            # learner-kill / rollout-kill SIGKILL a task process of the job
-    target = "leader"       # leader | follower | c1..cN | all (api-* kinds) | n1..nN (node
-                            # kinds; also "learners": the node running learner rank 0) |
+                            # learner-kill / rollout-kill SIGKILL a task process of the job;
+                            # coord-* fault one node's links to every replica's API
+    target = "leader"       # leader | follower | c1..cN | all (api-* kinds) | n1..nN (node and
+                            # coord-* kinds; also "learners": the node running learner rank 0;
+                            # coord-* also "all": every node) |
                             # rank0.. (learner-kill) | w0.. (rollout-kill)
     at = 5.0                # seconds after the workload started
     duration = 3.0          # then healed (a killed process is restarted)
@@ -39,10 +41,12 @@ from shoal.errors import ConfigError
 
 PROCESS_KINDS = ("kill", "pause")
 NET_KINDS = ("api-partition", "api-delay", "api-loss", "api-bandwidth", "api-reset")
+# The same faults on a node daemon's links to the replicas' APIs (chaos/nodenet.py).
+COORD_KINDS = ("coord-partition", "coord-delay", "coord-loss", "coord-bandwidth", "coord-reset")
 NODE_KINDS = ("node-kill", "gpu-xid", "clock-skew")
 RAFT_KINDS = ("raft-partition", "raft-delay", "raft-loss")
 TRAINING_KINDS = ("learner-kill", "rollout-kill", "disk-full")
-FAULT_KINDS = PROCESS_KINDS + NET_KINDS + NODE_KINDS + RAFT_KINDS + TRAINING_KINDS
+FAULT_KINDS = PROCESS_KINDS + NET_KINDS + COORD_KINDS + NODE_KINDS + RAFT_KINDS + TRAINING_KINDS
 BASE_INVARIANTS = (
     "linearizable",
     "digests_equal",
@@ -73,6 +77,7 @@ NET_PARAMS: dict[str, tuple[str, ...]] = {
     "api-bandwidth": ("bandwidth_bps",),
     "api-reset": (),
 }
+COORD_PARAMS = {kind.replace("api-", "coord-"): keys for kind, keys in NET_PARAMS.items()}
 RAFT_PARAMS: dict[str, tuple[str, ...]] = {
     "raft-partition": (),
     "raft-delay": ("delay_s", "jitter_s"),
@@ -112,9 +117,9 @@ class FaultSpec:
     params: dict[str, Any] = field(default_factory=dict)
 
     def net_faults(self) -> NetFaults:
-        """The proxy setting of an api-* or raft-* fault (api-reset has none: it is one RST;
-        a raft-partition is the mesh's own)."""
-        if self.kind in ("api-partition", "raft-partition"):
+        """The proxy setting of an api-*, coord-* or raft-* fault (api-reset and coord-reset
+        have none: each is one RST; a raft-partition is the mesh's own)."""
+        if self.kind in ("api-partition", "coord-partition", "raft-partition"):
             return NetFaults(partition=self.params.get("partition", "refuse"))
         return NetFaults.from_dict(self.params)
 
@@ -238,13 +243,14 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
         raise ScenarioError(f"{where}.kind={kind!r} is not one of {list(FAULT_KINDS)}")
     params = (
         NET_PARAMS.get(kind, ())
+        + COORD_PARAMS.get(kind, ())
         + RAFT_PARAMS.get(kind, ())
         + NODE_PARAMS.get(kind, ())
         + TRAINING_PARAMS.get(kind, ())
     )
     _no_unknown(item, _FAULT_KEYS + params, where)
     target = item.get("target")
-    if kind in NODE_KINDS:
+    if kind in NODE_KINDS or kind in COORD_KINDS:
         if shape.nodes == 0:
             raise ScenarioError(f"{where}.kind={kind!r} needs nodes >= 1 in the scenario")
         targets = [f"n{i + 1}" for i in range(shape.nodes)]
@@ -263,7 +269,7 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
             targets = [f"w{i}" for i in range(shape.training.workers)]
     else:
         targets = ["leader", "follower", *(f"c{i + 1}" for i in range(shape.replicas))]
-    if kind in NET_KINDS:
+    if kind in NET_KINDS or kind in COORD_KINDS:
         targets.append("all")
     if target not in targets:
         raise ScenarioError(f"{where}.target={target!r} is not one of {targets}")
@@ -276,7 +282,7 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
         recover_within_s=_number(item, "recover_within_s", bound, 0.1, 3600.0, where),
         params={k: item[k] for k in params if k in item},
     )
-    if kind in NET_KINDS or kind in RAFT_KINDS:
+    if kind in NET_KINDS or kind in COORD_KINDS or kind in RAFT_KINDS:
         try:
             spec.net_faults()
         except ProxyError as exc:

@@ -13,6 +13,12 @@ from shoal.commands.chaos_inject import add_inject
 
 # seconds a scenario's cluster takes to start, for the progress bar's estimate of the whole run
 STARTUP_ESTIMATE_S = 10.0
+# The replicas' liveness clock in a scenario: a failed node is declared dead after DEAD_AFTER_S
+# without a heartbeat, so its tasks can run elsewhere within the issue's 10 s (the default 10 s
+# alone would use it up). Long enough that a heartbeat lost to a killed or paused replica
+# (3 s client timeout, then the next replica) does not look like a dead node.
+SUSPECT_AFTER_S = 2.0
+DEAD_AFTER_S = 5.0
 MESSAGE_WIDTH = 60
 
 
@@ -62,29 +68,33 @@ def _once(
     import sys
     import tempfile
 
+    from shoal.chaos.nodenet import plan_links
     from shoal.chaos.report import render_text
     from shoal.chaos.runner import clock_file, find_scenario, run_scenario
-    from shoal.local import LocalCluster, coordinator_specs
+    from shoal.local import LocalCluster, coordinator_specs, free_port
     from shoal.progress import ProgressLine, Ticker, stderr_is_tty
 
     scenario = find_scenario(scenario_arg)
     own = run_dir is None
     cluster = LocalCluster(run_dir or Path(tempfile.mkdtemp(prefix="shoal-chaos-")))
-    specs = coordinator_specs(cluster.run_dir, scenario.replicas, raft_bind=True)
+    liveness = ("--suspect-after", str(SUSPECT_AFTER_S), "--dead-after", str(DEAD_AFTER_S))
+    specs = coordinator_specs(cluster.run_dir, scenario.replicas, liveness, raft_bind=True)
     clock = _free_udp_port()
-    nodes = _node_specs(cluster.run_dir, specs, scenario.nodes, scenario.sim_gpus, clock)
+    names = [f"n{i + 1}" for i in range(scenario.nodes)]
+    links = plan_links(names, [s.name for s in specs], free_port)
+    nodes = _node_specs(cluster.run_dir, links, scenario.sim_gpus, clock)
     cluster.create(specs + nodes)  # checks the run dir is writable, with a one-line error
     for node in nodes:
         clock_file(cluster.run_dir, node.name).parent.mkdir(parents=True, exist_ok=True)
     if quiet or not stderr_is_tty():
         log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
-        report = run_scenario(scenario, cluster, log, clock)
+        report = run_scenario(scenario, cluster, log, clock, links)
     else:
         expected = STARTUP_ESTIMATE_S + scenario.duration_s
         with Ticker(
             ProgressLine(), lambda t, msg: _chaos_line(scenario.name, t, expected, msg)
         ) as ticker:
-            report = run_scenario(scenario, cluster, ticker.note, clock)
+            report = run_scenario(scenario, cluster, ticker.note, clock, links)
     if own and report.ok and not keep:
         shutil.rmtree(cluster.run_dir, ignore_errors=True)
     text = render_text(report)
@@ -110,23 +120,22 @@ def _free_udp_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _node_specs(
-    run_dir: Path, coordinators: list[Any], count: int, gpus: int, clock_port: int
-) -> list[Any]:
-    """Node daemons n1..nN on free loopback ports, each with its data dir under the run dir
-    (where chaos finds its simulated GPUs' state file), its clock read through an offset file
-    there (the clock-skew hook) and measured against the run's reference clock on
+def _node_specs(run_dir: Path, links: Any, gpus: int, clock_port: int) -> list[Any]:
+    """Node daemons n1..nN on free loopback ports, each reaching the replicas through its own
+    fault proxies (`links`, from chaos.nodenet.plan_links), each with its data dir under the
+    run dir (where chaos finds its simulated GPUs' state file), its clock read through an
+    offset file there (the clock-skew hook) and measured against the run's reference clock on
     `clock_port` (UDP)."""
     import sys
 
+    from shoal.chaos.nodenet import coordinator_urls
     from shoal.chaos.runner import clock_file
     from shoal.local import ProcessSpec
     from shoal.scheduler.health.clock import CHAOS_CLOCK_ENV
 
-    urls = ",".join(c.api_url for c in coordinators)
     specs = []
-    for i in range(count):
-        name = f"n{i + 1}"
+    for name in links:
+        urls = coordinator_urls(links, name)
         argv = [
             sys.executable, "-m", "shoal", "node", "--coordinators", urls,
             "--data-dir", str(run_dir / "nodes" / name), "--token-file", str(run_dir / "api-token"),

@@ -62,7 +62,7 @@ def test_smoke_scenario_holds_every_invariant(tmp_path: Path) -> None:
         kinds = [f["kind"] for f in report["faults"]]
         assert kinds == [
             "kill", "learner-kill", "pause", "node-kill", "api-partition", "gpu-xid",
-            "raft-partition", "rollout-kill",
+            "raft-partition", "rollout-kill", "coord-partition",
         ]  # fmt: skip
         for fault in report["faults"]:
             assert fault["recovered"], fault
@@ -74,6 +74,13 @@ def test_smoke_scenario_holds_every_invariant(tmp_path: Path) -> None:
         assert learner["processes"] == ["rank1"]
         assert learner["detail"].startswith("SIGKILL learner rank 1")
         assert report["recovery"]["all"]["faults"] == len(kinds)
+        node = report["faults"][3]
+        assert "dead" in node["liveness"][node["processes"][0]], node
+        assert node["tasks_elsewhere_s"] is not None, node
+        assert node["tasks_elsewhere_target_s"] == 10.0
+        assert report["tasks_elsewhere"]["measured"] >= 1
+        cut = report["faults"][-1]
+        assert "dead" not in cut["liveness"][cut["processes"][0]], cut
         training = report["training"]
         assert training["restarts"] >= 1
         versions = [s["version"] for s in training["curve"]]

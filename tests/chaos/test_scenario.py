@@ -94,6 +94,23 @@ def test_defaults_and_params() -> None:
             "needs sim_gpus",
         ),
         ("nodes = 17", "nodes=17"),
+        ("[[faults]]\nkind = 'coord-partition'\ntarget = 'n1'\nat = 1", "needs nodes >= 1"),
+        ("nodes = 2\n[[faults]]\nkind = 'coord-delay'\ntarget = 'n3'\nat = 1", "target='n3'"),
+        ("nodes = 1\n[[faults]]\nkind = 'coord-reset'\ntarget = 'leader'\nat = 1", "leader"),
+        (
+            "nodes = 1\n[[faults]]\nkind = 'coord-partition'\ntarget = 'n1'\nat = 1\n"
+            "partition = 'sideways'",
+            "partition='sideways'",
+        ),
+        (
+            "nodes = 1\n[[faults]]\nkind = 'coord-loss'\ntarget = 'n1'\nat = 1\nloss = 1.5",
+            "loss=1.5",
+        ),
+        (
+            "nodes = 1\n[[faults]]\nkind = 'coord-delay'\ntarget = 'n1'\nat = 1\nloss = 0.1",
+            "unknown keys",
+        ),
+        ("nodes = 1\n[[faults]]\nkind = 'coord-reset'\ntarget = 'learners'\nat = 1", "learners"),
         ("name = ", "not valid TOML"),
     ],
 )
@@ -157,3 +174,25 @@ def test_raft_link_faults_take_the_proxy_settings() -> None:
     delay, loss = (f.net_faults() for f in scenario.faults)
     assert (delay.delay_s, delay.jitter_s) == (0.05, 0.01)
     assert (loss.loss, loss.loss_mode) == (0.1, "drop")
+
+
+def test_coordinator_link_faults_target_nodes_and_take_the_proxy_settings() -> None:
+    scenario = parse(
+        f"{TRAINED}[[faults]]\nkind = 'coord-partition'\ntarget = 'learners'\nat = 1\n"
+        "partition = 'blackhole'\nduration = 3\n"
+        "[[faults]]\nkind = 'coord-delay'\ntarget = 'all'\nat = 2\ndelay_s = 0.1\njitter_s = 0.02\n"
+        "[[faults]]\nkind = 'coord-bandwidth'\ntarget = 'n1'\nat = 3\nbandwidth_bps = 5000\n"
+        "[[faults]]\nkind = 'coord-reset'\ntarget = 'n1'\nat = 4"
+    )
+    partition, delay, bandwidth, reset = scenario.faults
+    assert partition.target == "learners"
+    assert partition.net_faults().partition == "blackhole"
+    assert (delay.target, delay.net_faults().delay_s, delay.net_faults().jitter_s) == (
+        "all",
+        0.1,
+        0.02,
+    )
+    assert bandwidth.net_faults().bandwidth_bps == 5000
+    assert reset.params == {}
+    plain = parse("nodes = 1\n[[faults]]\nkind = 'coord-partition'\ntarget = 'n1'\nat = 1")
+    assert plain.faults[0].net_faults().partition == "refuse"

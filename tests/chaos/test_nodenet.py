@@ -1,0 +1,189 @@
+"""Node<->coordinator link proxies (chaos/nodenet.py) on real sockets, and the pure parts of
+what a node fault's record says (chaos/nodefate.py, the report's tasks-elsewhere summary)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shoal.chaos.errors import ChaosError, FaultError
+from shoal.chaos.netfaults import NetFaults
+from shoal.chaos.nodefate import TASKS_ELSEWHERE_TARGET_S, NodeFate, moved
+from shoal.chaos.nodenet import NodeMesh, coordinator_urls, plan_links
+from shoal.chaos.report import FaultRecord, RunReport, render_text
+
+
+@dataclass(frozen=True)
+class Replica:
+    """What NodeMesh reads of a coordinator spec."""
+
+    name: str
+    api_url: str | None
+    kind: str = "coordinator"
+    raft: str | None = None
+    raft_bind: str | None = None
+
+
+@given(
+    st.lists(st.sampled_from([f"n{i}" for i in range(1, 9)]), unique=True, max_size=6),
+    st.lists(st.sampled_from([f"c{i}" for i in range(1, 8)]), unique=True, min_size=1),
+)
+def test_every_node_gets_its_own_port_per_replica_in_replica_order(
+    nodes: list[str], replicas: list[str]
+) -> None:
+    counter = itertools.count(20000)
+    links = plan_links(nodes, replicas, lambda: next(counter))
+    ports = [p for per_node in links.values() for p in per_node.values()]
+    assert len(ports) == len(set(ports)) == len(nodes) * len(replicas)
+    for node in nodes:
+        assert list(links[node]) == replicas
+        urls = coordinator_urls(links, node).split(",")
+        assert urls == [f"http://127.0.0.1:{links[node][r]}" for r in replicas]
+
+
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[str]:
+    """A plain HTTP server standing where a replica's API would: the proxies only move bytes."""
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/healthz", hello)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def meshed() -> AsyncIterator[tuple[NodeMesh, dict[str, str]]]:
+    """Nodes n1 and n2 each with a proxy (on a free port) to one replica c1."""
+    async with serving() as api:
+        mesh = NodeMesh(plan_links(["n1", "n2"], ["c1"], lambda: 0))
+        try:
+            await mesh.start([Replica("c1", api)])
+            urls = {n: f"http://127.0.0.1:{mesh.proxies[n]['c1'].port}" for n in ("n1", "n2")}
+            yield mesh, urls
+        finally:
+            await mesh.close()
+
+
+async def _get(url: str) -> str:
+    async with (
+        ClientSession(timeout=ClientTimeout(total=2)) as session,
+        session.get(f"{url}/healthz") as reply,
+    ):
+        return await reply.text()
+
+
+@pytest.mark.timeout(30)
+def test_a_partition_cuts_one_node_only_until_healed() -> None:
+    async def body() -> None:
+        async with meshed() as (mesh, urls):
+            assert await _get(urls["n1"]) == "ok"
+            detail = mesh.degrade("n1", NetFaults(partition="refuse"))
+            assert "n1's links to ['c1']" in detail
+            with pytest.raises((ClientError, OSError)):
+                await _get(urls["n1"])
+            assert await _get(urls["n2"]) == "ok"
+            mesh.heal("n1")
+            assert await _get(urls["n1"]) == "ok"
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(30)
+def test_a_reset_cuts_open_connections() -> None:
+    async def body() -> None:
+        async with meshed() as (mesh, urls):
+            port = mesh.proxies["n2"]["c1"].port
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+            assert mesh.reset("n2") == "reset 1 of n2's connections to the coordinators"
+            with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+                await reader.readuntil(b"never")
+            writer.close()
+            assert await _get(urls["n2"]) == "ok"
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(30)
+def test_unknown_nodes_and_replicas_are_refused() -> None:
+    async def body() -> None:
+        async with serving() as api:
+            mesh = NodeMesh({"n1": {"c9": 0}})
+            try:
+                with pytest.raises(ChaosError, match="replicas \\['c9'\\]; known: \\['c1'\\]"):
+                    await mesh.start([Replica("c1", api)])
+            finally:
+                await mesh.close()
+            with pytest.raises(FaultError, match="no coordinator-link proxies for node 'n7'"):
+                mesh.heal("n7")
+
+    asyncio.run(body())
+
+
+_task = st.fixed_dictionaries(
+    {
+        "id": st.sampled_from(["t1", "t2", "t3"]),
+        "node": st.sampled_from(["n1", "n2", None]),
+        "state": st.sampled_from(["pending", "running", "failed"]),
+    }
+)
+
+
+@given(st.lists(_task, max_size=6), st.lists(st.sampled_from(["t1", "t2", "t3"]), unique=True))
+def test_moved_means_every_task_runs_on_another_node(
+    tasks: list[dict[str, str]], ids: list[str]
+) -> None:
+    latest = {t["id"]: t for t in tasks}
+    expected = all(
+        i in latest and latest[i]["state"] == "running" and latest[i]["node"] == "n2" for i in ids
+    )
+    assert moved(ids, "n1", tasks) is expected
+
+
+def test_a_fate_is_done_once_the_node_is_back_and_its_tasks_settled() -> None:
+    fate = NodeFate("n1", ["t1"])
+    for state in ("alive", "alive", "suspect", "dead"):
+        fate.saw(state)
+    assert fate.liveness == ["alive", "suspect", "dead"]
+    assert not fate.done(healed=True)
+    fate.elsewhere_s = 6.5
+    assert not fate.done(healed=True)  # still dead
+    fate.saw("alive")
+    assert fate.done(healed=True)
+    assert not fate.done(healed=False)
+    assert "running elsewhere after 6.50 s (target 10 s)" in fate.describe()
+    stayed = NodeFate("n2", ["t2"], ["alive", "suspect", "alive"])
+    assert stayed.done(healed=True)
+    assert "never declared dead" in stayed.describe()
+
+
+def test_the_report_gives_tasks_elsewhere_against_its_target() -> None:
+    killed = FaultRecord("node-kill", "learners", ["n1"], injected_at=3.0, recovered=True)
+    killed.recovery_s, killed.tasks_elsewhere_s = 12.0, 7.25
+    killed.tasks_elsewhere_target_s = TASKS_ELSEWHERE_TARGET_S
+    report = RunReport("s", "/tmp/x", [killed], {}, 0)
+    summary = report.to_dict()["tasks_elsewhere"]
+    assert summary == {"measured": 1, "max_s": 7.25, "target_s": 10.0, "met": True}
+    text = render_text(report)
+    assert "tasks running elsewhere after 7.25 s (target 10 s)" in text
+    assert "1 measured, max 7.25 s (within the target 10 s)" in text
+    none = RunReport("s", "/tmp/x", [], {}, 0).to_dict()["tasks_elsewhere"]
+    assert none == {"measured": 0, "max_s": None, "target_s": None, "met": None}
