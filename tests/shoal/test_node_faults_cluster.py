@@ -167,20 +167,37 @@ def test_gpu_xid_is_refused_for_a_node_that_registered_no_gpus(cluster: LocalClu
         inject(cluster, "gpu-xid", "n2", gpu=0)
 
 
-def test_node_kill_kills_the_daemon_once(cluster: LocalCluster) -> None:
+def test_node_kill_kills_the_daemon_once_and_heals_when_its_task_runs_elsewhere(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    # With n1 cordoned the leader places the task on n2; uncordoned, n1 takes it back.
+    call(cluster, lambda c: c.cordon("n1"))
+    try:
+        generation, _ = start_sleeper(cluster, "stranded", tmp_path)
+    finally:
+        call(cluster, lambda c: c.uncordon("n1"))
+    assert task(cluster, "stranded")["node"] == "n2"
     pid = cluster.pid("n2")
     assert pid is not None
     fault = inject(cluster, "node-kill", "n2")
+    assert fault["tasks"] == {"stranded": generation}
     eventually(lambda: cluster.pid("n2") is None, "n2 gone")
-    done = outcome(cluster, fault["id"], ("injected",))
+    done = outcome(cluster, fault["id"], ("injected", "healed"))
     assert f"daemon pid {pid}) SIGKILLed itself" in done["message"]
     assert "SIGKILL" in (Path(cluster.run_dir) / "data" / "n2" / "chaos-faults.json").read_text()
-    eventually(lambda: call(cluster, lambda c: c.node("n2"))["liveness"] == "dead", "n2 dead", 20)
+    healed = outcome(cluster, fault["id"], ("healed",))
+    moved = task(cluster, "stranded")
+    assert (moved["node"], moved["state"]) == ("n1", "running")
+    assert moved["generation"] > generation
+    assert healed["recovery_s"] > 0
+    assert call(cluster, lambda c: c.node("n2"))["liveness"] == "dead"
+    call(cluster, lambda c: c.stop_job("stranded"))
+
     cluster.start("n2")
     eventually(lambda: call(cluster, lambda c: c.node("n2"))["liveness"] == "alive", "n2 back", 40)
     time.sleep(2.0)  # several heartbeats: the ledger keeps the fault from running again
     assert cluster.pid("n2") is not None
-    assert call(cluster, lambda c: c.fault(fault["id"]))["state"] == "injected"
+    assert call(cluster, lambda c: c.fault(fault["id"]))["state"] == "healed"
 
 
 def test_an_xid_raised_through_the_api_shows_in_the_replicated_health(
