@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import string
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -135,16 +134,16 @@ class CodeExecEnv(_TaskEpisodes):
 def candidate_rewards(tasks: tuple[CodeTask, ...], workers: int = 2) -> np.ndarray:
     """Reward [task, candidate] of every candidate program, each run once in the sandbox.
 
-    Threads, not asyncio, drive the pool: this may be called from inside a running event loop
-    (a rollout actor building its environments)."""
+    `run_many` (blocking, on the pool's own threads, not asyncio) runs them in batches: this
+    may be called from inside a running event loop (a rollout actor building its environments)."""
     table = np.zeros((len(tasks), NUM_CANDIDATES), dtype=np.float32)
     jobs = [
         (t, c, source) for t, task in enumerate(tasks) for c, source in enumerate(task.candidates())
     ]
-    with SandboxPool(workers, TASK_LIMITS) as pool, ThreadPoolExecutor(workers) as threads:
-        results = threads.map(lambda job: pool.run(job[2], tasks[job[0]].tests), jobs)
-        for (t, c, _), result in zip(jobs, results):
-            table[t, c] = result.reward
+    with SandboxPool(workers, TASK_LIMITS) as pool:
+        results = pool.run_many([(source, tasks[t].tests) for t, _, source in jobs])
+    for (t, c, _), result in zip(jobs, results):
+        table[t, c] = result.reward
     return table
 
 
