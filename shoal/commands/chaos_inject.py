@@ -198,8 +198,9 @@ async def _inject_and_wait(
         print(
             f"shoal chaos: fault {fault['id']}: {kind} of {target} on node {fault['node']} requested"
         )
-        # A pause or a skew reports `healed` only after its duration: wait for that too.
-        undone = kind in ("task-pause", "clock-skew")
+        # A pause or a skew is healed after its duration, a kill once the tasks it stopped run
+        # again (the leader restarts or re-places them): wait for that too.
+        undone = kind in ("task-pause", "clock-skew") or bool(fault.get("tasks"))
         final = ("healed", "failed") if undone else ("injected", "failed")
         deadline = time.monotonic() + wait + (params.get("duration_s", 0.0) if wait else 0.0)
         shown = "requested"
@@ -212,8 +213,13 @@ async def _inject_and_wait(
                 return fault
             await asyncio.sleep(0.2)
         if wait:
+            why = (
+                "its tasks do not run again yet"
+                if fault["state"] == "injected"
+                else f"is node {fault['node']} up?"
+            )
             print(
-                f"shoal chaos: fault {fault['id']} is still {fault['state']} after {wait:g} s; "
-                f"is node {fault['node']} up? (GET /v1/chaos/faults/{fault['id']})"
+                f"shoal chaos: fault {fault['id']} is still {fault['state']} after {wait:g} s: "
+                f"{why} (GET /v1/chaos/faults/{fault['id']})"
             )
         return fault

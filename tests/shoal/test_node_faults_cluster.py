@@ -215,6 +215,22 @@ def test_an_xid_raised_through_the_api_shows_in_the_replicated_health(
     assert eventually(xids, "the XID in n1's replicated health") >= 1
 
 
+def test_the_cli_kills_a_task_and_waits_until_it_runs_again(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    generation, _ = start_sleeper(cluster, "cli-victim", tmp_path)
+    argv = [
+        sys.executable, "-m", "shoal", "chaos", "inject", "task-kill", "--target", "cli-victim",
+        "--run-dir", str(cluster.run_dir), "--wait", "60",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "injected: SIGKILL sent to task cli-victim" in done.stdout
+    assert re.search(r"healed: 1 task\(s\) running again [\d.]+ s after", done.stdout)
+    assert task(cluster, "cli-victim")["generation"] > generation
+    call(cluster, lambda c: c.stop_job("cli-victim"))
+
+
 def test_the_cli_injects_through_the_api_and_prints_the_outcome(cluster: LocalCluster) -> None:
     argv = [
         sys.executable, "-m", "shoal", "chaos", "inject", "gpu-xid", "--target", "n1",
