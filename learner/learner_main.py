@@ -71,6 +71,7 @@ LEDGER_EVERY_S = 1.0
 LISTEN_RETRY_PAUSE_S = 0.5
 READY_POLL_S = 0.002
 PEER_STOPPED_EXIT = 3
+CLOSE_LIMIT_S = 1.0
 
 
 class LearnerCore:
@@ -504,8 +505,11 @@ async def serve(
                 append_event(run_dir, {"event": "stop", "rank": group.rank, "step": info.step})
             write_json_atomically(run_dir / f"status-{group.rank}.json", core.status())
             core.write_ledger(final=True)
+        except GroupError as exc:
+            log.error("rank %d: the group broke (%s); leaving", group.rank, exc)
+            raise
         finally:
-            await transport.close()
+            await close_transport(transport)
     core.checkpoints.close()
     group.leave()
     if stopping.is_set():
@@ -519,6 +523,18 @@ async def serve(
         file=sys.stderr,
     )
     return PEER_STOPPED_EXIT
+
+
+async def close_transport(transport: Transport) -> None:
+    """Close the links, waiting at most CLOSE_LIMIT_S: by now the rank has nothing left to
+    say (its final checkpoint and ledger are written, or its group broke), and its node
+    starts the group's next incarnation only once this process is gone. A rollout actor
+    that reconnects while the links close leaves a handshake that the transport's close
+    would otherwise wait out (5 s, its handshake timeout)."""
+    try:
+        await asyncio.wait_for(transport.close(), CLOSE_LIMIT_S)
+    except TimeoutError:
+        log.info("the transport did not close within %.1f s; exiting anyway", CLOSE_LIMIT_S)
 
 
 def _broadcast(group: LearnerGroup, core: LearnerCore) -> None:

@@ -186,6 +186,13 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--restart-window",
+        type=float,
+        default=1.0,
+        help="the job's restart window (s): the leader's back-off doubles per counted restart "
+        "in it, so a short one times the restart itself (default 1)",
+    )
     args = parser.parse_args()
     kinds = args.kinds.split(",")
     results: list[dict[str, Any]] = []
@@ -199,7 +206,7 @@ def main() -> int:
             sys.executable, "-m", "shoal", "train", "cartpole", "--cluster", str(cluster_dir),
             "--run-dir", str(RUN_DIR), "--ranks", "2", "--workers", "2", "--time-limit", "3600",
             "--target-return", "100000", "--checkpoint-interval", "1", "--quiet", "--json",
-            "--no-eval", "--max-restarts", "1000",
+            "--no-eval", "--max-restarts", "1000", "--restart-window", str(args.restart_window),
         ]  # fmt: skip
         proc = subprocess.Popen(train, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

@@ -225,3 +225,40 @@ def test_a_port_that_stays_taken_fails_with_the_port_and_the_fix() -> None:
             asyncio.run(main())
     finally:
         sock.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_leaves_without_waiting_out_a_half_open_link(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A rollout actor that reconnects while a rank closes its links leaves a websocket whose
+    handshake never completes; the transport's close would wait out the handshake timeout
+    (30 s here, 5 s by default) while the node holds back the group's next incarnation."""
+    from shoal.learner.learner_main import CLOSE_LIMIT_S, close_transport
+    from shoal.runtime.transport import ROUTE
+
+    config = TransportConfig(token="t" * 32, handshake_timeout=30.0)
+
+    async def main() -> float:
+        async with ActorSystem("rank") as system:
+            transport = await listen(system, config, 5.0)
+            port = int(transport.address.rsplit(":", 1)[1])
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                f"GET {ROUTE} HTTP/1.1\r\n".encode() + b"Host: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\n\r\n"
+            )
+            await writer.drain()
+            await asyncio.sleep(0.5)  # the server is inside its handshake now
+            began = time.monotonic()
+            try:
+                await close_transport(transport)
+            finally:
+                writer.close()
+            return time.monotonic() - began
+
+    with caplog.at_level("INFO", logger="shoal.learner"):
+        took = asyncio.run(main())
+    assert "did not close within" in caplog.text
+    assert took < config.handshake_timeout, f"waited {took:.1f} s (limit {CLOSE_LIMIT_S} s)"
