@@ -18,7 +18,9 @@ daemon hands it) so a new rank never mistakes the old group's keys for its peers
 from __future__ import annotations
 
 import logging
+import math
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +35,9 @@ from shoal.errors import ConfigError
 from shoal.learner.errors import LearnerError
 
 Backend = Literal["auto", "gloo", "nccl"]
-RETRY_PAUSE_S = 0.5
+RETRY_PAUSE_S = 0.1
+LISTEN_POLL_S = 0.02
+RETRY_LOG_EVERY_S = 5.0
 log = logging.getLogger(__name__)
 
 
@@ -186,6 +190,7 @@ class LearnerGroup:
         is busy with an old group (before the process group exists: torch names a group by
         how many were created, so a retried `init_process_group` would not meet its peers)."""
         deadline = time.monotonic() + self.spec.retry_s
+        logged = -math.inf
         while True:
             try:
                 return self._store_once(timeout)
@@ -201,9 +206,11 @@ class LearnerGroup:
                         f"address stayed busy for {self.spec.retry_s:.0f} s ({exc}); is another "
                         "job using that rendezvous port?"
                     ) from exc
-                log.info(
-                    "rank %d: rendezvous at %s busy (%s); retrying", self.rank, self._where, exc
-                )
+                if time.monotonic() >= logged + RETRY_LOG_EVERY_S:
+                    logged = time.monotonic()
+                    log.info(
+                        "rank %d: rendezvous at %s busy (%s); retrying", self.rank, self._where, exc
+                    )
                 time.sleep(RETRY_PAUSE_S)
 
     def _store_once(self, timeout: timedelta) -> dist.Store:
@@ -213,6 +220,8 @@ class LearnerGroup:
         waiting rank instead, a transient error), and one of the same epoch (a node daemon
         restarted before its node was declared dead runs its tasks again at the generation
         they had) already has the rank claimed by the old group's member."""
+        if self.rank != 0:
+            _wait_listening(self.spec.addr, self.spec.port, timeout.total_seconds())
         store = dist.TCPStore(
             self.spec.addr,
             self.spec.port,
@@ -279,6 +288,20 @@ class LearnerGroup:
             raise GroupError(
                 f"collective on rank {self.rank} failed (a peer rank is probably gone): {exc}"
             ) from exc
+
+
+def _wait_listening(addr: str, port: int, limit_s: float) -> None:
+    """Return once something accepts connections at addr:port (or after `limit_s`; the store's
+    own connect then fails with its time-out). torch's store client retries a refused connect
+    with growing pauses, so a rank that started before its rank 0 served the store met it up
+    to 2 s late; a plain connect every LISTEN_POLL_S costs nothing."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((addr, port), timeout=LISTEN_POLL_S * 10).close()
+            return
+        except OSError:
+            time.sleep(LISTEN_POLL_S)
 
 
 class _OldGroupStore(Exception):

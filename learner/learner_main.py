@@ -68,7 +68,8 @@ log = logging.getLogger("shoal.learner")
 LEARNER_NAME = "learner"
 STATUS_EVERY_S = 0.25
 LEDGER_EVERY_S = 1.0
-LISTEN_RETRY_PAUSE_S = 0.5
+LISTEN_RETRY_PAUSE_S = 0.1
+LISTEN_LOG_EVERY_S = 5.0
 READY_POLL_S = 0.002
 PEER_STOPPED_EXIT = 3
 CLOSE_LIMIT_S = 1.0
@@ -548,13 +549,16 @@ async def listen(system: ActorSystem, config: TransportConfig, retry_s: float) -
     from shoal.runtime.transport import attach
 
     deadline = time.monotonic() + retry_s
+    logged = -math.inf
     while True:
         try:
             return await attach(system, config)
         except OSError as exc:
             busy = exc.errno == errno.EADDRINUSE and config.port != 0
             if busy and time.monotonic() < deadline:
-                log.info("port %d in use (an old incarnation exiting?); retrying", config.port)
+                if time.monotonic() >= logged + LISTEN_LOG_EVERY_S:
+                    logged = time.monotonic()
+                    log.info("port %d in use (an old incarnation exiting?); retrying", config.port)
                 await asyncio.sleep(LISTEN_RETRY_PAUSE_S)
                 continue
             why = f"it stayed in use for {retry_s:.0f} s" if busy else str(exc)
