@@ -151,7 +151,7 @@ def _harness(source: str, calls: list[str]) -> None:
     os.write(_RESULT_FD, _DONE)
 
 
-def _confine(workdir: str, fds: tuple[int, int, int], slot: _Slot, config: dict[str, Any]) -> None:
+def _confine(workdir: str, fds: tuple[int, ...], slot: _Slot, config: dict[str, Any]) -> None:
     """Everything that turns a fresh fork into a sandbox, in the order the kernel needs."""
     os.setsid()
     for ns_fd, kind in ((slot.netns, _CLONE_NEWNET), (slot.ipcns, _CLONE_NEWIPC)):
@@ -202,7 +202,7 @@ def _block_sockets() -> None:
 def _child(
     request: dict[str, Any],
     workdir: str,
-    fds: tuple[int, int, int],
+    fds: tuple[int, ...],
     slot: _Slot,
     config: dict[str, Any],
 ) -> None:
@@ -346,10 +346,12 @@ _EPISODES = itertools.count()
 
 
 class _Episode:
-    """One running child: its pipes, what it wrote so far, its deadline, and in the end its
-    wait status."""
+    """One child: its directory and pipes, what it wrote so far, its deadline, and in the end
+    its wait status. Everything but the fork is prepared before any child of the request is
+    forked (`_fork_all`)."""
 
     def __init__(self, slot: _Slot, request: dict[str, Any], config: dict[str, Any]) -> None:
+        self.slot, self.request = slot, request
         self.started = time.perf_counter()
         self.workdir = os.path.join(slot.directory, f"ep-{os.getpid()}-{next(_EPISODES)}")
         os.mkdir(self.workdir, 0o700)
@@ -357,24 +359,31 @@ class _Episode:
             os.chown(self.workdir, slot.uid, slot.uid)
         cap = config["limits"]["output_bytes"]
         self.out, self.err, self.res = _Capture(cap), _Capture(cap), _Capture(_MAX_EVENT_BYTES)
-        self.deadline = time.monotonic() + float(request["timeout"])
+        self.deadline = 0.0
         self.timed_out = self.exited = False
+        self.pid: int | None = None
         self.status: int | None = None
         self.ended = 0.0
         pipes = [os.pipe() for _ in range(3)]
-        self.pid = os.fork()
-        if self.pid == 0:
-            _child(request, self.workdir, (pipes[0][1], pipes[1][1], pipes[2][1]), slot, config)
-        for _, write_end in pipes:
-            os.close(write_end)
+        self.writes: tuple[int, ...] = (pipes[0][1], pipes[1][1], pipes[2][1])
         self.sinks = {
             pipes[0][0]: self.out.add,
             pipes[1][0]: self.err.add,
             pipes[2][0]: self.res.add,
         }
         self.fds = [read_end for read_end, _ in pipes]
+        self.pidfd = -1
+
+    def forked(self) -> None:
+        """The server's side once every child of the request is forked: its write ends go (the
+        pipes end when the child's do), and a pidfd says when the child exits."""
+        assert self.pid is not None
+        for write_end in self.writes:
+            os.close(write_end)
+        self.writes = ()
         self.pidfd = os.pidfd_open(self.pid)
         self.fds.append(self.pidfd)
+        self.deadline = time.monotonic() + float(self.request["timeout"])
 
     def read(self, fd: int, poller: select.poll) -> None:
         """One read from a pipe poll called readable (so it neither blocks nor raises); a
@@ -402,6 +411,8 @@ class _Episode:
         self._reap()
 
     def _reap(self) -> None:
+        if self.pid is None:
+            return
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -412,7 +423,7 @@ class _Episode:
     def close(self) -> None:
         if self.status is None:
             self._reap()
-        for fd in self.fds:
+        for fd in (*self.fds, *self.writes):
             os.close(fd)
 
     def facts(self) -> dict[str, Any]:
@@ -517,6 +528,18 @@ def _remove_tree(top: str) -> None:
             os.rmdir(path)
 
 
+def _fork_all(episodes: list[_Episode], config: dict[str, Any]) -> None:
+    """Fork every child in a tight loop. After each fork, every page the server writes is
+    copied (or at least faulted) again, so between forks it writes as few as it can; a child
+    closes its siblings' pipes before anything untrusted runs."""
+    for episode in episodes:
+        episode.pid = os.fork()
+        if episode.pid == 0:
+            _child(episode.request, episode.workdir, episode.writes, episode.slot, config)
+    for episode in episodes:
+        episode.forked()
+
+
 def _run_batch(
     requests: list[dict[str, Any]], slots: list[_Slot], config: dict[str, Any]
 ) -> list[dict[str, Any]]:
@@ -528,6 +551,7 @@ def _run_batch(
     try:
         for slot, request in zip(slots, requests):
             episodes.append(_Episode(slot, request, config))
+        _fork_all(episodes, config)
         _watch(episodes)
     finally:
         for episode in episodes:
