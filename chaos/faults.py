@@ -137,8 +137,15 @@ class XidStorm:
     async def _repeat(self) -> None:
         while True:
             await asyncio.sleep(self.period)
-            await asyncio.to_thread(self.fault.inject)
-            self.raised += 1
+            write = asyncio.ensure_future(asyncio.to_thread(self.fault.inject))
+            try:
+                await asyncio.shield(write)
+            finally:
+                # Stopped mid-write, the write still lands in its thread: wait for it, so
+                # `raised` counts every XID the GPU's state file holds.
+                await asyncio.wait([write])
+                if write.exception() is None:
+                    self.raised += 1
 
     async def stop(self) -> str:
         if self._task is not None:
