@@ -157,8 +157,7 @@ def _confine(workdir: str, fds: tuple[int, ...], slot: _Slot, config: dict[str, 
     for ns_fd, kind in ((slot.netns, _CLONE_NEWNET), (slot.ipcns, _CLONE_NEWIPC)):
         if ns_fd is not None and _setns(ns_fd, kind) != 0:
             raise OSError(ctypes.get_errno(), "setns into the slot's namespace failed")
-    devnull = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(devnull, 0)
+    os.dup2(config["devnull"], 0)
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
     os.dup2(fds[2], _RESULT_FD)
@@ -630,6 +629,7 @@ def _isolate_once(config: dict[str, Any]) -> tuple[dict[str, str], list[_Slot]]:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     root = os.geteuid() == 0
     config["chroot"] = root
+    config["devnull"] = os.open("/dev/null", os.O_RDONLY)  # opened once: a child just dup2s it
     private = root and _private_mounts()
     made = [_make_slot(i, config, root, private) for i in range(config["slots"])]
     slots = [slot for slot, _ in made]
