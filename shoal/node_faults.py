@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +154,7 @@ class NodeFaults:
                 state, message = self.ledger.entries[order.id]
                 self._spawn(self._report(order.id, state, message), order.id)
 
-    def _spawn(self, coro: Any, fault_id: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], fault_id: str) -> None:
         self._busy.add(fault_id)
         job = asyncio.create_task(coro, name=f"shoal-fault-{fault_id}")
         self._jobs.add(job)

@@ -108,12 +108,17 @@ def start_sleeper(local: LocalCluster, name: str, tmp: Path) -> tuple[int, int]:
         "args": {"argv": [str(base)]},
     }
     call(local, lambda c: c.submit_job(spec={"placement": "auto"}, tasks=[spec], job_id=name))
-    running = eventually(
-        lambda: (t := task(local, name))["state"] == "running" and t["node"] and t, "running"
-    )
-    pid_file = Path(f"{base}.g{running['generation']}.pid")
-    pid = int(eventually(lambda: pid_file.exists() and pid_file.read_text(), "pid file"))
-    return running["generation"], pid
+
+    def up() -> tuple[int, int] | None:
+        """Running, and its current incarnation wrote its pid (the balancer may have moved it
+        meanwhile: then the newer generation's file is the one to wait for)."""
+        t = task(local, name)
+        pid_file = Path(f"{base}.g{t['generation']}.pid")
+        if t["state"] != "running" or not pid_file.exists() or not pid_file.read_text():
+            return None
+        return t["generation"], int(pid_file.read_text())
+
+    return eventually(up, f"task {name} running with its pid file")
 
 
 def proc_state(pid: int) -> str:
@@ -152,7 +157,7 @@ def test_a_task_paused_through_the_api_is_continued_after_its_duration(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     generation, pid = start_sleeper(cluster, "sleepy", tmp_path)
-    fault = inject(cluster, "task-pause", "sleepy", duration_s=3.0)
+    fault = inject(cluster, "task-pause", "sleepy", duration_s=6.0)
     outcome(cluster, fault["id"], ("injected", "healed", "failed"))
     assert proc_state(pid) == "T"
     healed = outcome(cluster, fault["id"], ("healed", "failed"))
@@ -200,21 +205,6 @@ def test_node_kill_kills_the_daemon_once_and_heals_when_its_task_runs_elsewhere(
     assert call(cluster, lambda c: c.fault(fault["id"]))["state"] == "healed"
 
 
-def test_an_xid_raised_through_the_api_shows_in_the_replicated_health(
-    cluster: LocalCluster,
-) -> None:
-    fault = inject(cluster, "gpu-xid", "n1", gpu=1, xid=48)
-    done = outcome(cluster, fault["id"], ("injected", "failed"))
-    assert done["state"] == "injected", done
-    assert "XID 48 raised on simulated GPU 1 of node n1" in done["message"]
-
-    def xids() -> int:
-        node = call(cluster, lambda c: c.request("GET", "/v1/nodes/n1?consistent=true"))
-        return int(node["health"].get("summary", {}).get("xid_total", 0))
-
-    assert eventually(xids, "the XID in n1's replicated health") >= 1
-
-
 def test_the_cli_kills_a_task_and_waits_until_it_runs_again(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -229,6 +219,21 @@ def test_the_cli_kills_a_task_and_waits_until_it_runs_again(
     assert re.search(r"healed: 1 task\(s\) running again [\d.]+ s after", done.stdout)
     assert task(cluster, "cli-victim")["generation"] > generation
     call(cluster, lambda c: c.stop_job("cli-victim"))
+
+
+def test_an_xid_raised_through_the_api_shows_in_the_replicated_health(
+    cluster: LocalCluster,
+) -> None:
+    fault = inject(cluster, "gpu-xid", "n1", gpu=1, xid=48)
+    done = outcome(cluster, fault["id"], ("injected", "failed"))
+    assert done["state"] == "injected", done
+    assert "XID 48 raised on simulated GPU 1 of node n1" in done["message"]
+
+    def xids() -> int:
+        node = call(cluster, lambda c: c.request("GET", "/v1/nodes/n1?consistent=true"))
+        return int(node["health"].get("summary", {}).get("xid_total", 0))
+
+    assert eventually(xids, "the XID in n1's replicated health") >= 1
 
 
 def test_the_cli_injects_through_the_api_and_prints_the_outcome(cluster: LocalCluster) -> None:
