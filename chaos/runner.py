@@ -33,13 +33,16 @@ from shoal.chaos.errors import ChaosError, FaultError
 from shoal.chaos.faults import ClockSkew, Fault, GpuXid, KillProcess, PauseProcess, XidStorm
 from shoal.chaos.history import HistoryRecorder
 from shoal.chaos.jobfaults import SAMPLE_PERIOD, JobFaults
+from shoal.chaos.linkfaults import LinkFaults
 from shoal.chaos.nodenet import NodeLinks, NodeMesh
 from shoal.chaos.proxy import FaultProxy
 from shoal.chaos.raftnet import RaftMesh
+from shoal.chaos.relay import LinkRelay
 from shoal.chaos.report import FaultRecord, RunReport
 from shoal.chaos.scenario import (
     COORD_KINDS,
     LEARNERS,
+    LINK_KINDS,
     NET_KINDS,
     RAFT_KINDS,
     TRAINING_KINDS,
@@ -75,6 +78,8 @@ LEARNER_NODE_KINDS = ("node-kill", "gpu-xid", *COORD_KINDS)
 FATE_KINDS = ("node-kill", *COORD_KINDS)
 # Faults after which training must come from a new learner incarnation (the old one is dead).
 GROUP_RESTARTING = ("learner-kill", "node-kill")
+# Faults on the training job itself: their recovery is training again, read off the curve.
+JOB_KINDS = TRAINING_KINDS + LINK_KINDS
 
 
 class ChaosRun:
@@ -89,13 +94,18 @@ class ChaosRun:
         log: Callable[[str], None] | None = None,
         clock_port: int | None = None,
         node_links: NodeLinks | None = None,
+        relay_port: int | None = None,
     ) -> None:
         """`clock_port`: the UDP port on 127.0.0.1 the node daemons measure their clock
         against (`shoal node --clock`); the run serves the reference clock there.
         `node_links`: the proxy port through which each node reaches each replica (the
         nodes' `--coordinators` name them, see chaos/nodenet.py); without it coord-* faults
-        are refused."""
+        are refused. `relay_port`: where the link relay listens, the address the node daemons
+        have in `$SHOAL_LINK_RELAY` (their tasks' links dial through it); without it link-*
+        faults are refused."""
         self.scenario = scenario
+        self.relay_port = relay_port
+        self.links: LinkFaults | None = None
         self.clock_port = clock_port
         self._clock: ClockServer | None = None
         self.run_dir = cluster.run_dir
@@ -159,6 +169,7 @@ class ChaosRun:
                 "coordinator_specs(..., raft_bind=True)"
             )
         ports += await self._start_node_mesh(specs)
+        ports += await self._start_relay()
         self._log(f"starting {shape[0]} replicas and {shape[1]} nodes in {self.run_dir}")
         if self.clock_port is not None:
             self._clock = await serve_clock(port=self.clock_port)
@@ -206,6 +217,23 @@ class ChaosRun:
             )
         return await self.node_mesh.start(specs)
 
+    async def _start_relay(self) -> list[int]:
+        """The link relay, before the nodes: their tasks' first links dial through it."""
+        if self.relay_port is None:
+            if any(f.kind in LINK_KINDS for f in self.scenario.faults):
+                raise ChaosError(
+                    f"scenario {self.scenario.name} faults rollout<->learner links, but no "
+                    "link relay was planned; pass relay_port and give each node daemon "
+                    "SHOAL_LINK_RELAY=127.0.0.1:PORT in its environment"
+                )
+            return []
+        relay = await LinkRelay(self.relay_port).start()
+        if self.job is not None:
+            self.links = LinkFaults(relay, self.job)
+        else:
+            await relay.close()
+        return [self.relay_port]
+
     def _coordinators(self) -> list[ProcessSpec]:
         return [s for s in self.cluster.specs() if s.kind == "coordinator"]
 
@@ -237,6 +265,8 @@ class ChaosRun:
                 await proxy.close()
             await self.mesh.close()
             await self.node_mesh.close()
+            if self.links is not None:
+                await self.links.relay.close()
         finally:
             await asyncio.to_thread(self.cluster.stop_all)
             if self._clock is not None:
@@ -396,6 +426,12 @@ class ChaosRun:
                 "inject": [functools.partial(self._jobfaults().kill_task, spec)],
                 "heal": [functools.partial(self._jobfaults().task_back, spec)],
             }
+        if spec.kind in LINK_KINDS:
+            links = self._links()
+            return {
+                "inject": [functools.partial(links.inject, spec)],
+                "heal": [functools.partial(links.heal, spec)],
+            }
         if spec.kind in COORD_KINDS:
             return {
                 "inject": [functools.partial(self._coord, spec, names)],
@@ -500,7 +536,7 @@ class ChaosRun:
         """The processes `spec` hits, marked as faulted before anything else can run, so two
         faults injected at the same moment never pick the same follower."""
         names = [s.name for s in self._coordinators()]
-        if spec.kind in TRAINING_KINDS:
+        if spec.kind in JOB_KINDS:
             return [spec.target]
         if spec.target == LEARNERS:
             chosen = [await self._learner_node()]
@@ -611,8 +647,8 @@ class ChaosRun:
         for i, record in enumerate(self.records):
             if record.injected_at is None:
                 continue
-            if record.kind in TRAINING_KINDS or i in self._hits_group:
-                probe = record.recovery_s if record.kind not in TRAINING_KINDS else 0.0
+            if record.kind in JOB_KINDS or i in self._hits_group:
+                probe = record.recovery_s if record.kind not in JOB_KINDS else 0.0
                 record.recovery_s = (
                     None
                     if record.progress_s is None or probe is None
@@ -628,6 +664,11 @@ class ChaosRun:
         if self.jobfaults is None:
             raise FaultError("the scenario has no [training] job to fault")
         return self.jobfaults
+
+    def _links(self) -> LinkFaults:
+        if self.links is None:
+            raise FaultError("the run has no link relay (or no [training] job) to fault links on")
+        return self.links
 
     async def _learner_node(self) -> str:
         return await self._jobfaults().learner_node()
@@ -744,6 +785,7 @@ def run_scenario(
     log: Callable[[str], None] | None = None,
     clock_port: int | None = None,
     node_links: NodeLinks | None = None,
+    relay_port: int | None = None,
 ) -> RunReport:
     """Blocking entry point (CLI, tests): one run in a fresh event loop."""
-    return asyncio.run(ChaosRun(scenario, cluster, log, clock_port, node_links).run())
+    return asyncio.run(ChaosRun(scenario, cluster, log, clock_port, node_links, relay_port).run())

@@ -22,7 +22,9 @@ would be valid.
     target = "leader"       # leader | follower | c1..cN | all (api-* kinds) | n1..nN (node and
                             # coord-* kinds; also "learners": the node running learner rank 0;
                             # coord-* also "all": every node) |
-                            # rank0.. (learner-kill) | w0.. (rollout-kill)
+                            # rank0.. (learner-kill) | w0.. (rollout-kill) |
+                            # all | rank0.. | w0.. (link-* kinds: every rollout<->learner link,
+                            # or those of one learner rank or rollout worker, via the link relay)
     at = 5.0                # seconds after the workload started
     duration = 3.0          # then healed (a killed process is restarted)
 """
@@ -46,7 +48,11 @@ COORD_KINDS = ("coord-partition", "coord-delay", "coord-loss", "coord-bandwidth"
 NODE_KINDS = ("node-kill", "gpu-xid", "clock-skew")
 RAFT_KINDS = ("raft-partition", "raft-delay", "raft-loss")
 TRAINING_KINDS = ("learner-kill", "rollout-kill", "disk-full")
-FAULT_KINDS = PROCESS_KINDS + NET_KINDS + COORD_KINDS + NODE_KINDS + RAFT_KINDS + TRAINING_KINDS
+# The same faults on the job's rollout<->learner links, through the link relay (chaos/relay.py).
+LINK_KINDS = ("link-partition", "link-delay", "link-loss", "link-bandwidth", "link-reset")
+FAULT_KINDS = (
+    PROCESS_KINDS + NET_KINDS + COORD_KINDS + NODE_KINDS + RAFT_KINDS + TRAINING_KINDS + LINK_KINDS
+)
 BASE_INVARIANTS = (
     "linearizable",
     "digests_equal",
@@ -78,6 +84,7 @@ NET_PARAMS: dict[str, tuple[str, ...]] = {
     "api-reset": (),
 }
 COORD_PARAMS = {kind.replace("api-", "coord-"): keys for kind, keys in NET_PARAMS.items()}
+LINK_PARAMS = {kind.replace("api-", "link-"): keys for kind, keys in NET_PARAMS.items()}
 RAFT_PARAMS: dict[str, tuple[str, ...]] = {
     "raft-partition": (),
     "raft-delay": ("delay_s", "jitter_s"),
@@ -117,9 +124,9 @@ class FaultSpec:
     params: dict[str, Any] = field(default_factory=dict)
 
     def net_faults(self) -> NetFaults:
-        """The proxy setting of an api-*, coord-* or raft-* fault (api-reset and coord-reset
+        """The proxy setting of an api-*, coord-*, raft-* or link-* fault (the *-reset kinds
         have none: each is one RST; a raft-partition is the mesh's own)."""
-        if self.kind in ("api-partition", "coord-partition", "raft-partition"):
+        if self.kind in ("api-partition", "coord-partition", "raft-partition", "link-partition"):
             return NetFaults(partition=self.params.get("partition", "refuse"))
         return NetFaults.from_dict(self.params)
 
@@ -244,6 +251,7 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
     params = (
         NET_PARAMS.get(kind, ())
         + COORD_PARAMS.get(kind, ())
+        + LINK_PARAMS.get(kind, ())
         + RAFT_PARAMS.get(kind, ())
         + NODE_PARAMS.get(kind, ())
         + TRAINING_PARAMS.get(kind, ())
@@ -267,6 +275,14 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
             targets = ["rank0"]  # the rank that writes the checkpoints
         else:
             targets = [f"w{i}" for i in range(shape.training.workers)]
+    elif kind in LINK_KINDS:
+        if shape.training is None:
+            raise ScenarioError(
+                f"{where}.kind={kind!r} faults the training job's links: add a [training] table"
+            )
+        targets = ["all"]
+        targets += [f"rank{i}" for i in range(shape.training.ranks)]
+        targets += [f"w{i}" for i in range(shape.training.workers)]
     else:
         targets = ["leader", "follower", *(f"c{i + 1}" for i in range(shape.replicas))]
     if kind in NET_KINDS or kind in COORD_KINDS:
@@ -282,7 +298,7 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
         recover_within_s=_number(item, "recover_within_s", bound, 0.1, 3600.0, where),
         params={k: item[k] for k in params if k in item},
     )
-    if kind in NET_KINDS or kind in COORD_KINDS or kind in RAFT_KINDS:
+    if kind in NET_KINDS + COORD_KINDS + RAFT_KINDS + LINK_KINDS:
         try:
             spec.net_faults()
         except ProxyError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,19 +83,20 @@ def _once(
     clock = _free_udp_port()
     names = [f"n{i + 1}" for i in range(scenario.nodes)]
     links = plan_links(names, [s.name for s in specs], free_port)
-    nodes = _node_specs(cluster.run_dir, links, scenario.sim_gpus, clock)
+    relay = _relay_port(scenario, free_port)
+    nodes = _node_specs(cluster.run_dir, links, scenario.sim_gpus, clock, relay)
     cluster.create(specs + nodes)  # checks the run dir is writable, with a one-line error
     for node in nodes:
         clock_file(cluster.run_dir, node.name).parent.mkdir(parents=True, exist_ok=True)
     if quiet or not stderr_is_tty():
         log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
-        report = run_scenario(scenario, cluster, log, clock, links)
+        report = run_scenario(scenario, cluster, log, clock, links, relay)
     else:
         expected = STARTUP_ESTIMATE_S + scenario.duration_s
         with Ticker(
             ProgressLine(), lambda t, msg: _chaos_line(scenario.name, t, expected, msg)
         ) as ticker:
-            report = run_scenario(scenario, cluster, ticker.note, clock, links)
+            report = run_scenario(scenario, cluster, ticker.note, clock, links, relay)
     if own and report.ok and not keep:
         shutil.rmtree(cluster.run_dir, ignore_errors=True)
     text = render_text(report)
@@ -120,17 +122,29 @@ def _free_udp_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _node_specs(run_dir: Path, links: Any, gpus: int, clock_port: int) -> list[Any]:
+def _relay_port(scenario: Any, free_port: Callable[[], int]) -> int | None:
+    """A port for the link relay when the scenario faults rollout<->learner links; otherwise
+    the tasks' links dial directly, as in a cluster without chaos."""
+    from shoal.chaos.scenario import LINK_KINDS
+
+    return free_port() if any(f.kind in LINK_KINDS for f in scenario.faults) else None
+
+
+def _node_specs(
+    run_dir: Path, links: Any, gpus: int, clock_port: int, relay_port: int | None = None
+) -> list[Any]:
     """Node daemons n1..nN on free loopback ports, each reaching the replicas through its own
     fault proxies (`links`, from chaos.nodenet.plan_links), each with its data dir under the
     run dir (where chaos finds its simulated GPUs' state file), its clock read through an
     offset file there (the clock-skew hook) and measured against the run's reference clock on
-    `clock_port` (UDP)."""
+    `clock_port` (UDP); with `relay_port`, every link their tasks open dials through the
+    run's link relay there (`$SHOAL_LINK_RELAY`, inherited by the tasks)."""
     import sys
 
     from shoal.chaos.nodenet import coordinator_urls
     from shoal.chaos.runner import clock_file
     from shoal.local import ProcessSpec
+    from shoal.runtime.tunnel import RELAY_ENV
     from shoal.scheduler.health.clock import CHAOS_CLOCK_ENV
 
     specs = []
@@ -142,8 +156,10 @@ def _node_specs(run_dir: Path, links: Any, gpus: int, clock_port: int) -> list[A
             "--node-id", name, "--listen", "127.0.0.1:0", "--sim-gpus", str(gpus),
             "--clock", f"127.0.0.1:{clock_port}",
         ]  # fmt: skip
-        clock = clock_file(run_dir, name)
-        specs.append(ProcessSpec(name, argv, "node", env={CHAOS_CLOCK_ENV: str(clock)}))
+        env = {CHAOS_CLOCK_ENV: str(clock_file(run_dir, name))}
+        if relay_port is not None:
+            env[RELAY_ENV] = f"127.0.0.1:{relay_port}"
+        specs.append(ProcessSpec(name, argv, "node", env=env))
     return specs
 
 
