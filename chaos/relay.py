@@ -36,6 +36,8 @@ LinkOwner = Callable[[int, Endpoint, Endpoint, Endpoint], bool]
 
 # A client has this long to send its request head.
 HEAD_TIMEOUT = 10.0
+# How long an error reply waits for the client to stop sending before closing.
+REPLY_GRACE = 1.0
 HEALTHY = NetFaults()
 
 
@@ -268,7 +270,7 @@ class LinkRelay:
         except OSError as exc:
             self.stats.upstream_failures += 1
             host, port = request.target
-            await _reply(tunnel.client, 502, f"cannot reach {host}:{port}: {exc}")
+            await _reply(reader, tunnel.client, 502, f"cannot reach {host}:{port}: {exc}")
             return
         self.stats.relayed += 1
         if request.forward is None:
@@ -298,7 +300,7 @@ class LinkRelay:
         except (asyncio.IncompleteReadError, OSError):
             return None
         self.stats.bad_requests += 1
-        await _reply(client, error.status, str(error))
+        await _reply(reader, client, error.status, str(error))
         return None
 
     async def _direction(
@@ -378,14 +380,23 @@ def _bandwidth_wait(tunnel: _Tunnel, direction: str, size: int) -> float:
     return bucket.reserve(size, now)
 
 
-async def _reply(writer: asyncio.StreamWriter, status: int, message: str) -> None:
-    """An HTTP error reply naming what went wrong, then close."""
+async def _reply(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int, message: str
+) -> None:
+    """An HTTP error reply naming what went wrong, then close. What the client still sends is
+    read and dropped first (for up to REPLY_GRACE): closing with unread bytes would make the
+    kernel answer a RST, which can destroy the reply before the client reads it."""
     body = (message + "\n").encode()
     head = (
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: text/plain\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, TimeoutError):
         writer.write(head.encode() + body)
+        if writer.can_write_eof():
+            writer.write_eof()
         await writer.drain()
-        writer.close()
+        async with asyncio.timeout(REPLY_GRACE):
+            while await reader.read(CHUNK):
+                pass
+    writer.close()
