@@ -147,3 +147,18 @@ def test_a_training_job_rides_out_link_faults_through_the_relay(tmp_path: Path) 
     spec = json.loads((run_dir / "cluster.json").read_text())
     nodes = [p for p in spec["processes"] if p["kind"] == "node"]
     assert all(p["env"]["SHOAL_LINK_RELAY"].startswith("127.0.0.1:") for p in nodes)
+
+
+def test_a_run_with_link_faults_but_no_relay_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    from shoal.chaos.errors import ChaosError
+    from shoal.chaos.runner import run_scenario
+    from shoal.local import ProcessSpec, coordinator_specs
+
+    cluster = LocalCluster(tmp_path / "run")
+    node = ProcessSpec("n1", [sys.executable, "-c", "pass"], "node")
+    cluster.create([*coordinator_specs(cluster.run_dir, 1), node])
+    with pytest.raises(ChaosError, match="no link relay was planned; pass relay_port"):
+        run_scenario(parse(HEAD + TRAINING + FAULTS), cluster)
+    assert all(cluster.pid(name) is None for name in ("c1", "n1"))
