@@ -58,11 +58,15 @@ class JobFaults:
             raise FaultError("the training job was never submitted")
         return list(await client.tasks(job=job_id))
 
-    async def tasks_on(self, node: str) -> list[str]:
-        """Ids of the job's tasks placed on `node` and not ended."""
+    async def tasks_on(self, node: str) -> list[tuple[str, int]]:
+        """The job's tasks placed on `node` and not ended: (id, generation) each."""
         async with self._client() as client:
             tasks = await self.tasks(client)
-        return sorted(str(t["id"]) for t in tasks if t.get("node") == node and t["state"] in ACTIVE)
+        return sorted(
+            (str(t["id"]), int(t.get("generation", 0)))
+            for t in tasks
+            if t.get("node") == node and t["state"] in ACTIVE
+        )
 
     async def learner_nodes(self) -> list[str]:
         """The nodes running the job's learner ranks, rank 0's first."""

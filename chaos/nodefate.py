@@ -1,10 +1,12 @@
 """What becomes of a faulted node and of the tasks it ran, read through the coordinator while
 the fault lasts: the liveness the leader gives the node (alive -> suspect -> dead -> alive) and
-how long after the injection every task of the training job it ran is `running` on another
-node. The issue's target for that, for a failed node, is TASKS_ELSEWHERE_TARGET_S.
+how long after the injection every task of the training job it ran is `running` again where
+the leader re-placed it: on another node, or at a newer generation back on the node itself
+(a node that returns while its tasks are being placed may get some of them again). The issue's
+target for that, for a failed node, is TASKS_ELSEWHERE_TARGET_S.
 
 A node back before the leader declared it dead keeps its tasks (its daemon restarts them in
-place), so then nothing moves and no time is measured: the record says so.
+place, same generation), so then nothing moves and no time is measured: the record says so.
 """
 
 from __future__ import annotations
@@ -24,23 +26,28 @@ TASKS_ELSEWHERE_TARGET_S = 10.0
 POLL_PERIOD = 0.25
 
 TaskReader = Callable[[CoordinatorClient], Awaitable[list[dict[str, Any]]]]
+# A task as it was on the faulted node: its id and generation then.
+TaskAt = tuple[str, int]
 
 
-def moved(ids: Sequence[str], node: str, tasks: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether every task in `ids` is `running` on a node other than `node`."""
+def moved(before: Sequence[TaskAt], node: str, tasks: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every task in `before` is `running` where the leader re-placed it: on a node
+    other than `node`, or at a newer generation than it had there."""
     by_id = {str(t.get("id")): t for t in tasks}
-    return all(
-        i in by_id
-        and by_id[i].get("state") == "running"
-        and by_id[i].get("node") not in (None, node)
-        for i in ids
-    )
+
+    def replaced(task_id: str, generation: int) -> bool:
+        now = by_id.get(task_id)
+        if now is None or now.get("state") != "running" or now.get("node") is None:
+            return False
+        return now["node"] != node or int(now.get("generation", 0)) > generation
+
+    return all(replaced(task_id, generation) for task_id, generation in before)
 
 
 @dataclass
 class NodeFate:
     node: str
-    tasks: list[str]
+    tasks: list[TaskAt]
     """The job's tasks the node ran when the fault was injected."""
     liveness: list[str] = field(default_factory=list)
     elsewhere_s: float | None = None
@@ -63,12 +70,12 @@ class NodeFate:
             return f"{self.node} {story}; it ran no task of the job"
         if self.elsewhere_s is not None:
             return (
-                f"{self.node} {story}; its {len(self.tasks)} job tasks running elsewhere after "
+                f"{self.node} {story}; its {len(self.tasks)} job tasks re-placed and running after "
                 f"{self.elsewhere_s:.2f} s (target {TASKS_ELSEWHERE_TARGET_S:g} s)"
             )
         if "dead" not in self.liveness:
             return f"{self.node} {story}; never declared dead, so its {len(self.tasks)} job tasks stayed"
-        return f"{self.node} {story}; its {len(self.tasks)} job tasks did not all run elsewhere"
+        return f"{self.node} {story}; its {len(self.tasks)} job tasks were not all re-placed and running"
 
 
 async def watch(
