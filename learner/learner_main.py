@@ -96,7 +96,7 @@ class LearnerCore:
         torch.manual_seed(cfg.seed)
         self.device = _device(group)
         self.model = ActorCritic(obs_shape or (), action_space, cfg.hidden).to(self.device)
-        self._ppo: PPOLearner | None = None
+        self.ppo = PPOLearner(self.model, cfg.ppo)
         self.incarnation = os.urandom(6).hex()
         self.journal = open_learner_journal(run_dir / "accounting", group.rank, self.incarnation)
         self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness, self.journal)
@@ -150,17 +150,6 @@ class LearnerCore:
     def request_checkpoint(self) -> None:
         """On demand (SIGUSR1): rank 0 saves after the update in progress."""
         self.checkpoint_requested = True
-
-    def make_optimizer(self) -> None:
-        """Build the PPO learner. Its first torch optimiser imports torch._dynamo (≈1.5 s
-        here), so `serve` runs this in a thread while the transport and the group come up."""
-        self._ppo = PPOLearner(self.model, self.cfg.ppo)
-
-    @property
-    def ppo(self) -> PPOLearner:
-        if self._ppo is None:
-            raise LearnerError("the PPO learner is not built yet; await make_optimizer first")
-        return self._ppo
 
     def gather_trained(self) -> dict[str, SeqRanges]:
         """Every rank's trained sequence numbers merged with the resumed checkpoint's: what a
@@ -452,7 +441,6 @@ async def serve(
     group = LearnerGroup(spec)
     core = LearnerCore(cfg, env_id, group, run_dir)
     core.mark("built")
-    optimizer_ready = asyncio.ensure_future(asyncio.to_thread(core.make_optimizer))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -464,7 +452,6 @@ async def serve(
         try:
             await asyncio.to_thread(group.join)
             core.mark("joined")
-            await optimizer_ready
             resumed = core.restore()
             core.mark("restored")
             await asyncio.to_thread(_broadcast, group, core)

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from shoal.errors import ConfigError
+from shoal.learner.adam import Adam
 from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
 from shoal.learner.policy import ActorCritic
@@ -256,7 +257,7 @@ class PPOLearner:
     def __init__(self, model: ActorCritic, cfg: PPOConfig) -> None:
         self.model = model
         self.cfg = cfg
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
 
     @property
     def device(self) -> torch.device:
