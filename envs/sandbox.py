@@ -273,7 +273,10 @@ class SandboxPool:
         self, source: str, tests: Sequence[TestCase] = (), timeout: float | None = None
     ) -> SandboxResult:
         """Run `source`, then each test's call, in a fresh confined child; thread-safe."""
-        return self.run_many([(source, tests)], timeout)[0]
+        wall = self.limits.timeout_s if timeout is None else timeout
+        _check_timeout("timeout", wall)
+        message, cases = _message((source, tests), wall)
+        return self._run_chunk([message], [cases], wall)[0]
 
     def run_many(
         self, episodes: Sequence[tuple[str, Sequence[TestCase]]], timeout: float | None = None
@@ -285,8 +288,9 @@ class SandboxPool:
         """
         wall = self.limits.timeout_s if timeout is None else timeout
         _check_timeout("timeout", wall)
-        messages = [_message(episode, wall) for episode in episodes]
-        tests = [list(episode[1]) for episode in episodes]
+        prepared = [_message(episode, wall) for episode in episodes]
+        messages = [message for message, _ in prepared]
+        tests = [cases for _, cases in prepared]
         size = min(self.batch, max(1, math.ceil(len(messages) / max(1, len(self._servers)))))
         starts = range(0, len(messages), size)
         chunks = [(messages[i : i + size], tests[i : i + size], wall) for i in starts]
@@ -365,15 +369,23 @@ def _scratch_root() -> str | None:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
-def _message(episode: tuple[str, Sequence[TestCase]], wall: float) -> dict[str, Any]:
+def _message(
+    episode: tuple[str, Sequence[TestCase]], wall: float
+) -> tuple[dict[str, Any], list[TestCase]]:
+    """The request for one episode, and its tests as a list (read once, even from an iterator)."""
     if not isinstance(episode, tuple) or len(episode) != 2:
         raise SandboxConfigError(f"an episode must be a (source, tests) tuple, got {episode!r}")
-    source, tests = episode
+    try:
+        source, tests = episode[0], list(episode[1])
+    except TypeError as exc:
+        raise SandboxConfigError(
+            f"tests must be a sequence of TestCase, got {episode[1]!r}"
+        ) from exc
     if not isinstance(source, str):
         raise SandboxConfigError(
             f"source must be a str of Python code, not {type(source).__name__}"
         )
-    return {"source": source, "calls": [_call(t) for t in tests], "timeout": wall}
+    return {"source": source, "calls": [_call(t) for t in tests], "timeout": wall}, tests
 
 
 def _call(test: TestCase) -> str:

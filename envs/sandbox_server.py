@@ -154,9 +154,10 @@ def _harness(source: str, calls: list[str]) -> None:
 def _confine(workdir: str, fds: tuple[int, ...], slot: _Slot, config: dict[str, Any]) -> None:
     """Everything that turns a fresh fork into a sandbox, in the order the kernel needs."""
     os.setsid()
-    for ns_fd, kind in ((slot.netns, _CLONE_NEWNET), (slot.ipcns, _CLONE_NEWIPC)):
-        if ns_fd is not None and _setns(ns_fd, kind) != 0:
-            raise OSError(ctypes.get_errno(), "setns into the slot's namespace failed")
+    if not slot.entered:
+        for ns_fd, kind in ((slot.netns, _CLONE_NEWNET), (slot.ipcns, _CLONE_NEWIPC)):
+            if ns_fd is not None and _setns(ns_fd, kind) != 0:
+                raise OSError(ctypes.get_errno(), "setns into the slot's namespace failed")
     os.dup2(config["devnull"], 0)
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
@@ -316,7 +317,7 @@ class _Slot:
     a directory (its own tmpfs where possible), a uid, a network and an IPC namespace. A slot
     is reused only after everything its last episode started is dead."""
 
-    __slots__ = ("directory", "ipcns", "netns", "uid")
+    __slots__ = ("directory", "entered", "ipcns", "netns", "uid")
 
     def __init__(
         self, directory: str, uid: int | None, netns: int | None, ipcns: int | None
@@ -325,6 +326,8 @@ class _Slot:
         self.uid = uid
         self.netns = netns
         self.ipcns = ipcns
+        self.entered = False
+        """The server itself is in this slot's namespaces, so its children need no setns."""
 
 
 class _Capture:
@@ -348,6 +351,26 @@ class _Episode:
     """One child: its directory and pipes, what it wrote so far, its deadline, and in the end
     its wait status. Everything but the fork is prepared before any child of the request is
     forked (`_fork_all`)."""
+
+    __slots__ = (
+        "deadline",
+        "ended",
+        "err",
+        "exited",
+        "fds",
+        "out",
+        "pid",
+        "pidfd",
+        "request",
+        "res",
+        "sinks",
+        "slot",
+        "started",
+        "status",
+        "timed_out",
+        "workdir",
+        "writes",
+    )
 
     def __init__(self, slot: _Slot, request: dict[str, Any], config: dict[str, Any]) -> None:
         self.slot, self.request = slot, request
@@ -399,11 +422,13 @@ class _Episode:
         kill the episode's session and reap the child."""
         poller.unregister(self.pidfd)
         for _ in range(_FINAL_READS):
-            ready = select.select(list(self.sinks), [], [], 0)[0] if self.sinks else []
+            ready = False
+            for fd, _ in poller.poll(0):
+                if fd in self.sinks:
+                    ready = True
+                    self.read(fd, poller)
             if not ready:
                 break
-            for fd in ready:
-                self.read(fd, poller)
         for fd in self.sinks:
             poller.unregister(fd)
         self.sinks = {}
@@ -452,21 +477,24 @@ def _watch(episodes: list[_Episode]) -> None:
             poller.register(fd, select.POLLIN)
             owners[fd] = episode
     live = list(episodes)
+    # Plain loops, no generators: whatever this loop touches after the forks is copied.
     while live:
         now = time.monotonic()
+        first = live[0].deadline
         for episode in live:
             episode.timed_out = episode.deadline <= now
-        if not any(e.timed_out for e in live):
-            wait_ms = (min(e.deadline for e in live) - now) * 1000
-            for fd, _ in poller.poll(wait_ms):
+            first = min(first, episode.deadline)
+        if first > now:
+            for fd, _ in poller.poll((first - now) * 1000):
                 episode = owners[fd]
                 if fd == episode.pidfd:
                     episode.exited = True
                 elif fd in episode.sinks:
                     episode.read(fd, poller)
-        for episode in [e for e in live if e.timed_out or e.exited or e.res.dropped]:
-            episode.end(poller)
-            live.remove(episode)
+        for episode in live[:]:
+            if episode.timed_out or episode.exited or episode.res.dropped:
+                episode.end(poller)
+                live.remove(episode)
 
 
 def _children() -> list[int]:
@@ -631,8 +659,12 @@ def _isolate_once(config: dict[str, Any]) -> tuple[dict[str, str], list[_Slot]]:
     config["chroot"] = root
     config["devnull"] = os.open("/dev/null", os.O_RDONLY)  # opened once: a child just dup2s it
     private = root and _private_mounts()
-    made = [_make_slot(i, config, root, private) for i in range(config["slots"])]
+    # Slot 0 last: the server stays in its namespaces, so a request of one (`run`) needs no
+    # setns at all.
+    made = [_make_slot(i, config, root, private) for i in reversed(range(config["slots"]))]
+    made.reverse()
     slots = [slot for slot, _ in made]
+    slots[0].entered = True
     disk = all(mounted for _, mounted in made)
     _install_preloaded(ALLOWED_MODULES)
     gc.collect()

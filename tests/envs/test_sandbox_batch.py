@@ -203,4 +203,7 @@ def test_bad_arguments_are_refused_with_a_clear_error(pool):
     for batch in (0, 65, True, 2.0):
         with pytest.raises(SandboxConfigError, match="batch="):
             SandboxPool(workers=1, limits=LIMITS, batch=batch)  # type: ignore[arg-type]
+    with pytest.raises(SandboxConfigError, match="sequence of TestCase"):
+        pool.run_many([("pass", None)])  # type: ignore[list-item]
     assert pool.run_many([]) == []
+    assert pool.run_many([(GOOD, iter(SQUARE))])[0].reward == 1.0
