@@ -29,6 +29,9 @@ CURVE_PERIOD = 2.0
 RESTARTS_PERIOD = 2.0
 # Task states a node "runs": placed there and not ended.
 ACTIVE = ("pending", "running")
+# How long a read of the job's tasks at a fault's injection is retried (a leader may be in
+# the middle of an election caused by an earlier fault) before the fault is not injected.
+READ_RETRY_S = 10.0
 
 
 class JobFaults:
@@ -58,10 +61,23 @@ class JobFaults:
             raise FaultError("the training job was never submitted")
         return list(await client.tasks(job=job_id))
 
+    async def _current(self) -> list[dict[str, Any]]:
+        """The job's tasks now, asked again for up to READ_RETRY_S while the API is unavailable."""
+        deadline = time.monotonic() + READ_RETRY_S
+        async with self._client() as client:
+            while True:
+                try:
+                    return await self.tasks(client)
+                except RaftError as exc:
+                    if time.monotonic() >= deadline:
+                        raise FaultError(
+                            f"the job's tasks could not be read for {READ_RETRY_S:g} s: {exc}"
+                        ) from exc
+                await asyncio.sleep(0.2)
+
     async def tasks_on(self, node: str) -> list[tuple[str, int]]:
         """The job's tasks placed on `node` and not ended: (id, generation) each."""
-        async with self._client() as client:
-            tasks = await self.tasks(client)
+        tasks = await self._current()
         return sorted(
             (str(t["id"]), int(t.get("generation", 0)))
             for t in tasks
@@ -70,8 +86,7 @@ class JobFaults:
 
     async def learner_nodes(self) -> list[str]:
         """The nodes running the job's learner ranks, rank 0's first."""
-        async with self._client() as client:
-            tasks = await self.tasks(client)
+        tasks = await self._current()
         ranks = sorted(
             (t["id"], t.get("node")) for t in tasks if "-learner-" in str(t.get("id", ""))
         )

@@ -1,24 +1,32 @@
-"""Node<->coordinator link proxies (chaos/nodenet.py) on real sockets, and the pure parts of
-what a node fault's record says (chaos/nodefate.py, the report's tasks-elsewhere summary)."""
+"""Node<->coordinator link proxies (chaos/nodenet.py) on real sockets, the pure parts of what a
+node fault's record says (chaos/nodefate.py, the report's tasks-elsewhere summary), and reading
+a job's tasks when no replica answers (chaos/jobfaults.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import itertools
+import json
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shoal.chaos import jobfaults
 from shoal.chaos.errors import ChaosError, FaultError
+from shoal.chaos.jobfaults import JobFaults
 from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.nodefate import TASKS_ELSEWHERE_TARGET_S, NodeFate, moved
 from shoal.chaos.nodenet import NodeMesh, coordinator_urls, plan_links
 from shoal.chaos.report import FaultRecord, RunReport, render_text
+from shoal.chaos.trainjob import ClusterJob, JobConfig
+from shoal.chaos.workload import make_client
 
 
 @dataclass(frozen=True)
@@ -199,3 +207,24 @@ def test_the_report_gives_tasks_elsewhere_against_its_target() -> None:
     assert "1 measured, max 7.25 s (within the target 10 s)" in text
     none = RunReport("s", "/tmp/x", [], {}, 0).to_dict()["tasks_elsewhere"]
     assert none == {"measured": 0, "max_s": None, "target_s": None, "met": None}
+
+
+@pytest.mark.timeout(60)
+def test_reading_the_jobs_tasks_gives_up_with_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No replica answers (nothing listens on the port): the read is retried, then the fault
+    is not injected with the reason, never a hang or a bare OSError."""
+    monkeypatch.setattr(jobfaults, "READ_RETRY_S", 0.5)
+    job = ClusterJob(JobConfig(), tmp_path, 60.0)
+    job.run_dir.mkdir()
+    (job.run_dir / "events.jsonl").write_text(json.dumps({"event": "submitted", "job": "j1"}))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    faults = JobFaults(job, lambda: make_client([dead], "token"), lambda: ["n1"])
+    with pytest.raises(FaultError, match=r"the job.s tasks could not be read for 0\.5 s"):
+        asyncio.run(faults.tasks_on("n1"))
+    never = JobFaults(ClusterJob(JobConfig(), tmp_path / "x", 60.0), faults._client, list)
+    with pytest.raises(FaultError, match="never submitted"):
+        asyncio.run(never.learner_nodes())
