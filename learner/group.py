@@ -12,7 +12,10 @@ The rendezvous port is fixed for a job, so a replaced group can meet its predece
 old rank 0 may still hold the port while it checkpoints and exits. Rank 0 therefore retries
 while the port is in use, a joining rank retries when the store it reached goes away, and
 every incarnation meets under its own store prefix (its `epoch`, the task generation the node
-daemon hands it) so a new rank never mistakes the old group's keys for its peers'.
+daemon hands it) so a new rank never mistakes the old group's keys for its peers'. An epoch
+can repeat (a restarted node daemon reruns its tasks at the generations they had), so a
+joining rank also claims its rank in the store: a store where it was claimed before is an
+old group's, let go like one that went away.
 """
 
 from __future__ import annotations
