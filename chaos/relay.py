@@ -122,10 +122,6 @@ class LinkRelay:
         """What `$SHOAL_LINK_RELAY` is set to."""
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def faults(self) -> dict[str, LinkFault]:
-        return dict(self._faults)
-
     async def start(self) -> LinkRelay:
         try:
             self._server = await asyncio.start_server(self._accept, "127.0.0.1", self._listen_port)
@@ -271,6 +267,10 @@ class LinkRelay:
             self.stats.upstream_failures += 1
             host, port = request.target
             await _reply(reader, tunnel.client, 502, f"cannot reach {host}:{port}: {exc}")
+            return
+        if tunnel.closed or tunnel.faults.partition == "refuse":  # cut while connecting
+            self.stats.refused += 1
+            tunnel.reset()
             return
         self.stats.relayed += 1
         if request.forward is None:
