@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -36,6 +37,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import asdict
@@ -450,7 +452,9 @@ async def serve(
         transport = await listen(system, TransportConfig(token=token, port=port), spec.retry_s)
         core.mark("listening")
         try:
-            await asyncio.to_thread(group.join)
+            if not await join_unless_stopped(group, stopping):
+                log.info("rank %d: asked to stop before its group formed", group.rank)
+                return 0
             core.mark("joined")
             resumed = core.restore()
             core.mark("restored")
@@ -511,6 +515,44 @@ async def serve(
         file=sys.stderr,
     )
     return PEER_STOPPED_EXIT
+
+
+async def join_unless_stopped(group: LearnerGroup, stopping: asyncio.Event) -> bool:
+    """Join the group; False if the rank is asked to stop first. A rank whose peer died while
+    the group formed waits in the rendezvous for the group's time-out (60 s), and the node
+    that stops it for the next incarnation SIGKILLs it only after its stop timeout (20 s).
+    Nothing is lost by leaving then: the rank has not resumed or trained. The join runs in a
+    daemon thread, which the process does not wait for when it exits (an executor's would)."""
+    loop = asyncio.get_running_loop()
+    joined: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if joined.done():
+            return
+        if error is None:
+            joined.set_result(None)
+        else:
+            joined.set_exception(error)
+
+    def join() -> None:
+        error: BaseException | None = None
+        try:
+            group.join()
+        except BaseException as exc:  # handed to the loop, raised there
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed: the rank left without us
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=join, name=f"join-rank-{group.rank}", daemon=True).start()
+    stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait([joined, stop], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if joined.done():
+        joined.result()
+        return True
+    return False
 
 
 async def close_transport(transport: Transport) -> None:

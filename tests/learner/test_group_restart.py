@@ -262,3 +262,44 @@ def test_a_rank_leaves_without_waiting_out_a_half_open_link(
         took = asyncio.run(main())
     assert "did not close within" in caplog.text
     assert took < config.handshake_timeout, f"waited {took:.1f} s (limit {CLOSE_LIMIT_S} s)"
+
+
+# A rank whose peer never comes, asked to stop (SIGTERM's event) while it waits to join.
+_STOPPED_WHILE_JOINING = textwrap.dedent(
+    """
+    import asyncio
+    from shoal.learner.group import GroupSpec, LearnerGroup
+    from shoal.learner.learner_main import join_unless_stopped
+
+    async def main():
+        stopping = asyncio.Event()
+        asyncio.get_running_loop().call_later(1.0, stopping.set)
+        joined = await join_unless_stopped(LearnerGroup(GroupSpec.from_env()), stopping)
+        print("joined" if joined else "left", flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_asked_to_stop_while_its_group_forms_leaves_without_waiting_for_peers() -> None:
+    """Its peer died during the restart: the node stops it for the next incarnation, and it
+    must go instead of sitting in the rendezvous until the group time-out (or SIGKILL)."""
+    spec = GroupSpec(rank=0, world_size=2, port=free_port(), backend="gloo", timeout_s=60)
+    env = {**os.environ, **spec.to_env(), "SHOAL_TASK_GENERATION": "3", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STOPPED_WHILE_JOINING],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=40)  # well inside the group's 60 s time-out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert out.strip() == "left"
