@@ -338,6 +338,9 @@ class LearnerActor(Actor):
             "registered": registered,
         }
 
+    def ping(self) -> None:
+        """A waiting rollout actor's check that its link to this rank stands (rollout.py)."""
+
     def status(self) -> dict[str, Any]:
         return self.core.status()
 

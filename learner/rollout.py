@@ -39,7 +39,7 @@ from shoal.learner.journal import Journal
 from shoal.learner.policy import ActorCritic
 from shoal.learner.seqranges import SeqRanges, ranges_json
 from shoal.runtime.actor import Actor
-from shoal.runtime.errors import ActorError, WireError
+from shoal.runtime.errors import ActorError, MailboxFull, WireError
 from shoal.runtime.ref import ActorRef
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,8 @@ PUSH_TIMEOUT_S = 600.0
 REGISTER_TIMEOUT_S = 10.0
 # A paced actor waits at most this long for newer weights before collecting anyway.
 PACE_TIMEOUT_S = 2.0
+LINK_CHECK_S = 0.1
+REGISTER_RETRY_MAX_S = 0.25
 # Steps between yields to the event loop (lets set_weights and transport I/O run).
 YIELD_EVERY_STEPS = 4
 LEDGER_EVERY_S = 1.0
@@ -234,6 +236,7 @@ class RolloutActor(Actor):
         self._task: asyncio.Task[None] | None = None
         self._in_flight: asyncio.Task[bool] | None = None
         self._weights_arrived = asyncio.Event()
+        self._lost = False
         self.pacer = Pacer(spec.fragments_per_version)
         self._collector: Collector | None = None
         self._learner: ActorRef | None = None
@@ -331,6 +334,12 @@ class RolloutActor(Actor):
     async def _loop(self, collector: Collector, learner: ActorRef) -> None:
         await self._register(collector, learner)
         while True:
+            if self._lost:  # register before collecting with weights the learner lost
+                self._lost = False
+                if self._in_flight is not None:
+                    await self._in_flight  # failed or refused: the learner it went to is gone
+                    self._in_flight = None
+                await self._register(collector, learner)
             buf = collector.new_buffers()
             self._adopt()
             version = collector.policy_version
@@ -349,21 +358,39 @@ class RolloutActor(Actor):
             self.pacer.produced += 1
             if time.monotonic() - self._ledger_written >= LEDGER_EVERY_S:
                 self.write_ledger()
-            await self._wait_for_turn(collector)
+            await self._wait_for_turn(collector, learner)
 
-    async def _wait_for_turn(self, collector: Collector) -> None:
+    async def _wait_for_turn(self, collector: Collector, learner: ActorRef) -> None:
         """Hold off the next fragment until the learner has consumed enough (see `Pacer`).
 
-        Newer weights are the signal; without them for PACE_TIMEOUT_S (a lost message, a
-        restarting learner) the actor goes on, and a failed push makes it register again.
+        Newer weights are the signal; without them for PACE_TIMEOUT_S (a lost message, a slow
+        update) the actor goes on. Every LINK_CHECK_S of waiting it checks that its link to
+        the learner still stands: a learner that died sends no weights, and waiting out the
+        pace timeout before noticing made every learner restart 2 s longer (the new rank
+        trained only once the actor had registered with it and sent a fragment).
         """
         self._adopt()
+        waited = 0.0
         while not self.pacer.allowed(collector.policy_version):
+            if not _link_stands(learner):
+                log.info("%s: the link to its learner is down; registering again", self.spec.name)
+                self._lost = True
+                return
             self._weights_arrived.clear()
             try:
-                await asyncio.wait_for(self._weights_arrived.wait(), PACE_TIMEOUT_S)
+                await asyncio.wait_for(self._weights_arrived.wait(), LINK_CHECK_S)
             except TimeoutError:
-                return
+                waited += LINK_CHECK_S
+                if waited >= PACE_TIMEOUT_S:
+                    log.info(
+                        "%s: no new weights for %.0f s (%d fragments at version %d); going on",
+                        self.spec.name,
+                        PACE_TIMEOUT_S,
+                        self.pacer.produced,
+                        collector.policy_version,
+                    )
+                    return
+                continue
             self._adopt()
 
     def _adopt(self) -> None:
@@ -408,10 +435,28 @@ class RolloutActor(Actor):
             except (ActorError, WireError) as exc:
                 log.info("learner %s not ready (%s)", self.spec.learner_path, exc)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                delay = min(delay * 2, REGISTER_RETRY_MAX_S)
         self._incarnation = str(reply["incarnation"])
         self._pending = None
         collector.policy.set_weights(reply["weights"])
         collector.policy_version = int(reply["version"])
         self.pacer.reset(collector.policy_version)
         self.registrations += 1
+        log.info(
+            "%s: registered with learner incarnation %s at version %d",
+            self.spec.name,
+            self._incarnation,
+            collector.policy_version,
+        )
+
+
+def _link_stands(learner: ActorRef) -> bool:
+    """Whether the link to the learner is up, by a `ping` that fails at once when it is not
+    (a busy link is up)."""
+    try:
+        learner.tell_nowait.ping()
+    except MailboxFull:
+        return True
+    except (ActorError, WireError):
+        return False
+    return True
