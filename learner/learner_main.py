@@ -457,6 +457,7 @@ async def serve(
         try:
             if not await join_unless_stopped(group, stopping):
                 log.info("rank %d: asked to stop before its group formed", group.rank)
+                core.checkpoints.close()
                 return 0
             core.mark("joined")
             resumed = core.restore()

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from shoal.learner.errors import LearnerError
 from shoal.learner.group import GroupSpec
 from shoal.learner.learner_main import listen
 from shoal.local import free_port
+from shoal.runtime.actor import Actor
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import TransportConfig
 
@@ -303,3 +305,51 @@ def test_a_rank_asked_to_stop_while_its_group_forms_leaves_without_waiting_for_p
             proc.communicate()
     assert proc.returncode == 0, err[-2000:]
     assert out.strip() == "left"
+
+
+class _Pinged(Actor):
+    """A real actor with the learner's `ping`, counting the pings it gets."""
+
+    def __init__(self, pings: list[int]) -> None:
+        self.pings = pings
+
+    def ping(self) -> None:
+        self.pings.append(1)
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(600):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the condition never held")
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_rollout_actor_sees_its_learners_link_go_down() -> None:
+    """A paced rollout actor waiting for weights checks its link (`_link_stands`): up while
+    the learner's process serves, down at once when it is gone, so it registers with the
+    next incarnation instead of first waiting out its pace timeout."""
+    from shoal.learner.rollout import _link_stands
+    from shoal.runtime.transport import attach
+
+    config = TransportConfig(token="t" * 32, reconnect_max=0.25)
+
+    async def main() -> tuple[int, bool]:
+        async with ActorSystem("learner") as learner_system, ActorSystem("rollout") as rollout:
+            served = await attach(learner_system, config)
+            pings: list[int] = []
+            await learner_system.spawn(_Pinged, pings, name="learner")
+            client = await attach(rollout, config)
+            try:
+                ref = rollout.ref(f"{served.address}/learner")
+                await _until(lambda: _link_stands(ref) and bool(pings))
+                await served.close()
+                await _until(lambda: not _link_stands(ref))
+                return len(pings), _link_stands(ref)
+            finally:
+                await client.close()
+
+    pings, up = asyncio.run(main())
+    assert pings >= 1
+    assert up is False
