@@ -19,7 +19,6 @@ Concurrency: one owner thread calls save/wait/latest/load/close; the writer thre
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 
 from shoal.errors import ConfigError
+from shoal.learner.diskfull import is_disk_full
 from shoal.learner.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 _MANIFEST = re.compile(r"^ckpt-(\d{12})\.json$")
 _DATA = re.compile(r"^ckpt-(\d{12})\.pt$")
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 MetaValue = str | int | float | bool
 
 
@@ -243,7 +242,7 @@ class CheckpointManager:
         return existing is not None and existing.sha256 == info.sha256
 
     def _write_error(self, info: CheckpointInfo, exc: OSError) -> CheckpointError:
-        if exc.errno in _DISK_FULL:
+        if is_disk_full(exc):
             reason = "the disk is full (or the file size limit was hit)"
             fix = "free space or point checkpoint.directory at a larger disk"
         else:

@@ -8,6 +8,12 @@ acknowledged fragment missing from its record, where the periodic JSON snapshot
 (`rollout-<actor id>.json`) can be a second behind. One write per line and O_APPEND keep lines
 whole; a reader still skips a torn last line (a full disk can cut one short).
 
+A full disk (ENOSPC, EDQUOT, or EFBIG past the process's file size limit) does not stop the
+process: the lines that found no room are held in memory, in order, and written ahead of the next
+append once there is room again (the rest of a cut line first, so it ends up whole). While lines
+are held a SIGKILL loses them: the journal says so in `held` and `full_writes`, which a learner
+rank shows in its status, and it logs when it starts and stops holding.
+
 The journal of a rollout actor is `rollout-<actor id>.jsonl` beside its snapshot:
   {"actor_id": "...", "sent": [], "acked": {}}      first line (what a snapshot starts as)
   {"sent": 12}                                      fragment 12 pushed
@@ -27,13 +33,17 @@ A learner rank's journal is `learner-<rank>-<incarnation>.jsonl`, written by its
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from shoal.learner.diskfull import is_disk_full
 from shoal.learner.errors import LearnerError
 from shoal.learner.seqranges import SeqRanges, ranges_json
+
+log = logging.getLogger(__name__)
 
 
 class Journal:
@@ -41,6 +51,9 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._held = bytearray()
+        self.full_writes = 0
+        """Appends that found the disk full (their lines were held)."""
         try:
             self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
@@ -49,17 +62,46 @@ class Journal:
                 "make the run directory's accounting/ writable"
             ) from exc
 
+    @property
+    def held(self) -> int:
+        """Bytes waiting for room on the disk; 0 when everything appended is written."""
+        return len(self._held)
+
     def append(self, record: dict[str, Any]) -> None:
-        """Write one line; when this returns, a SIGKILL of this process cannot lose it."""
+        """Write one line; when this returns with nothing `held`, a SIGKILL of this process
+        cannot lose it."""
         if self._fd is None:
             raise LearnerError(f"the accounting journal {self.path} is closed")
-        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        written = os.write(self._fd, line)
-        if written != len(line):  # a full disk cut it short: the reader skips the torn line
-            raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
+        was_holding = bool(self._held)
+        self._held += (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        if not self._write_held(self._fd):
+            self.full_writes += 1
+            if not was_holding:
+                log.warning(
+                    "the disk is full: holding %s's lines in memory until there is room", self.path
+                )
+        elif was_holding:
+            log.warning("%s: the held lines are written, the disk has room again", self.path)
+
+    def _write_held(self, fd: int) -> bool:
+        """Write what is held (a write may take part of it); False if the disk ran out of room."""
+        while self._held:
+            try:
+                written = os.write(fd, self._held)
+            except OSError as exc:
+                if is_disk_full(exc):
+                    return False
+                raise
+            del self._held[:written]
+        return True
 
     def close(self) -> None:
+        """Close; lines still held for want of room are lost, and logged as such."""
         if self._fd is not None:
+            if not self._write_held(self._fd):
+                log.error(
+                    "%s: %d bytes never found room on the disk and are lost", self.path, self.held
+                )
             os.close(self._fd)
             self._fd = None
 

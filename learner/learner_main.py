@@ -7,12 +7,15 @@ the real transport: rollout actors `register` with it (and get the current weigh
 the PPO update in a worker thread (so the event loop keeps receiving fragments meanwhile),
 advances the policy version and sends the new weights to every registered rollout actor. Every
 rank publishes to the actors that push to it; rank 0 alone writes checkpoints. Each rank writes
-`status-<rank>.json` (progress for `shoal train`) and appends to `events.jsonl`.
+`status-<rank>.json` (progress for `shoal train`) and appends to `events.jsonl`. A full disk
+does not stop a rank: failed checkpoint writes are counted, the journal holds its lines until
+there is room, and a status, ledger snapshot or checkpoint event that finds no room is skipped
+(learner/diskfull.py).
 
 Accounting across restarts: each rank writes `accounting/learner-<rank>-<incarnation>.json`
 (the intake's ledger of sequence numbers, at most every LEDGER_EVERY_S and when it stops) and
 appends each fragment's admission and fate to `learner-<rank>-<incarnation>.jsonl` as they
-happen (learner/journal.py: a SIGKILL loses none), and
+happen (learner/journal.py: a SIGKILL loses none, unless the disk is full), and
 every checkpoint carries `trained_ranges`, per actor the sequence numbers trained on by every
 rank up to it (the resumed checkpoint's plus what the ranks gathered at save time).
 
@@ -41,6 +44,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,7 @@ import torch.distributed as dist
 from shoal.learner.buffer import Intake
 from shoal.learner.checkpoint import CheckpointInfo, CheckpointManager
 from shoal.learner.config import TrainConfig
+from shoal.learner.diskfull import unless_disk_full
 from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
 from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
@@ -278,6 +283,8 @@ class LearnerCore:
             "checkpoint_step": None if self.last_checkpoint is None else self.last_checkpoint.step,
             "checkpoint_failures": self.checkpoints.failures,
             "checkpoint_error": self.checkpoints.last_failure,
+            "journal_full_writes": self.journal.full_writes,
+            "journal_held_bytes": self.journal.held,
             "ledger": self.intake.ledger(),
             "phases": self.phases,
         }
@@ -417,16 +424,16 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
                 reason = "on demand" if core.checkpoint_requested else "periodic"
                 core.checkpoint_requested = False
                 info = core.save_checkpoint(trained)
-                append_event(
-                    core.run_dir, {"event": "checkpoint", "step": info.step, "reason": reason}
-                )
+                event = {"event": "checkpoint", "step": info.step, "reason": reason}
+                unless_disk_full("a checkpoint event", partial(append_event, core.run_dir, event))
         now = time.monotonic()
         if now - last_ledger >= LEDGER_EVERY_S:
             last_ledger = now
-            core.write_ledger()
+            unless_disk_full("the ledger snapshot", core.write_ledger)
         if now - last_status >= STATUS_EVERY_S:
             last_status = now
-            write_json_atomically(core.run_dir / f"status-{core.group.rank}.json", core.status())
+            status = core.run_dir / f"status-{core.group.rank}.json"
+            unless_disk_full("the status", partial(write_json_atomically, status, core.status()))
         if agreed:
             return
 

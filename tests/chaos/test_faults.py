@@ -307,6 +307,11 @@ class Training:
         except (OSError, ValueError):
             return {}
 
+    def learner_starts(self) -> int:
+        lines = (self.run_dir / "events.jsonl").read_text().splitlines()
+        events = [json.loads(line) for line in lines]
+        return sum(e["event"] == "start" and e.get("process") == "learner" for e in events)
+
     def newest_step(self) -> int:
         info = self.checkpoints.latest()
         step = -1 if info is None else info.step
@@ -379,9 +384,15 @@ def test_disk_full_under_a_real_learner_rank(tmp_path: Path, kind: str) -> None:
         version = training.status()["version"]
         training.until("training goes on", lambda: training.status()["version"] > version + 2)
         held = training.newest_step()
-        assert "disk is full" in training.status()["checkpoint_error"]
+        faulted = training.status()
+        assert "disk is full" in faulted["checkpoint_error"]
+        if kind == "rlimit":  # its journal is past the limit too: lines held, not a crash
+            assert faulted["journal_full_writes"] > 0
         fault.heal()
         training.until("a newer complete checkpoint", lambda: training.newest_step() > held)
+        training.until(
+            "the journal caught up", lambda: training.status()["journal_held_bytes"] == 0
+        )
         summary = training.stop()
         final = training.newest_step()
     finally:
@@ -389,6 +400,7 @@ def test_disk_full_under_a_real_learner_rank(tmp_path: Path, kind: str) -> None:
         if isinstance(fault, DiskFull):
             fault.close()
     assert summary["stopped_by"] == "interrupted"
+    assert training.learner_starts() == 1, "the full disk restarted the rank"
     assert summary["checkpoint_step"] == final
     assert final > held
     assert training.newest == sorted(training.newest)

@@ -3,6 +3,7 @@ that was appended; the rollout ledger rebuilt from one equals the in-memory ledg
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -138,6 +139,70 @@ def test_every_appended_record_survives_a_sigkill(tmp_path: Path) -> None:
     ledger = rollout_ledger(read_lines(path))
     assert ledger["sent"] == [[0, 500]]
     assert ledger["acked"] == {"i": {"accepted": [[0, 500]]}}
+
+
+@pytest.mark.timeout(60)
+def test_a_full_disk_holds_lines_until_there_is_room(tmp_path: Path) -> None:
+    """A real process whose file size limit (RLIMIT_FSIZE, the kernel's EFBIG) stops its journal
+    mid-line: appends go on without raising, the lines are held in order and counted, and once
+    the limit is raised the next append writes them all, the cut line made whole."""
+    path = tmp_path / "learner-0-i.jsonl"
+    script = textwrap.dedent(
+        f"""
+        import json, resource
+        from pathlib import Path
+        from shoal.learner.journal import Journal
+        journal = Journal(Path({str(path)!r}))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))
+        for seq in range(100):
+            journal.append({{"actor": "a", "seq": seq, "kind": "accepted"}})
+        during = {{"held": journal.held, "full_writes": journal.full_writes}}
+        during["size"] = Path({str(path)!r}).stat().st_size
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        journal.append({{"actor": "a", "seq": 100, "kind": "accepted"}})
+        during["held_after"] = journal.held
+        journal.close()
+        print(json.dumps(during))
+        """
+    )
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=50)
+    assert child.returncode == 0, child.stderr
+    seen = json.loads(child.stdout)
+    assert seen["size"] == 1000
+    assert seen["held"] > 0
+    assert seen["full_writes"] > 0
+    assert seen["held_after"] == 0
+    records = read_lines(path)
+    assert [r["seq"] for r in records] == list(range(101))
+    assert len(path.read_bytes().splitlines()) == 101  # no torn line left behind
+
+
+def test_a_journal_closed_while_holding_lines_says_how_much_was_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = Journal(tmp_path / "j.jsonl")
+
+    def no_room(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", no_room)
+    journal.append({"sent": 1})
+    assert journal.held == len(b'{"sent":1}\n')
+    journal.close()
+    assert "never found room on the disk and are lost" in caplog.text
+
+
+def test_an_error_other_than_a_full_disk_still_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal(tmp_path / "j.jsonl")
+
+    def broken(fd: int, data: bytes) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "write", broken)
+    with pytest.raises(OSError, match="Input/output"):
+        journal.append({"sent": 1})
 
 
 @settings(max_examples=100, deadline=None)

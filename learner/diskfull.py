@@ -1,0 +1,31 @@
+"""Which OSErrors mean "no room to write": a full file system (ENOSPC), a quota (EDQUOT) or the
+process's file size limit (EFBIG, RLIMIT_FSIZE). Writers that can wait for room (checkpoints,
+the accounting journal, status files) treat these apart from every other I/O error, because a
+rank must keep training while an operator frees space."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def is_disk_full(exc: OSError) -> bool:
+    return exc.errno in DISK_FULL_ERRNOS
+
+
+def unless_disk_full(what: str, write: Callable[[], None]) -> bool:
+    """Run `write`; on a full disk log that `what` was skipped and return False. For writes a
+    later one supersedes (status, ledger snapshots, lifecycle events); other errors propagate."""
+    try:
+        write()
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        log.warning("%s not written: no room (%s); training goes on", what, exc.strerror or exc)
+        return False
+    return True
