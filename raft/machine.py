@@ -19,6 +19,7 @@ from typing import Any
 from shoal.raft.model import (
     DEFAULT_XID,
     FAULT_FINAL,
+    HEALED_BY_NODE,
     TASK_FAULTS,
     Checkpoint,
     Event,
@@ -600,12 +601,20 @@ class StateMachine:
     def _fail_faults_of(self, node_id: str, at: float) -> None:
         """A node declared dead never executes what it was sent: those faults fail now, rather
         than fire late when the node comes back. A node-kill is left alone, since its node
-        dying is the fault (its report may come when the node is back)."""
+        dying is the fault (its report may come when the node is back). A pause or skew in
+        effect fails too: only the node could heal it and report so, and a heal reported after
+        the node returns would time the node's outage, not the fault."""
         for fault in self.faults_for(node_id):
             if fault.kind != "node-kill":
-                fault.state, fault.updated_at = "failed", at
-                fault.message = f"node {node_id} was declared dead before it executed the fault"
-                self._fault_event(at, fault, f"failed: {fault.message}")
+                self._fail_fault(fault, at, "was declared dead before it executed the fault")
+        for fault in self.faults.values():
+            if fault.node == node_id and fault.state == "injected" and fault.kind in HEALED_BY_NODE:
+                self._fail_fault(fault, at, "was declared dead while the fault was in effect")
+
+    def _fail_fault(self, fault: Fault, at: float, why: str) -> None:
+        fault.state, fault.updated_at = "failed", at
+        fault.message = f"node {fault.node} {why}"
+        self._fault_event(at, fault, f"failed: {fault.message}")
 
     def _report_fault(self, args: dict[str, Any], at: float) -> Result:
         """A node's outcome. States only move forward; the same state again is a no-op, so a

@@ -16,6 +16,8 @@ TASK_STATES = ("pending", "running", "stopped", "failed")
 JOB_STATES = ("running", "stopped", "failed")
 FAULT_KINDS = ("task-kill", "task-pause", "node-kill", "gpu-xid", "clock-skew")
 TASK_FAULTS = ("task-kill", "task-pause")
+HEALED_BY_NODE = ("task-pause", "clock-skew")
+"""Faults whose heal only the node can do and report (SIGCONT, the clock made true again)."""
 FAULT_STATES = ("requested", "injected", "healed", "failed")
 FAULT_FINAL = ("healed", "failed")
 DEFAULT_XID = 79

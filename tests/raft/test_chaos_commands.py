@@ -189,6 +189,25 @@ def test_a_dead_node_fails_its_pending_faults_except_its_own_kill() -> None:
     assert apply(m, "report_fault", {"fault_id": "kill", "state": "injected"})["changed"]
 
 
+def test_a_dead_node_fails_the_pause_and_skew_it_alone_could_heal() -> None:
+    m = cluster()
+    for fid, args in (
+        ("pause", {"kind": "task-pause", "target": "t1", "duration_s": 5.0}),
+        ("skew", {"kind": "clock-skew", "target": "n1", "duration_s": 5.0, "offset_s": 2.0}),
+        ("xid", {"kind": "gpu-xid", "target": "n1", "gpu": 0}),
+    ):
+        assert apply(m, "inject_fault", {"fault_id": fid, **args})["ok"]
+        assert apply(m, "report_fault", {"fault_id": fid, "state": "injected"}, at=2.0)["ok"]
+    apply(m, "set_liveness", {"changes": [{"node_id": "n1", "liveness": "dead"}]}, at=5.0)
+    for fid in ("pause", "skew"):
+        assert m.faults[fid].state == "failed"
+        assert m.faults[fid].message == "node n1 was declared dead while the fault was in effect"
+        assert m.faults[fid].recovery_s is None
+    assert m.faults["xid"].state == "injected"  # raised once: nothing is left to heal
+    late = apply(m, "report_fault", {"fault_id": "pause", "state": "healed"}, at=30.0)
+    assert late["error"] == "conflict"
+
+
 def running(m: StateMachine, task_id: str, at: float) -> None:
     t = m.tasks[task_id]
     report = {"task_id": task_id, "state": "running", "generation": t.generation}
