@@ -7,7 +7,9 @@ the heartbeat: each reply is reconciled against what runs here (`plan`, pure), s
 assignment starts within one heartbeat interval. Reports carry the generation the task was
 started under; the coordinator refuses a stale one (the task moved), which is then dropped.
 Coordinators that do not answer are retried with growing pauses and one log line per try;
-the tasks keep running meanwhile. Event-loop only.
+the tasks keep running meanwhile, unless the node fences (`fence_after_s`): after that long
+without an accepted heartbeat it stops its tasks itself, before the leader declares it dead and
+starts them elsewhere, and lets the next accepted reply decide what runs again. Event-loop only.
 """
 
 from __future__ import annotations
@@ -100,16 +102,56 @@ class AgentConfig:
     """Longest pause between tries while no coordinator answers."""
     stop_timeout_s: float = 20.0
     """How long a task may take to stop (a learner rank checkpoints) before SIGKILL."""
+    fence_after_s: float | None = None
+    """Stop every task here once no heartbeat was accepted for this long; None never does.
+    Below the coordinators' dead-after minus a heartbeat, the node's copies are stopped before
+    the leader places them elsewhere, so no task runs twice through a partition."""
 
     def __post_init__(self) -> None:
         for key in ("heartbeat_s", "backoff_max_s", "stop_timeout_s"):
-            value = getattr(self, key)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 < value < math.inf
-            ):
-                raise ConfigError(f"{key}={value!r} is invalid: use a number of seconds > 0")
+            if not _seconds(getattr(self, key)):
+                raise ConfigError(
+                    f"{key}={getattr(self, key)!r} is invalid: use a number of seconds > 0"
+                )
+        if self.fence_after_s is not None and not _seconds(self.fence_after_s):
+            raise ConfigError(
+                f"fence_after_s={self.fence_after_s!r} is invalid: use a number of seconds > 0 "
+                "(below the coordinators' dead-after minus a heartbeat), or leave it unset "
+                "to never fence"
+            )
+
+
+def _seconds(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < math.inf
+
+
+class FenceClock:
+    """When a node cut off from the coordinators fences, as a pure function of the times it
+    is given (monotonic seconds): once per silence of `after` seconds since the last contact,
+    and lifted by the next contact. The agent's clock starts at registration."""
+
+    def __init__(self, after: float, now: float) -> None:
+        self.after = after
+        self.last = now
+        self.fenced = False
+
+    def contact(self, now: float) -> bool:
+        """A coordinator accepted a heartbeat at `now`; True when that lifts a fence."""
+        self.last = max(self.last, now)
+        lifted, self.fenced = self.fenced, False
+        return lifted
+
+    def check(self, now: float) -> bool:
+        """True exactly when the node must fence now: silent for `after` and not yet fenced."""
+        if self.fenced or now < self.last + self.after:
+            return False
+        self.fenced = True
+        return True
+
+    def wait(self, now: float) -> float:
+        """How long to sleep before checking again: until the silence would reach `after`; a
+        whole `after` while fenced (only a contact, which moves `last`, changes anything)."""
+        return self.after if self.fenced else max(0.0, self.last + self.after - now)
 
 
 class Backoff:
@@ -128,6 +170,7 @@ class Backoff:
 
 
 STOP_FIRST = "learner-rank"
+FENCED_HELP = "times this node stopped its tasks after --fence-after without an accepted heartbeat"
 FIRST_REGISTRATION_PERIOD_S = 0.1
 REGISTER_WARN_EVERY_S = 5.0
 
@@ -187,6 +230,7 @@ class NodeAgent:
         self._assigned_fresh = asyncio.Event()
         self._watchers: set[asyncio.Task[None]] = set()
         self._registered_once = False
+        self._fence: FenceClock | None = None
         self.metrics = Metrics()
         """Heartbeat and task counters for the node's `/metrics` (shoal/node_metrics.py)."""
 
@@ -195,9 +239,15 @@ class NodeAgent:
         """The tasks the coordinator placed here, as its last heartbeat reply listed them."""
         return list(self._assigned)
 
+    @property
+    def fenced(self) -> bool:
+        """True while the node has stopped its tasks for want of an accepted heartbeat."""
+        return self._fence is not None and self._fence.fenced
+
     def __repr__(self) -> str:
         state = "accepting" if self.accepting else "draining"
-        return f"<NodeAgent {self.node_id} {state} tasks={len(self.running)}>"
+        fenced = " fenced" if self.fenced else ""
+        return f"<NodeAgent {self.node_id} {state}{fenced} tasks={len(self.running)}>"
 
     # -- the loops ---------------------------------------------------------------------------
 
@@ -218,6 +268,10 @@ class NodeAgent:
             asyncio.create_task(self._reconcile_loop(stop), name="shoal-reconcile"),
             asyncio.create_task(self._report_loop(), name="shoal-reports"),
         ]
+        if self.config.fence_after_s is not None:
+            self._fence = FenceClock(self.config.fence_after_s, time.monotonic())
+            self.metrics.inc("shoal_node_fenced_total", FENCED_HELP, 0.0)
+            loops.append(asyncio.create_task(self._fence_loop(self._fence), name="shoal-fence"))
         try:
             await stop.wait()
             await self.drain()
@@ -287,6 +341,11 @@ class NodeAgent:
                 await asyncio.sleep(pause)
                 continue
             backoff.reset()
+            if self._fence is not None and self._fence.contact(time.monotonic()):
+                log.warning(
+                    "node %s unfenced: a heartbeat was accepted; its reply decides what runs here",
+                    self.node_id,
+                )
             try:
                 self._assigned = [
                     spec
@@ -329,8 +388,12 @@ class NodeAgent:
                 log.exception("reconciling the tasks of %s failed; retrying", self.node_id)
 
     async def reconcile(self, assigned: Sequence[TaskSpec]) -> None:
-        """Bring what runs here in line with `assigned` (the tasks placed on this node)."""
+        """Bring what runs here in line with `assigned` (the tasks placed on this node). A
+        fenced node does nothing: its last list is stale, and the leader may already have
+        placed those tasks elsewhere."""
         async with self._lock:
+            if self.fenced:
+                return
             self._reap_actors()
             local = {task_id: task.spec.generation for task_id, task in self.running.items()}
             todo = plan(assigned, local, self.done, self.accepting)
@@ -391,6 +454,48 @@ class NodeAgent:
             kind=spec.kind,
         )
         self._report(spec, state, message)
+
+    # -- fencing -----------------------------------------------------------------------------
+
+    async def _fence_loop(self, clock: FenceClock) -> None:
+        while True:
+            await asyncio.sleep(clock.wait(time.monotonic()))
+            if clock.check(time.monotonic()):
+                await self._fence_tasks(clock)
+
+    async def _fence_tasks(self, clock: FenceClock) -> None:
+        """Stop every task in the drain's waves, without marking them done or reporting them:
+        they did not end, the node let go of them. Once a heartbeat is accepted again its
+        reply's list decides, as after a daemon restart: what is still placed here at the same
+        generation starts again; what the leader moved elsewhere is not listed."""
+        async with self._lock:
+            if not clock.fenced:
+                return  # a heartbeat got through while a reconcile held the lock
+            # One that already ended stays for its watcher (or the reaper) to report.
+            tasks = [t for t in self.running.values() if _alive(t)]
+            for task in tasks:
+                del self.running[task.spec.id]
+            self.metrics.inc("shoal_node_fenced_total", FENCED_HELP)
+            log.warning(
+                "node %s fenced: no coordinator accepted a heartbeat for %g s (--fence-after); "
+                "stopping its %d task(s) until one does",
+                self.node_id,
+                clock.after,
+                len(tasks),
+            )
+            for wave in stop_waves(tasks, _kind):
+                await asyncio.gather(*(self._let_go(t) for t in wave))
+
+    async def _let_go(self, task: RunningTask) -> None:
+        """Stop a task this node fenced. Its watcher finds it no longer running and reports
+        nothing; whatever the coordinator believes is settled by the next accepted heartbeat."""
+        reason = await self._halt(task)
+        log.info(
+            "fenced task %s generation %d stopped (%s)",
+            task.spec.id,
+            task.spec.generation,
+            reason or "exited with status 0",
+        )
 
     # -- reports -----------------------------------------------------------------------------
 
@@ -454,8 +559,7 @@ class NodeAgent:
             await asyncio.gather(*self._watchers, return_exceptions=True)
 
     async def _stop_one(self, task: RunningTask, message: str) -> None:
-        await task.stop(self.config.stop_timeout_s)
-        reason = await task.wait() if isinstance(task, ProcessTask) else None
+        reason = await self._halt(task)
         if reason is None or reason.startswith("killed by SIGTERM"):
             self._finished(task.spec, "stopped", message)
         elif reason.startswith("killed by SIGKILL"):
@@ -463,6 +567,17 @@ class NodeAgent:
             self._finished(task.spec, "failed", f"{message}; killed after {limit:g} s")
         else:
             self._finished(task.spec, "failed", reason)
+
+    async def _halt(self, task: RunningTask) -> str | None:
+        """SIGTERM, SIGKILL after the stop timeout; the child's exit (None: status 0)."""
+        await task.stop(self.config.stop_timeout_s)
+        return await task.wait() if isinstance(task, ProcessTask) else None
+
+
+def _alive(task: RunningTask) -> bool:
+    if isinstance(task, ProcessTask):
+        return task.process is not None and task.process.returncode is None
+    return task.exited() is None
 
 
 def _kind(task: RunningTask) -> str:

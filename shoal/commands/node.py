@@ -58,6 +58,14 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=20.0,
         help="seconds a task may take to stop on drain before SIGKILL",
     )
+    parser.add_argument(
+        "--fence-after",
+        type=float,
+        metavar="S",
+        help="stop every task here after S seconds without an accepted heartbeat, until one "
+        "is accepted again (default: never); keep S below the coordinators' --dead-after "
+        "minus one heartbeat",
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.set_defaults(func=run)
 
@@ -102,7 +110,11 @@ def run(args: argparse.Namespace) -> int:
         clock=args.clock,
         metrics=args.metrics,
         health_s=args.health_period,
-        agent=AgentConfig(heartbeat_s=args.heartbeat, stop_timeout_s=args.stop_timeout),
+        agent=AgentConfig(
+            heartbeat_s=args.heartbeat,
+            stop_timeout_s=args.stop_timeout,
+            fence_after_s=args.fence_after,
+        ),
     )
     run_loop(serve_until_signalled(config))
     return 0
