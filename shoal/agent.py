@@ -185,6 +185,15 @@ def registration_backoff(first: bool, most: float) -> Backoff:
     return Backoff(FIRST_REGISTRATION_PERIOD_S, most)
 
 
+def heartbeat_backoff(config: AgentConfig) -> Backoff:
+    """The pauses between failed heartbeats: doubling from the period to `backoff_max_s`, or,
+    on a fencing node, the period itself (as often as a healthy node sends them): doubling
+    pauses could by themselves outlast `fence_after_s` after a leader election and fence a
+    node that no coordinator lost."""
+    most = config.backoff_max_s if config.fence_after_s is None else config.heartbeat_s
+    return Backoff(config.heartbeat_s, most)
+
+
 def stop_waves(tasks: Sequence[T], kind: Callable[[T], str]) -> list[list[T]]:
     """The order tasks stopped together stop in: learner ranks first, then the rest once
     they are gone. A rank told to stop may be inside an all-reduce that needs one more batch
@@ -263,14 +272,15 @@ class NodeAgent:
             await asyncio.gather(registered, return_exceptions=True)
             return
         registered.result()
+        if self.config.fence_after_s is not None:
+            self._fence = FenceClock(self.config.fence_after_s, time.monotonic())
+            self.metrics.inc("shoal_node_fenced_total", FENCED_HELP, 0.0)
         loops = [
             asyncio.create_task(self._heartbeat_loop(), name="shoal-heartbeat"),
             asyncio.create_task(self._reconcile_loop(stop), name="shoal-reconcile"),
             asyncio.create_task(self._report_loop(), name="shoal-reports"),
         ]
-        if self.config.fence_after_s is not None:
-            self._fence = FenceClock(self.config.fence_after_s, time.monotonic())
-            self.metrics.inc("shoal_node_fenced_total", FENCED_HELP, 0.0)
+        if self._fence is not None:
             loops.append(asyncio.create_task(self._fence_loop(self._fence), name="shoal-fence"))
         try:
             await stop.wait()
@@ -321,7 +331,7 @@ class NodeAgent:
     async def _heartbeat_loop(self) -> None:
         """Heartbeat on time whatever the tasks do: starting and stopping them happens in
         `_reconcile_loop`, so a slow `on_start` never makes the node look suspect."""
-        backoff = Backoff(self.config.heartbeat_s, self.config.backoff_max_s)
+        backoff = heartbeat_backoff(self.config)
         while True:
             try:
                 reply = await self._timed_heartbeat()

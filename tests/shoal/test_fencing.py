@@ -29,7 +29,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.agent import AgentConfig, FenceClock
+from shoal.agent import AgentConfig, FenceClock, heartbeat_backoff
 from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.proxy import FaultProxy
 from shoal.errors import ConfigError
@@ -87,6 +87,16 @@ def test_a_late_contact_restarts_the_silence(after: float, start: float, gap: fl
     clock.contact(contact)
     assert not clock.check(contact + after * 0.5)
     assert clock.check(contact + after)
+
+
+@given(st.floats(0.05, 10.0), st.floats(0.1, 60.0), st.integers(1, 20))
+def test_a_fencing_node_retries_failed_heartbeats_at_the_period(
+    period: float, fence_after: float, failures: int
+) -> None:
+    fencing = heartbeat_backoff(AgentConfig(heartbeat_s=period, fence_after_s=fence_after))
+    assert [fencing.take() for _ in range(failures)] == [period] * failures
+    plain = heartbeat_backoff(AgentConfig(heartbeat_s=period, backoff_max_s=60.0))
+    assert [plain.take() for _ in range(2)] == [period, min(60.0, period * 2)]
 
 
 @pytest.mark.parametrize("value", [0, -1.0, math.nan, math.inf, True, "3"])
