@@ -20,6 +20,9 @@ STARTUP_ESTIMATE_S = 10.0
 # (3 s client timeout, then the next replica) does not look like a dead node.
 SUSPECT_AFTER_S = 2.0
 DEAD_AFTER_S = 5.0
+# A node daemon cut off the coordinators this long stops its tasks (`--fence-after`): one
+# heartbeat period (1 s) before the leader declares it dead and starts them elsewhere.
+FENCE_AFTER_S = DEAD_AFTER_S - 1.0
 MESSAGE_WIDTH = 60
 
 
@@ -154,7 +157,7 @@ def _node_specs(
             sys.executable, "-m", "shoal", "node", "--coordinators", urls,
             "--data-dir", str(run_dir / "nodes" / name), "--token-file", str(run_dir / "api-token"),
             "--node-id", name, "--listen", "127.0.0.1:0", "--sim-gpus", str(gpus),
-            "--clock", f"127.0.0.1:{clock_port}",
+            "--clock", f"127.0.0.1:{clock_port}", "--fence-after", str(FENCE_AFTER_S),
         ]  # fmt: skip
         env = {CHAOS_CLOCK_ENV: str(clock_file(run_dir, name))}
         if relay_port is not None:
