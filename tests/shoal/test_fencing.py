@@ -38,7 +38,7 @@ from shoal.raft.client import CoordinatorClient
 
 HERE = Path(__file__).parent
 T = TypeVar("T")
-FENCE_AFTER_S = 1.5
+FENCE_AFTER_S = 3.0  # ten heartbeats: a loaded machine does not fence a node the proxy lets through
 
 # -- the fence decision (pure) ----------------------------------------------------------------
 
