@@ -470,8 +470,12 @@ class NodeAgent:
     async def _fence_loop(self, clock: FenceClock) -> None:
         while True:
             await asyncio.sleep(clock.wait(time.monotonic()))
-            if clock.check(time.monotonic()):
+            if not clock.check(time.monotonic()):
+                continue
+            try:
                 await self._fence_tasks(clock)
+            except Exception:  # a bug here must not end fencing for the daemon's lifetime
+                log.exception("fencing the tasks of %s failed", self.node_id)
 
     async def _fence_tasks(self, clock: FenceClock) -> None:
         """Stop every task in the drain's waves, without marking them done or reporting them:
