@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator
 
 from shoal.bench.report import Row
-from shoal.bench.runtime import TOKEN, _latencies, _second_process
+from shoal.bench.runtime import TOKEN, interleaved_latencies, second_process
 from shoal.chaos.history import Operation
 from shoal.chaos.linearizability import RegisterModel, check_partition
 from shoal.chaos.proxy import FaultProxy
@@ -152,7 +152,7 @@ async def _relay_rows(quick: bool) -> list[Row]:
     asks = 200 if quick else 3000
     echoes = 2 if quick else 20
     payload = b"\0" * BULK_BYTES
-    with _second_process() as ports:
+    with second_process() as ports:
         actor = f"{ports['shoal']}/sink"
         async with (
             LinkRelay() as relay,
@@ -168,7 +168,7 @@ async def _relay_rows(quick: bool) -> list[Row]:
             direct_rt = relayed_rt = float("inf")
             direct_mb = relayed_mb = 0.0
             for _ in range(3):
-                direct_us, relayed_us = await _latencies(
+                direct_us, relayed_us = await interleaved_latencies(
                     [lambda: direct.ask.echo(7), lambda: relayed.ask.echo(7)], asks
                 )
                 direct_rt = min(direct_rt, statistics.median(direct_us))

@@ -192,7 +192,7 @@ def serve() -> None:
 
 
 @contextlib.contextmanager
-def _second_process() -> Any:
+def second_process() -> Any:
     proc = subprocess.Popen(
         [sys.executable, "-c", "from shoal.bench.runtime import serve; serve()"],
         stdin=subprocess.PIPE,
@@ -224,7 +224,9 @@ def _percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _latencies(calls: list[Callable[[], Awaitable[Any]]], n: int) -> list[list[float]]:
+async def interleaved_latencies(
+    calls: list[Callable[[], Awaitable[Any]]], n: int
+) -> list[list[float]]:
     """Round-trip times in µs of each call, interleaved call by call, so a change in the
     machine's load (other processes share these cores) hits shoal and baselines alike."""
     for _ in range(min(100, n)):
@@ -412,7 +414,7 @@ async def _measure(quick: bool) -> list[Row]:
     rows: list[Row] = []
     local, queue = await _local_tells(sizes.tells)
     rows.append(Row("local tell", "msgs/s", local, queue, "asyncio.Queue put/get", True))
-    with _second_process() as ports:
+    with second_process() as ports:
         async with _clients(ports) as (system, ws, tcp):
             address = ports["shoal"]
             sink = system.ref(f"{address}/sink")
@@ -452,7 +454,7 @@ async def _measure(quick: bool) -> list[Row]:
                 )
             )
             async with ws.echo(small) as ws_echo:
-                shoal_rtt, ws_rtt, tcp_rtt = await _latencies(
+                shoal_rtt, ws_rtt, tcp_rtt = await interleaved_latencies(
                     [lambda: sink.ask.echo(7), ws_echo, tcp.echo(b"E" + small)], sizes.asks
                 )
             for q, label in ((0.5, "p50"), (0.99, "p99")):
