@@ -35,6 +35,7 @@ from shoal.chaos.proxy import FaultProxy
 from shoal.errors import ConfigError
 from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient
+from tests.shoal.waiting import eventually
 
 HERE = Path(__file__).parent
 T = TypeVar("T")
@@ -193,16 +194,6 @@ def counter(text: str, name: str) -> float | None:
         if line.startswith((name + " ", name + "{")):
             return float(line.rsplit(" ", 1)[1])
     return None
-
-
-def eventually(check: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.1)
 
 
 def file_text(path: Path) -> str:

@@ -22,6 +22,7 @@ from shoal.local import LocalCluster, coordinator_specs, node_specs
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.errors import Conflict
 from shoal.runtime import loop
+from tests.shoal.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -70,16 +71,6 @@ def call(local: LocalCluster, fn: Callable[[CoordinatorClient], Any]) -> Any:
             return await fn(client)
 
     return loop.run(body())
-
-
-def eventually(check: Callable[[], T | None], what: str, timeout: float = 40.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} within {timeout} s"
-        time.sleep(0.1)
 
 
 def inject(local: LocalCluster, kind: str, target: str, **params: Any) -> dict[str, Any]:
