@@ -18,14 +18,12 @@ def is_disk_full(exc: OSError) -> bool:
     return exc.errno in DISK_FULL_ERRNOS
 
 
-def unless_disk_full(what: str, write: Callable[[], None]) -> bool:
-    """Run `write`; on a full disk log that `what` was skipped and return False. For writes a
-    later one supersedes (status, ledger snapshots, lifecycle events); other errors propagate."""
+def unless_disk_full(what: str, write: Callable[[], None]) -> None:
+    """Run `write`; on a full disk only log that `what` was skipped. For writes a later one
+    supersedes (status, ledger snapshots, lifecycle events); other errors propagate."""
     try:
         write()
     except OSError as exc:
         if not is_disk_full(exc):
             raise
         log.warning("%s not written: no room (%s); training goes on", what, exc.strerror or exc)
-        return False
-    return True
