@@ -307,6 +307,11 @@ class Training:
         except (OSError, ValueError):
             return {}
 
+    def journal(self) -> Path:
+        """Rank 0's accounting journal (named by the incarnation in its status)."""
+        incarnation = self.status()["incarnation"]
+        return self.run_dir / "accounting" / f"learner-0-{incarnation}.jsonl"
+
     def learner_starts(self) -> int:
         lines = (self.run_dir / "events.jsonl").read_text().splitlines()
         events = [json.loads(line) for line in lines]
@@ -349,7 +354,31 @@ def _disk_full_of(kind: str, run_dir: Path) -> DiskFull | WriterFileLimit:
         fault = DiskFull(run_dir / "checkpoints", size=1 << 20, target="checkpoints")
         fault.mount()  # before the learner starts: it checkpoints into the tmpfs from the first
         return fault
-    return WriterFileLimit(0, 16 * 1024)  # the pid is set once the learner runs
+    return WriterFileLimit(0, 0)  # pid and limit are set once the learner runs
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _limit_the_journal_has_reached(training: Training) -> int:
+    """The rank's file size limit, read from its files just before injecting: the size its
+    accounting journal has reached. A write that starts at or past RLIMIT_FSIZE fails (EFBIG)
+    and the journal only grows, so its next append is held however fast the machine trains
+    (a fixed limit raced the journal's growth). Waiting until the journal is twice the status
+    file keeps the files the rank rewrites whole (status, ledger snapshot) under the limit; a
+    checkpoint stays at least twice over it. Appends to events.jsonl past it are skipped."""
+    journal, status = training.journal(), training.run_dir / "status-0.json"
+    training.until(
+        "the journal outgrows the status file twice over",
+        lambda: _size(journal) >= 2 * _size(status),
+    )
+    checkpoint = training.checkpoints.latest()
+    assert checkpoint is not None
+    return min(_size(journal), checkpoint.size // 2)
 
 
 @pytest.mark.slow
@@ -374,9 +403,13 @@ def test_disk_full_under_a_real_learner_rank(tmp_path: Path, kind: str) -> None:
     training = Training(run_dir)
     try:
         training.start()
-        training.until("a first checkpoint", lambda: training.newest_step() >= 1)
+        training.until(
+            "a first checkpoint and status",
+            lambda: training.newest_step() >= 1 and "pid" in training.status(),
+        )
         if isinstance(fault, WriterFileLimit):
             fault.pid = int(training.status()["pid"])  # the rank's own word, however it runs
+            fault.limit = _limit_the_journal_has_reached(training)
         fault.inject()
         training.until(
             "two failed checkpoint writes", lambda: training.status()["checkpoint_failures"] >= 2
@@ -386,7 +419,7 @@ def test_disk_full_under_a_real_learner_rank(tmp_path: Path, kind: str) -> None:
         held = training.newest_step()
         faulted = training.status()
         assert "disk is full" in faulted["checkpoint_error"]
-        if kind == "rlimit":  # its journal is past the limit too: lines held, not a crash
+        if kind == "rlimit":  # versions trained since inject() appended past the limit: held
             assert faulted["journal_full_writes"] > 0
         fault.heal()
         training.until("a newer complete checkpoint", lambda: training.newest_step() > held)

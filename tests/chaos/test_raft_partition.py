@@ -1,12 +1,15 @@
 """A replica partitioned on its Raft links, in a real 3-replica cluster whose replicas reach
 each other only through fault proxies: a partitioned leader loses leadership, the majority
-elects another and takes writes, and after healing the replica catches up to an equal digest."""
+elects another and takes writes, and after healing the replica catches up to an equal digest.
+
+What happens to leadership after healing is not asserted: pysyncobj has no pre-vote, so the
+healed replica may call an election at a higher term and unseat the majority's leader (see
+docs/chaos.md, "Raft partitions")."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from shoal.chaos.runner import run_scenario
 from shoal.chaos.scenario import parse
 from shoal.chaos.workload import make_client
 from shoal.local import LocalCluster, coordinator_specs
+from tests.shoal.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -56,14 +60,31 @@ def _all_connected(cluster: LocalCluster) -> bool:
     return all(v is not None and all(p["connected"] for p in v["replicas"]) for v in views.values())
 
 
-async def _until(what: str, check: Callable[[], Any], within: float = 30.0) -> Any:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        value = await asyncio.to_thread(check)
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {within:g} s: {what}")
+async def _until(what: str, check: Callable[[], Any], within: float = 60.0) -> Any:
+    """`eventually` in a worker thread: the fault proxies run on this test's event loop."""
+    return await asyncio.to_thread(eventually, check, what, within)
+
+
+def _one_leader_and_converged(cluster: LocalCluster) -> str | None:
+    """The leader's name once exactly one replica is leader, every replica names it, and all
+    show the same state digest at the same commit index; else None."""
+    views = _views(cluster, digest=True)
+    if any(v is None for v in views.values()):
+        return None
+    leaders = [name for name, v in views.items() if v and v["state"] == "leader"]
+    named = {v["leader_id"] for v in views.values() if v}
+    indexes = {v["commit_index"] for v in views.values() if v}
+    if len(leaders) != 1 or named != set(leaders) or len(indexes) != 1:
+        return None
+    return leaders[0] if invariants.digests_equal(views).held else None
+
+
+def _event_messages(cluster: LocalCluster, name: str) -> set[str]:
+    """The messages in `name`'s own copy of the event log (a local read, not forwarded)."""
+    api = cluster.spec(name).api_url
+    return {
+        e["message"] for e in cluster.get(f"{api}/v1/events?limit=1000", timeout=10.0)["events"]
+    }
 
 
 def test_a_partitioned_leader_steps_down_and_catches_up_after_healing(tmp_path: Path) -> None:
@@ -99,18 +120,22 @@ def test_a_partitioned_leader_steps_down_and_catches_up_after_healing(tmp_path: 
             elected = await _until("the majority elects a new leader", new_leader)
             await _until(f"{old} is cut off both ways", lambda: _cut_off(cluster, old))
             urls = [s.api_url for s in others if s.api_url]
+            acknowledged = {f"written by the majority {i}" for i in range(5)}
             async with make_client(urls, cluster.token) as client:
-                for i in range(5):
-                    await client.add_event("partition", f"written by the majority {i}")
-            assert _views(cluster)[old]["leader_id"] != elected  # it never heard of the election
+                for message in sorted(acknowledged):
+                    await client.add_event("partition", message)
+            cut_off_view = await _until(f"{old} answers", lambda: cluster.cluster_view(old))
+            assert cut_off_view["leader_id"] != elected  # it never heard of the election
 
             assert "healed" in mesh.heal(old)
-
-            def converged() -> bool:
-                return invariants.digests_equal(_views(cluster, digest=True)).held
-
-            await _until("the healed replica catches up", converged)
-            assert _views(cluster)[old]["leader_id"] == elected
+            # Any one leader: without pre-vote the healed replica may force another election.
+            await _until(
+                "one leader, and every replica at the same state and commit index",
+                lambda: _one_leader_and_converged(cluster),
+            )
+            for spec in cluster.specs():
+                missing = acknowledged - _event_messages(cluster, spec.name)
+                assert not missing, f"{spec.name} lacks acknowledged writes {sorted(missing)}"
         finally:
             await mesh.close()
 
