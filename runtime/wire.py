@@ -5,7 +5,8 @@ Arrays travel beside the header, not inside it, so the sender hands the array's 
 the socket (no copy) and the receiver builds the array on the received bytes. Nothing is ever
 pickled: only msgpack values, tuples, numpy arrays and scalars, torch tensors and dataclasses
 registered with `@message("stable-name")` can cross, and the decoder validates every dtype,
-shape, length and offset, so a hostile peer can only ever cause a `WireError`.
+shape, length and offset, and bounds the header's nesting and size before unpacking it
+(wire_shape.py), so a hostile peer can only ever cause a `WireError`.
 
 Layout (little-endian): magic "SHL1", u32 header length, u32 buffer count, u64 frame length,
 one u64 length per buffer, the header, then each buffer starting on a 64-byte boundary.
@@ -24,6 +25,7 @@ import msgpack
 import numpy as np
 
 from shoal.runtime.errors import FrameTooLarge, MalformedFrame, UnknownMessageType, WireError
+from shoal.runtime.wire_shape import check_shape
 
 MAGIC = b"SHL1"
 PREFIX = struct.Struct("<4sIIQ")
@@ -334,6 +336,7 @@ def decode(frame: Buffer, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Any
 
 
 def _unpack(decoder: _Decoder, header: memoryview) -> Any:
+    check_shape(header)
     try:
         return decoder.unpack(header)
     except WireError:

@@ -18,6 +18,7 @@ from shoal.runtime.errors import ActorNotFound, AskTimeout, AuthenticationFailed
 from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import ROUTE, Transport, TransportConfig, attach
+from tests.runtime.hostile_frames import HOSTILE_HEADERS, header_only_frame
 
 pytestmark = pytest.mark.usefixtures("no_asyncio_errors")
 
@@ -97,11 +98,6 @@ def frame(value: Any) -> bytes:
     return b"".join(bytes(part) for part in wire.encode(value).parts)
 
 
-def header_only_frame(header: bytes) -> bytes:
-    total = wire.PREFIX_SIZE + len(header)
-    return wire.PREFIX.pack(wire.MAGIC, len(header), 0, total) + header
-
-
 BAD_FRAMES: dict[str, tuple[bytes, str, str]] = {
     "garbage": (b"GET / HTTP/1.1\r\n" * 4, "MalformedFrame", "magic"),
     "bad header": (header_only_frame(b"\xc1\xc1"), "MalformedFrame", "header is not valid"),
@@ -123,6 +119,10 @@ BAD_FRAMES: dict[str, tuple[bytes, str, str]] = {
         "FrameTooLarge",
         f"limit of {LIMIT} bytes",
     ),
+    **{
+        f"hostile shape: {name}": (header_only_frame(header), "MalformedFrame", needle)
+        for name, (header, needle) in HOSTILE_HEADERS.items()
+    },
 }
 
 
@@ -144,6 +144,10 @@ def test_bad_frames_close_only_their_link(case: str) -> None:
     run(main())
 
 
+def _sender(data: bytes) -> Callable[[aiohttp.ClientWebSocketResponse], Awaitable[None]]:
+    return lambda ws: ws.send_bytes(data)
+
+
 async def handshake_then(ws: aiohttp.ClientWebSocketResponse, answer: dict[str, Any]) -> None:
     await auth.send(ws, {"shoal": auth.PROTOCOL, "nonce": b"n" * auth.NONCE_BYTES})
     await auth.receive(ws, 5)
@@ -161,6 +165,10 @@ HANDSHAKES: dict[str, tuple[Callable[[aiohttp.ClientWebSocketResponse], Awaitabl
         lambda ws: auth.send(ws, {"shoal": 99, "nonce": b"n" * auth.NONCE_BYTES}),
         "protocol 99",
     ),
+    **{
+        f"hostile shape: {name}": (_sender(header_only_frame(header)), needle)
+        for name, (header, needle) in HOSTILE_HEADERS.items()
+    },
 }
 
 
@@ -372,6 +380,14 @@ BAD_HELLOS: dict[str, tuple[Callable[[StreamPeer], bytes], str, str]] = {
         "limit of 4096 bytes",
     ),
     "silent": (lambda peer: b"", "LinkClosed", "did not complete the stream handshake"),
+    **{
+        f"hostile shape: {name}": (
+            lambda peer, header=header: header_only_frame(header),
+            "MalformedFrame",
+            needle,
+        )
+        for name, (header, needle) in HOSTILE_HEADERS.items()
+    },
 }
 
 
@@ -425,6 +441,14 @@ BAD_STREAM: dict[str, tuple[Callable[[StreamPeer], Awaitable[None]], str, str]] 
         "MalformedFrame",
         "carries its frames on its stream",
     ),
+    **{
+        f"hostile shape: {name}": (
+            lambda peer, header=header: peer.send(header_only_frame(header)),
+            "MalformedFrame",
+            needle,
+        )
+        for name, (header, needle) in HOSTILE_HEADERS.items()
+    },
 }
 
 

@@ -9,13 +9,16 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import aiohttp
 import pytest
 import torch
 
+from shoal.runtime import auth, wire
 from shoal.runtime.errors import LinkClosed
 from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
-from shoal.runtime.transport import TransportConfig, attach
+from shoal.runtime.transport import ROUTE, TransportConfig, attach
+from tests.runtime.hostile_frames import HOSTILE_HEADERS, header_only_frame
 
 TOKEN = "two-process-token"
 
@@ -24,7 +27,8 @@ import asyncio, os, sys
 from shoal.runtime.actor import Actor
 from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
-from shoal.runtime.transport import TransportConfig, attach
+from shoal.runtime.transport import ROUTE, TransportConfig, attach
+from tests.runtime.hostile_frames import HOSTILE_HEADERS, header_only_frame
 
 class Worker(Actor):
     def pid(self):
@@ -144,3 +148,60 @@ def test_a_stopped_peer_is_noticed_by_the_heartbeat(
                 await transport.close()
 
     run(main())
+
+
+async def _until_closed(ws: aiohttp.ClientWebSocketResponse) -> None:
+    while not ws.closed:
+        msg = await ws.receive(timeout=30)
+        if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED):
+            return
+
+
+async def _send_on_every_path(address: str, data: bytes) -> None:
+    """`data` as the first websocket message, as a frame after the handshake, as a stream
+    hello and as a frame on an authenticated stream; each connection is closed by the peer."""
+    token = TOKEN.encode()
+    window = auth.Window(8, 1 << 20)
+    url = "ws://" + address.removeprefix("shoal://") + ROUTE
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(url) as ws:
+            await ws.send_bytes(data)
+            await _until_closed(ws)
+        async with session.ws_connect(url) as ws:
+            await auth.client_handshake(ws, token, window, 30)
+            await ws.send_bytes(data)
+            await _until_closed(ws)
+        for authenticated in (False, True):
+            async with session.ws_connect(url) as ws:
+                link = await auth.client_handshake(ws, token, window, 30)
+                assert link.stream_port is not None
+                reader, writer = await asyncio.open_connection("127.0.0.1", link.stream_port)
+                if authenticated:
+                    proof = auth.proof(token, b"stream", link.server_nonce, link.client_nonce)
+                    hello = wire.encode({"stream": link.server_nonce, "proof": proof})
+                    writer.write(b"".join(bytes(part) for part in hello.parts))
+                writer.write(data)
+                await asyncio.wait_for(reader.read(), 30)  # the peer closes the stream
+                writer.close()
+
+
+@pytest.mark.timeout(120)
+def test_hostile_headers_on_every_path_leave_the_process_serving(
+    child: tuple[subprocess.Popen[str], str],
+) -> None:
+    """Issue 14: ~700 bytes of nested extensions killed any process with a transport port,
+    before authentication. Every hostile shape, on every path, to a real process."""
+    proc, address = child
+
+    async def main() -> None:
+        for header, _ in HOSTILE_HEADERS.values():
+            await _send_on_every_path(address, header_only_frame(header))
+        async with ActorSystem() as system:
+            transport = await attach(system, TransportConfig(token=TOKEN))
+            try:
+                assert await system.ref(f"{address}/worker").ask.pid() == proc.pid
+            finally:
+                await transport.close()
+
+    run(main())
+    assert proc.poll() is None
