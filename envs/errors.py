@@ -25,3 +25,12 @@ class InvalidEnvironmentId(EnvError):
 
 class RegistrationError(EnvError):
     """An environment cannot be registered as asked (id taken, bad time limit)."""
+
+
+class SandboxError(EnvError):
+    """The sandbox itself failed or was misused (not the episode's code); the message says how."""
+
+
+class ResultChannelViolation(EnvError):
+    """An episode's result channel holds something the harness never writes: its program wrote
+    there. The episode fails with this message as its reason; nothing else is affected."""

@@ -35,8 +35,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from shoal.envs.errors import EnvError
-from shoal.envs.sandbox_verdict import SandboxResult, Status, TestCase, TestOutcome, judge
+from shoal.envs.errors import SandboxError
+from shoal.envs.sandbox_channel import CHANNEL_BYTES, CONTROL_BYTES, wire_limits
+from shoal.envs.sandbox_verdict import (
+    Facts,
+    SandboxResult,
+    Status,
+    TestCase,
+    TestOutcome,
+    judge,
+)
 from shoal.errors import ConfigError
 
 __all__ = [
@@ -56,10 +64,7 @@ _UID_BASE = 200_000
 _MAX_BATCH = 64  # sandbox_server.MAX_SLOTS: uids are laid out for that many slots a server
 _START_TIMEOUT_S = 30.0
 _REPLY_GRACE_S = 10.0
-
-
-class SandboxError(EnvError):
-    """The sandbox itself failed or was misused (not the episode's code); the message says how."""
+_REPLY_SLACK = 1024 * 1024
 
 
 class SandboxClosed(SandboxError):
@@ -138,7 +143,11 @@ class _Server:
             "root": str(root),
             "uid_base": _UID_BASE,
             "slots": slots,
+            "channel": wire_limits(),
         }
+        # Nothing the server sends can be longer: JSON escapes a byte in at most 6.
+        per_episode = CHANNEL_BYTES + CONTROL_BYTES + 2 * limits.output_bytes
+        self.reply_limit = 6 * slots * per_episode + _REPLY_SLACK
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(_SERVER), json.dumps(config)],
             stdin=subprocess.PIPE,
@@ -151,11 +160,14 @@ class _Server:
         except SandboxError:
             self.kill()
             raise
+        if not _is_hello(hello):
+            self.kill()
+            raise SandboxError(f"sandbox server {self.proc.pid} sent a malformed greeting")
         self.pid: int = hello["pid"]
         self.uids: list[int] = hello["uids"]
         self.isolation: dict[str, str] = hello["isolation"]
 
-    def run_batch(self, episodes: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    def run_batch(self, episodes: list[dict[str, Any]], timeout: float) -> list[Facts]:
         """The facts of each episode, in order; they all run at once, so `timeout` bounds all."""
         assert self.proc.stdin is not None
         try:
@@ -166,11 +178,18 @@ class _Server:
         results = self._read(time.monotonic() + timeout + _REPLY_GRACE_S).get("results")
         if not isinstance(results, list) or len(results) != len(episodes):
             raise SandboxError(f"sandbox server {self.proc.pid} sent a malformed reply")
-        return results
+        return [Facts.from_wire(facts) for facts in results]
 
     def _read(self, deadline: float) -> dict[str, Any]:
-        header = self._read_exact(4, deadline)
-        reply = json.loads(self._read_exact(struct.unpack(">I", header)[0], deadline))
+        """One frame from the server. It runs no untrusted code itself (its children do, and
+        reach it only as bytes it quotes), but a broken one must still not break the pool."""
+        (length,) = struct.unpack(">I", self._read_exact(4, deadline))
+        if length > self.reply_limit:
+            raise SandboxError(f"sandbox server {self.proc.pid} sent a {length}-byte frame")
+        try:
+            reply = json.loads(self._read_exact(length, deadline))
+        except (ValueError, RecursionError) as exc:
+            raise SandboxError(f"sandbox server {self.proc.pid} sent a malformed reply") from exc
         if not isinstance(reply, dict):
             raise SandboxError(f"sandbox server {self.proc.pid} sent a malformed reply")
         return reply
@@ -360,6 +379,17 @@ class SandboxPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"servers={len(self._servers)}"
         return f"<SandboxPool {state} limits={self.limits}>"
+
+
+def _is_hello(hello: dict[str, Any]) -> bool:
+    uids, isolation = hello.get("uids"), hello.get("isolation")
+    return (
+        type(hello.get("pid")) is int
+        and isinstance(uids, list)
+        and all(type(uid) is int for uid in uids)
+        and isinstance(isolation, dict)
+        and all(isinstance(value, str) for value in isolation.values())
+    )
 
 
 def _scratch_root() -> str | None:

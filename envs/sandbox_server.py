@@ -73,8 +73,9 @@ _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 <<
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _RESULT_FD = 3
+_CONTROL_FD = 4
+"""Closed before the episode's code runs: what the harness says here, only the harness said."""
 _READ_CHUNK = 65536
-_MAX_EVENT_BYTES = 4 * 1024 * 1024
 _FINAL_READS = 8
 MAX_SLOTS = 64
 """Uids are `uid_base + server pid * MAX_SLOTS + slot`, so no two slots anywhere share one."""
@@ -89,51 +90,93 @@ _setns = _libc.setns
 _setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _setns.restype = ctypes.c_int
 _DONE = b'{"event": "done"}\n'
+_RUN = b'{"phase": "run"}\n'
 
 
 # ---------------------------------------------------------------- the child (untrusted side)
 
 
-def _emit(fd: int, event: dict[str, Any]) -> None:
-    data = (json.dumps(event, default=repr) + "\n").encode()
+def _report(fd: int, record: dict[str, Any]) -> None:
+    """One record, one line of ASCII JSON (what the pool's parser accepts, and nothing else)."""
+    data = (json.dumps(record, allow_nan=False) + "\n").encode()
     while data:
         data = data[os.write(fd, data) :]
 
 
-def _describe(exc: BaseException) -> dict[str, Any]:
+def _text(text: str, limit: int) -> str:
+    """At most `limit` characters that can be printed (a lone surrogate cannot be encoded)."""
+    return text[:limit].encode("utf-8", "replace").decode("utf-8")
+
+
+def _describe(exc: BaseException, channel: dict[str, int]) -> dict[str, Any]:
+    """An exception as plain data. Its message and errno are the program's objects, which may
+    raise or be of any type, so each is taken defensively."""
+    try:
+        message = str(exc)
+    except BaseException:
+        message = "<the exception's message could not be shown>"
+    try:
+        code = exc.errno if isinstance(exc, OSError) else None
+    except BaseException:
+        code = None
     return {
-        "type": type(exc).__name__,
-        "errno": getattr(exc, "errno", None),
-        "message": str(exc)[:500],
+        "type": _text(type(exc).__name__, channel["type_chars"]),
+        "errno": code if type(code) is int and -(2**31) <= code < 2**31 else None,
+        "message": _text(message if type(message) is str else "", channel["text_chars"]),
     }
 
 
-def _jsonable(value: Any) -> Any:
+def _within(value: Any, room: int) -> bool:
+    """Whether `value` nests at most `room` lists, tuples and dicts deep."""
+    if isinstance(value, list | tuple | dict):
+        if room == 0:
+            return False
+        items = value.values() if isinstance(value, dict) else value
+        return all(_within(item, room - 1) for item in items)
+    return True
+
+
+def _value_line(index: int, value: Any, channel: dict[str, int]) -> str:
+    """The record of a test's value; one the pool would refuse (not finite, too deep, too long,
+    not JSON at all) is replaced by the value's repr, which fails the test but not the episode."""
     try:
-        json.dumps(value)
-    except (TypeError, ValueError, RecursionError):
-        return {"__repr__": repr(value)[:500]}
-    return value
+        if _within(value, channel["value_depth"]):
+            line = json.dumps({"event": "test", "index": index, "value": value}, allow_nan=False)
+            if len(line) < channel["record_bytes"]:
+                return line
+    except BaseException:  # the value's own methods ran: anything may come out of them
+        pass
+    try:
+        shown = repr(value)
+    except BaseException:
+        shown = f"<{type(value).__name__} that could not be shown>"
+    text = _text(shown if type(shown) is str else "", channel["text_chars"])
+    return json.dumps({"event": "test", "index": index, "value": {"__repr__": text}})
 
 
-def _harness(source: str, calls: list[str]) -> None:
-    """Run the episode's source, then each test call, reporting on fd 3 as JSON lines.
+def _harness(source: str, calls: list[str], channel: dict[str, int]) -> None:
+    """Compile the source and say so on the control channel, close that channel, then run the
+    code and each test call, reporting on the result channel (fd 3).
 
-    A process the source forked returns here too; it must not report, so it exits quietly.
+    From the moment the control channel is closed the process runs the episode's code: it can
+    write to fd 3 as well, so the pool trusts nothing there (sandbox_channel). A process the
+    source forked returns here too; it must not report, so it exits quietly.
     """
     me = os.getpid()
     try:
         code = compile(source, "<episode>", "exec")
-    except (SyntaxError, ValueError) as exc:
-        _emit(_RESULT_FD, {"event": "error", "phase": "compile", **_describe(exc)})
+    except Exception as exc:  # SyntaxError, ValueError (NUL), MemoryError, RecursionError
+        _report(_CONTROL_FD, {"phase": "compile", "error": _describe(exc, channel)})
         return
+    os.write(_CONTROL_FD, _RUN)
+    os.close(_CONTROL_FD)
     namespace: dict[str, Any] = {"__name__": "__episode__"}
     try:
         exec(code, namespace)
     except BaseException as exc:
         if os.getpid() != me:
             os._exit(0)
-        _emit(_RESULT_FD, {"event": "error", "phase": "module", **_describe(exc)})
+        _report(_RESULT_FD, {"event": "error", "error": _describe(exc, channel)})
         return
     if os.getpid() != me:
         os._exit(0)
@@ -143,26 +186,36 @@ def _harness(source: str, calls: list[str]) -> None:
         except BaseException as exc:
             if os.getpid() != me:
                 os._exit(0)
-            _emit(_RESULT_FD, {"event": "test", "index": index, "error": _describe(exc)})
+            _report(_RESULT_FD, {"event": "test", "index": index, "error": _describe(exc, channel)})
             continue
         if os.getpid() != me:
             os._exit(0)
-        _emit(_RESULT_FD, {"event": "test", "index": index, "value": _jsonable(value)})
+        line = (_value_line(index, value, channel) + "\n").encode()
+        while line:
+            line = line[os.write(_RESULT_FD, line) :]
     os.write(_RESULT_FD, _DONE)
 
 
-def _confine(workdir: str, fds: tuple[int, ...], slot: _Slot, config: dict[str, Any]) -> None:
-    """Everything that turns a fresh fork into a sandbox, in the order the kernel needs."""
+def _enter_slot(slot: _Slot) -> None:
+    """A session of its own and the slot's namespaces (their descriptors are still open)."""
     os.setsid()
     if not slot.entered:
         for ns_fd, kind in ((slot.netns, _CLONE_NEWNET), (slot.ipcns, _CLONE_NEWIPC)):
             if ns_fd is not None and _setns(ns_fd, kind) != 0:
                 raise OSError(ctypes.get_errno(), "setns into the slot's namespace failed")
+
+
+def _take_descriptors(fds: tuple[int, ...], config: dict[str, Any]) -> None:
+    """stdin from /dev/null, then stdout, stderr, the result and the control channel on fds
+    1-4; every other descriptor (the server's, the siblings' pipes) is closed."""
     os.dup2(config["devnull"], 0)
-    os.dup2(fds[0], 1)
-    os.dup2(fds[1], 2)
-    os.dup2(fds[2], _RESULT_FD)
-    os.closerange(_RESULT_FD + 1, 65536)
+    for target, fd in enumerate(fds, 1):
+        os.dup2(fd, target)
+    os.closerange(_CONTROL_FD + 1, 65536)
+
+
+def _confine(workdir: str, slot: _Slot, config: dict[str, Any]) -> None:
+    """The rest of what turns a fresh fork into a sandbox, in the order the kernel needs."""
     os.chdir(workdir)
     if config["chroot"]:
         os.chroot(workdir)
@@ -206,15 +259,20 @@ def _child(
     slot: _Slot,
     config: dict[str, Any],
 ) -> None:
-    """The forked child's whole life; it never returns into the server's loop."""
+    """The forked child's whole life; it never returns into the server's loop. A failure to
+    confine it goes on the control channel: where the descriptors were, then on fd 4."""
+    control = fds[3]
     try:
-        _confine(workdir, fds, slot, config)
+        _enter_slot(slot)
+        _take_descriptors(fds, config)
+        control = _CONTROL_FD
+        _confine(workdir, slot, config)
     except BaseException as exc:
         with contextlib.suppress(BaseException):
-            _emit(_RESULT_FD, {"event": "error", "phase": "setup", **_describe(exc)})
+            _report(control, {"phase": "setup", "error": _describe(exc, config["channel"])})
         os._exit(70)
     try:
-        _harness(request["source"], request["calls"])
+        _harness(request["source"], request["calls"], config["channel"])
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
@@ -353,6 +411,7 @@ class _Episode:
     forked (`_fork_all`)."""
 
     __slots__ = (
+        "ctl",
         "deadline",
         "ended",
         "err",
@@ -379,20 +438,19 @@ class _Episode:
         os.mkdir(self.workdir, 0o700)
         if slot.uid is not None:
             os.chown(self.workdir, slot.uid, slot.uid)
-        cap = config["limits"]["output_bytes"]
-        self.out, self.err, self.res = _Capture(cap), _Capture(cap), _Capture(_MAX_EVENT_BYTES)
+        cap, channel = config["limits"]["output_bytes"], config["channel"]
+        self.out, self.err = _Capture(cap), _Capture(cap)
+        self.res = _Capture(channel["channel_bytes"])
+        self.ctl = _Capture(channel["control_bytes"])
         self.deadline = 0.0
         self.timed_out = self.exited = False
         self.pid: int | None = None
         self.status: int | None = None
         self.ended = 0.0
-        pipes = [os.pipe() for _ in range(3)]
-        self.writes: tuple[int, ...] = (pipes[0][1], pipes[1][1], pipes[2][1])
-        self.sinks = {
-            pipes[0][0]: self.out.add,
-            pipes[1][0]: self.err.add,
-            pipes[2][0]: self.res.add,
-        }
+        pipes = [os.pipe() for _ in range(4)]
+        self.writes: tuple[int, ...] = tuple(write_end for _, write_end in pipes)
+        sinks = (self.out.add, self.err.add, self.res.add, self.ctl.add)
+        self.sinks = {read_end: sink for (read_end, _), sink in zip(pipes, sinks)}
         self.fds = [read_end for read_end, _ in pipes]
         self.pidfd = -1
 
@@ -455,7 +513,8 @@ class _Episode:
         is copied, and parsing belongs to the pool, which never forks."""
         status = self.status or 0
         return {
-            "events": self.res.data.decode("utf-8", "replace"),
+            "control": self.ctl.data.decode("latin-1"),
+            "events": self.res.data.decode("latin-1"),
             "events_overflow": self.res.dropped > 0,
             "stdout": self.out.data.decode("utf-8", "replace"),
             "stderr": self.err.data.decode("utf-8", "replace"),

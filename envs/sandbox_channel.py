@@ -1,0 +1,265 @@
+"""What an episode child writes to the pool, parsed as the hostile bytes it is.
+
+Two channels come out of every child. The *control channel* carries what the harness learns
+before any code of the episode runs (confinement failed, the source does not compile, or the
+code starts now) and is closed before it does, so the program can neither reach nor forge it.
+The *result channel* carries the module's exception or each test's value, then `done`; the
+program runs in the same process as the harness, so it can write there too. Nothing here trusts
+either: the size, the line count and each line's nesting depth are bounded before any JSON is
+parsed, every record's shape is checked, and records must come in the one order the harness
+writes them. Anything else raises `ResultChannelViolation`, whose message becomes the failed
+episode's reason. Pure functions only (property-tested).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from shoal.envs.errors import ResultChannelViolation
+
+CHANNEL_BYTES = 4 * 1024 * 1024
+"""The server ends an episode whose result channel grows past this (status output_limit)."""
+CONTROL_BYTES = 8 * 1024
+RECORD_BYTES = 1024 * 1024
+"""One line; the harness reports a value whose record would be longer by its repr."""
+VALUE_DEPTH = 32
+"""How deep a test value may nest; the harness reports a deeper one by its repr."""
+TEXT_CHARS = 500
+"""An exception's message, or a value's repr, as the harness shortens it."""
+TYPE_CHARS = 100
+INT_DIGITS = 4300
+"""Python's own default: parsing an integer costs time quadratic in its digits."""
+_ERRNO_RANGE = range(-(2**31), 2**31)
+_LINE_DEPTH = VALUE_DEPTH + 1  # the record object around the value
+
+_ESCAPES = re.compile(rb"\\.", re.DOTALL)
+_STRINGS = re.compile(rb'"[^"]*"')
+_NON_ASCII = re.compile(rb"[\x80-\xff]")
+_SURROGATES = re.compile("[\ud800-\udfff]")
+_ONE_BRACKET = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def wire_limits() -> dict[str, int]:
+    """The bounds the server's harness keeps to, sent in its config (one source of truth)."""
+    return {
+        "channel_bytes": CHANNEL_BYTES,
+        "control_bytes": CONTROL_BYTES,
+        "record_bytes": RECORD_BYTES,
+        "value_depth": VALUE_DEPTH,
+        "text_chars": TEXT_CHARS,
+        "type_chars": TYPE_CHARS,
+    }
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """An exception as the harness describes it: type name, errno (or None) and message."""
+
+    type: str
+    errno: int | None
+    message: str
+
+    def text(self) -> str:
+        return f"{self.type}: {self.message}" if self.message else self.type
+
+
+@dataclass(frozen=True)
+class TestRecord:
+    """What one test call gave: a value, or the exception it raised."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    index: int
+    value: Any
+    error: ErrorInfo | None
+
+
+@dataclass(frozen=True)
+class Control:
+    """The control channel: how far the harness got before the episode's code ran.
+
+    `phase` is "run" (the code started), "setup" (confinement failed), "compile" (the source
+    does not compile) or None (the child ended before it wrote anything)."""
+
+    phase: str | None
+    error: ErrorInfo | None = None
+
+
+@dataclass(frozen=True)
+class Results:
+    """The result channel, valid so far: a module-level exception, or the tests in order and
+    whether the harness finished (`done`)."""
+
+    error: ErrorInfo | None
+    tests: tuple[TestRecord, ...]
+    done: bool
+
+
+def parse_control(data: bytes, killed: bool) -> Control:
+    """The control channel's one record. `killed`: the child was killed (a timeout or a
+    signal), so its last line may have been cut short."""
+    lines = list(_lines(data, 1, CONTROL_BYTES, killed))
+    if not lines:
+        return Control(None)
+    record = _record(lines[0], 1)
+    phase = record.get("phase")
+    if phase == "run" and record.keys() == {"phase"}:
+        return Control("run")
+    if phase in ("setup", "compile") and record.keys() == {"phase", "error"}:
+        return Control(phase, _error_info(record["error"], 1))
+    raise ResultChannelViolation(f"line 1 is not a record the harness writes: {_show(record)}")
+
+
+def parse_results(data: bytes, calls: int, killed: bool) -> Results:
+    """The result channel of an episode with `calls` test calls. Raises ResultChannelViolation
+    for anything the harness never writes: the episode's program wrote to the channel."""
+    error: ErrorInfo | None = None
+    tests: list[TestRecord] = []
+    done = False
+    for number, line in enumerate(_lines(data, calls + 1, CHANNEL_BYTES, killed), 1):
+        if done or error is not None:
+            raise ResultChannelViolation(f"line {number} comes after the harness's last record")
+        record = _record(line, number)
+        event = record.get("event")
+        if event == "done" and record.keys() == {"event"}:
+            if len(tests) != calls:
+                raise ResultChannelViolation(
+                    f"line {number} says done after {len(tests)} of {calls} tests"
+                )
+            done = True
+        elif event == "error" and record.keys() == {"event", "error"} and not tests:
+            error = _error_info(record["error"], number)
+        elif event == "test":
+            tests.append(_test_record(record, number, len(tests), calls))
+        else:
+            raise ResultChannelViolation(
+                f"line {number} is not a record the harness writes here: {_show(record)}"
+            )
+    return Results(error, tuple(tests), done)
+
+
+def _lines(data: bytes, most: int, limit: int, killed: bool) -> Iterator[bytes]:
+    """The complete lines in order, at most `most`, each within the record size; the harness
+    writes only ASCII and ends every line."""
+    if len(data) > limit:
+        raise ResultChannelViolation(f"{len(data)} bytes, more than the limit of {limit}")
+    at = _NON_ASCII.search(data)
+    if at is not None:
+        raise ResultChannelViolation(
+            f"byte {at.start()} is not ASCII (the harness writes ASCII JSON only)"
+        )
+    start = 0
+    for number in itertools.count(1):
+        end = data.find(b"\n", start)
+        if end < 0:
+            break
+        if number > most:
+            raise ResultChannelViolation(f"line {number}: the harness writes at most {most}")
+        if end - start > RECORD_BYTES:
+            raise ResultChannelViolation(
+                f"line {number} has {end - start} bytes, more than the limit of {RECORD_BYTES}"
+            )
+        yield data[start:end]
+        start = end + 1
+    if start < len(data) and not killed:
+        raise ResultChannelViolation("the last line has no newline (the harness ends each)")
+
+
+def _record(line: bytes, number: int) -> dict[str, Any]:
+    """One line as a JSON object: its depth is bounded before it is parsed."""
+    if not nesting_within(line, _LINE_DEPTH):
+        raise ResultChannelViolation(
+            f"line {number} nests deeper than {_LINE_DEPTH} levels or is not JSON"
+        )
+    try:
+        record = json.loads(
+            line, parse_constant=_no_constant, parse_float=_finite, parse_int=_bounded_int
+        )
+    except ValueError as exc:
+        raise ResultChannelViolation(
+            f"line {number} is not JSON the harness writes: {exc}"
+        ) from exc
+    if not isinstance(record, dict):
+        raise ResultChannelViolation(f"line {number} is not a JSON object: {_show(record)}")
+    return record
+
+
+def nesting_within(line: bytes, limit: int) -> bool:
+    """Whether `line` nests at most `limit` arrays and objects deep, without parsing it.
+
+    Where the count of opening brackets already says so, that is all; otherwise escapes and
+    then strings are removed (a bracket inside a string is text), and innermost `[]` pairs
+    are removed one level per pass, `limit` passes at most. Anything left means deeper, or not
+    JSON; either way the line is refused. Linear in the line's length for each pass.
+    """
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return True
+    shape = _STRINGS.sub(b"", _ESCAPES.sub(b"", line)).translate(_ONE_BRACKET, _NOT_BRACKETS)
+    for _ in range(limit):
+        shorter = shape.replace(b"[]", b"")
+        if len(shorter) == len(shape):
+            break
+        shape = shorter
+    return not shape
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number (the harness never writes one)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} overflows a float (the harness never writes one)")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits; the limit is {INT_DIGITS}")
+    return int(text)
+
+
+def _test_record(record: dict[str, Any], number: int, expected: int, calls: int) -> TestRecord:
+    index = record.get("index")
+    if type(index) is not int or index != expected or index >= calls:
+        raise ResultChannelViolation(
+            f"line {number} reports test {_show(index)}, but the harness's next record is "
+            + (f"test {expected}" if expected < calls else "done")
+        )
+    if record.keys() == {"event", "index", "value"}:
+        return TestRecord(index, record["value"], None)
+    if record.keys() == {"event", "index", "error"}:
+        return TestRecord(index, None, _error_info(record["error"], number))
+    raise ResultChannelViolation(f"line {number} has keys {sorted(record)[:5]!r}")
+
+
+def _error_info(raw: Any, number: int) -> ErrorInfo:
+    if not isinstance(raw, dict) or raw.keys() != {"type", "errno", "message"}:
+        raise ResultChannelViolation(f"line {number}: the error is not one the harness writes")
+    kind, code, message = raw["type"], raw["errno"], raw["message"]
+    if not _is_text(kind, TYPE_CHARS) or not _is_text(message, TEXT_CHARS):
+        raise ResultChannelViolation(
+            f"line {number}: the error's type and message must be text of at most "
+            f"{TYPE_CHARS} and {TEXT_CHARS} characters"
+        )
+    if code is not None and (type(code) is not int or code not in _ERRNO_RANGE):
+        raise ResultChannelViolation(f"line {number}: errno {_show(code)} is not an errno")
+    return ErrorInfo(kind, code, message)
+
+
+def _is_text(value: Any, limit: int) -> bool:
+    """Short text that can be printed: no lone surrogates, which fail when encoded."""
+    return type(value) is str and len(value) <= limit and not _SURROGATES.search(value)
+
+
+def _show(value: Any) -> str:
+    """A short, printable glimpse of something the program wrote, for the reason."""
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
