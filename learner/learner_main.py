@@ -611,16 +611,14 @@ async def listen(system: ActorSystem, config: TransportConfig, retry_s: float) -
 def main(argv: list[str] | None = None) -> int:
     from shoal.config import load
     from shoal.errors import ShoalError
+    from shoal.runtime.logs import configure_logging
     from shoal.runtime.loop import run
 
     parser = argparse.ArgumentParser(prog="shoal-learner", description="one learner rank")
     parser.add_argument("--run-dir", type=Path, required=True, help="the run directory")
     parser.add_argument("--port", type=int, default=0, help="transport port (0: any free port)")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("SHOAL_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging(os.environ.get("SHOAL_LOG_LEVEL", "INFO"))
     try:
         job = json.loads((args.run_dir / "job.json").read_text())
         cfg = load(TrainConfig, job["config"], source=str(args.run_dir / "job.json"), environ={})

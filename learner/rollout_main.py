@@ -80,16 +80,14 @@ async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from shoal.runtime.logs import configure_logging
     from shoal.runtime.loop import run
 
     parser = argparse.ArgumentParser(prog="shoal-rollout", description="one rollout worker")
     parser.add_argument("--run-dir", type=Path, required=True, help="the run directory")
     parser.add_argument("--worker", type=int, required=True, help="this worker's index")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("SHOAL_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging(os.environ.get("SHOAL_LOG_LEVEL", "INFO"))
     try:
         job = json.loads((args.run_dir / "job.json").read_text())
         workers = job["workers"]

@@ -117,15 +117,12 @@ def with_flags(settings: CoordinatorSettings, args: argparse.Namespace) -> Coord
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
     from shoal.raft.config import CoordinatorConfig
     from shoal.raft.coordinator import serve_until_signalled
     from shoal.runtime import loop
+    from shoal.runtime.logs import configure_logging
 
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    configure_logging(args.log_level)
     settings = with_flags(load_settings(args.config), args)
     token = (
         read_secret_file(args.token_file, "API token")

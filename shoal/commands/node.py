@@ -81,16 +81,13 @@ def parse_labels(items: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
     from shoal.agent import AgentConfig
     from shoal.commands.coordinator import read_secret_file
     from shoal.node import NodeConfig, serve_until_signalled
+    from shoal.runtime.logs import configure_logging
     from shoal.runtime.loop import run as run_loop
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    configure_logging(args.log_level)
     token = (
         read_secret_file(args.token_file, "API token")
         if args.token_file
