@@ -26,6 +26,7 @@ from shoal.chaos.runner import run_scenario
 from shoal.chaos.scenario import parse
 from shoal.chaos.workload import make_client
 from shoal.local import LocalCluster, coordinator_specs
+from shoal.raft.client import CoordinatorClient
 from tests.shoal.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -121,7 +122,8 @@ def test_a_partitioned_leader_steps_down_and_catches_up_after_healing(tmp_path: 
             await _until(f"{old} is cut off both ways", lambda: _cut_off(cluster, old))
             urls = [s.api_url for s in others if s.api_url]
             acknowledged = {f"written by the majority {i}" for i in range(5)}
-            async with make_client(urls, cluster.token) as client:
+            # Patient: on a loaded machine the majority may hold elections of its own meanwhile.
+            async with CoordinatorClient(urls, cluster.token, timeout=60.0) as client:
                 for message in sorted(acknowledged):
                     await client.add_event("partition", message)
             cut_off_view = await _until(f"{old} answers", lambda: cluster.cluster_view(old))
