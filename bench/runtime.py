@@ -158,6 +158,8 @@ async def _tcp_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 
 
 async def _serve() -> None:
+    import torch  # noqa: F401 - before listening: a first tensor must not wait for the import
+
     rss = RssPeak()
     async with ActorSystem() as system:
         await system.spawn(Sink, name="sink")

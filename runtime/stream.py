@@ -43,15 +43,15 @@ class FrameStream(asyncio.BufferedProtocol):
     def __init__(
         self, limit: int, on_connected: Callable[[FrameStream], None] | None = None
     ) -> None:
-        self.limit = limit
-        """The largest frame accepted now: small during the handshake, then the link's."""
+        self._limit = limit
         self.on_frame: FrameHandler | None = None
         self.on_broken: Callable[[WireError], None] | None = None
         self.error: WireError | None = None
         self.received = 0
         self._on_connected = on_connected
         self._transport: asyncio.Transport | None = None
-        self._buffer = bytearray(READ_BYTES)
+        # Until the handshake raises the limit, a stranger's connection costs a few KiB.
+        self._buffer = bytearray(_read_bytes(limit))
         self._view = memoryview(self._buffer)
         self._start = 0  # unparsed bytes of the read buffer are [_start, _end)
         self._end = 0
@@ -65,6 +65,22 @@ class FrameStream(asyncio.BufferedProtocol):
     def __repr__(self) -> str:
         state = f"broken ({self.error})" if self.error else "open"
         return f"<FrameStream {state} received={self.received}>"
+
+    @property
+    def limit(self) -> int:
+        """The largest frame accepted now: small during the handshake, then the link's."""
+        return self._limit
+
+    @limit.setter
+    def limit(self, limit: int) -> None:
+        self._limit = limit
+        size = _read_bytes(limit)
+        if size > len(self._buffer):  # keep the unparsed bytes, at the front of the new one
+            rest = self._view[self._start : self._end]
+            buffer = bytearray(size)
+            buffer[: len(rest)] = rest
+            self._buffer, self._view = buffer, memoryview(buffer)
+            self._start, self._end = 0, len(rest)
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -87,7 +103,7 @@ class FrameStream(asyncio.BufferedProtocol):
         frame = self._frame
         if frame is not None:
             return frame.data[self._filled :]
-        if READ_BYTES - self._end < DIRECT_BYTES and self._start:
+        if len(self._buffer) - self._end < _room(len(self._buffer)) and self._start:
             self._compact()  # a partial small frame near the end: move it to the front
         return self._view[self._end :]
 
@@ -255,3 +271,14 @@ class FrameStream(asyncio.BufferedProtocol):
             arrived.set_result(None)
         if self.on_broken is not None:
             self.on_broken(error)
+
+
+def _read_bytes(limit: int) -> int:
+    """The read buffer a frame limit needs: twice the largest frame kept in it, so one always
+    fits once the buffer is compacted; bigger frames get buffers of their own."""
+    return READ_BYTES if limit >= DIRECT_BYTES else 2 * max(limit, wire.PREFIX_SIZE)
+
+
+def _room(size: int) -> int:
+    """The free space below which a read buffer of `size` bytes is compacted first."""
+    return min(DIRECT_BYTES, size // 2)

@@ -15,7 +15,7 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import aiohttp
 from aiohttp import web
@@ -61,6 +61,11 @@ class TransportConfig:
     credit_bytes: int = 64 * 1024 * 1024
     """The window this process grants each peer: requests in flight or queued before it waits."""
     handshake_timeout: float = 5.0
+    """How long a connection may take to authenticate, from its first byte: a websocket that
+    sends no request, a slow one, and a stream without its hello are closed after it."""
+    max_unauthenticated: int = 256
+    """Connections per listener (websocket, stream) that may be waiting to authenticate at once;
+    more are closed on arrival, so strangers cannot hold the process's memory."""
     connect_timeout: float = 5.0
     """How long a send waits for a (re)connection before raising LinkClosed."""
     reconnect_initial: float = 0.05
@@ -100,6 +105,7 @@ class TransportConfig:
             )
         self._positive_int("credit_frames", 1)
         self._positive_int("credit_bytes", 1)
+        self._positive_int("max_unauthenticated", 1)
         for key in (
             "handshake_timeout",
             "connect_timeout",
@@ -151,6 +157,7 @@ class Transport:
         self._lookup = lookup
         self._dead_letters = dead_letters
         self._runner: web.AppRunner | None = None
+        self._http_server: asyncio.AbstractServer | None = None
         self._session: aiohttp.ClientSession | None = None
         self._inbound: set[Link] = set()
         self._peers: dict[str, Peer] = {}
@@ -163,6 +170,7 @@ class Transport:
         # Frame streams not (yet) handed to a link: closed with the transport.
         self._stream_pending: weakref.WeakSet[FrameStream] = weakref.WeakSet()
         self._stream_tasks: set[asyncio.Task[None]] = set()
+        self._refused = 0
 
     def __repr__(self) -> str:
         return f"<Transport {self.address or 'stopped'} in={len(self._inbound)} out={len(self._peers)}>"
@@ -172,22 +180,31 @@ class Transport:
         when the port is taken."""
         app = web.Application()
         app.router.add_get(ROUTE, self._accept)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # aiohttp's keep-alive timer also closes a connection that sends no whole request.
+        self._runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            keepalive_timeout=self.config.handshake_timeout,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        http = self._runner.server
+        assert http is not None
+        loop = asyncio.get_running_loop()
         try:
-            await site.start()
+            self._http_server = await loop.create_server(
+                lambda: self._admit_http(http), self.config.host, self.config.port
+            )
         except OSError:  # the port is taken, or the host is not ours: leave nothing behind
             await self._runner.cleanup()
             self._runner = None
             raise
-        port = self._runner.addresses[0][1]
+        port = self._http_server.sockets[0].getsockname()[1]
         if self.config.stream:
             try:
                 await self._start_stream()
             except OSError:
-                await self._runner.cleanup()
-                self._runner = None
+                await self._close_http()
                 raise
         self.address = f"{SCHEME}{self.config.host}:{port}"
         # The session's timeout covers the websocket upgrade only; links live indefinitely.
@@ -199,11 +216,34 @@ class Transport:
     async def _start_stream(self) -> None:
         loop = asyncio.get_running_loop()
         self._stream_server = await loop.create_server(
-            lambda: FrameStream(auth.MAX_HANDSHAKE_BYTES, self._stream_connected),
-            self.config.host,
-            self.config.stream_port,
+            self._admit_stream, self.config.host, self.config.stream_port
         )
         self._stream_port = self._stream_server.sockets[0].getsockname()[1]
+
+    def _admit_http(self, http: web.Server) -> asyncio.Protocol:
+        """aiohttp's protocol for a new connection, unless too many are already waiting to
+        authenticate (links that did are not counted)."""
+        if len(http.connections) - len(self._inbound) >= self.config.max_unauthenticated:
+            return self._refuse()
+        return cast(asyncio.Protocol, http())
+
+    def _admit_stream(self) -> asyncio.BaseProtocol:
+        if len(self._stream_pending) >= self.config.max_unauthenticated:
+            return self._refuse()
+        return FrameStream(auth.MAX_HANDSHAKE_BYTES, self._stream_connected)
+
+    def _refuse(self) -> asyncio.Protocol:
+        """A protocol that closes the connection; logged at the 1st, 2nd, 4th, 8th, ...
+        refusal, so a flood costs a few log lines, not one per connection."""
+        self._refused += 1
+        if self._refused & (self._refused - 1) == 0:
+            logger.warning(
+                "refused %d connection(s) so far: %d were already waiting to authenticate "
+                "(TransportConfig.max_unauthenticated)",
+                self._refused,
+                self.config.max_unauthenticated,
+            )
+        return _Refused()
 
     def _stream_connected(self, stream: FrameStream) -> None:
         self._stream_pending.add(stream)
@@ -393,9 +433,26 @@ class Transport:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        await self._close_http()
+
+    async def _close_http(self) -> None:
+        """Stop listening, close aiohttp's connections, then wait for the listener: from
+        Python 3.12 `wait_closed` waits for every connection it accepted."""
+        server, self._http_server = self._http_server, None
+        if server is not None:
+            server.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if server is not None:
+            await server.wait_closed()
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over `max_unauthenticated`: closed on arrival, before anything is read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 async def attach(system: ActorSystem, config: TransportConfig) -> Transport:

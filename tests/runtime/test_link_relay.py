@@ -27,6 +27,7 @@ TOKEN = "relay-token"
 
 CHILD = """
 import asyncio, os, sys
+import torch  # before listening: under load a first tensor must not wait for the import
 from shoal.runtime.actor import Actor
 from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
