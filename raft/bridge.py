@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj
-from pysyncobj.syncobj import _RAFT_STATE
 
 from shoal.raft.errors import Busy, NoQuorum, NotLeader, RaftError, RaftTimeout
 from shoal.raft.machine import Result
+from shoal.raft.pysyncobj_seam import RAFT_STATE, is_leader, leader_address, pipe_notifier
 from shoal.raft.state import ClusterState
 
 LeadershipListener = Callable[[bool], None]
@@ -88,7 +88,7 @@ class RaftBridge:
 
     def attach(self, sync: SyncObj) -> None:
         self._sync = sync
-        notifier = getattr(sync, "_SyncObj__pipeNotifier", None)
+        notifier = pipe_notifier(sync)
         if not sync.otherNodes and notifier is not None:
             self._notifier = notifier
             sync.addOnTickCallback(self._wake_alone)
@@ -98,7 +98,7 @@ class RaftBridge:
         entry on the tick AFTER the one that appended it, and with no follower to answer,
         nothing wakes that tick: it came only when the poll timed out (`tick_period`, 50 ms a
         write). Poke the poll awake while proposals are unanswered."""
-        if self.entries > self._answered and self.sync._isLeader():
+        if self.entries > self._answered and is_leader(self.sync):
             self._notifier.notify()
 
     @property
@@ -112,8 +112,8 @@ class RaftBridge:
 
     def on_state_changed(self, old: int, new: int) -> None:
         """pysyncobj thread: forward a leadership change to the loop."""
-        if (old == _RAFT_STATE.LEADER) != (new == _RAFT_STATE.LEADER):
-            self._call_in_loop(self._notify, new == _RAFT_STATE.LEADER)
+        if (old == RAFT_STATE.LEADER) != (new == RAFT_STATE.LEADER):
+            self._call_in_loop(self._notify, new == RAFT_STATE.LEADER)
 
     def _notify(self, leading: bool) -> None:
         for listener in self._listeners:
@@ -221,11 +221,10 @@ class RaftBridge:
             self._submit(group)
 
     def is_leader(self) -> bool:
-        return bool(self.sync._isLeader())
+        return is_leader(self.sync)
 
     def leader_address(self) -> str | None:
-        leader = self.sync._getLeader()
-        return None if leader is None else str(leader.address)
+        return leader_address(self.sync)
 
     def _raw_status(self) -> dict[str, Any]:
         # getStatus iterates pysyncobj's dicts, which its thread may resize mid-read: retry.

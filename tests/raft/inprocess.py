@@ -16,22 +16,23 @@ from shoal.raft.config import CoordinatorConfig
 from shoal.raft.coordinator import Coordinator
 
 TOKEN = "test-token-0123456789"
+SECRET = "test-cluster-secret-0123456789"
 
 
 class InProcessReplica:
     """Start with `start()`, always `close()` (fixtures do it in finally)."""
 
     def __init__(self, data_dir: Path, **overrides: Any) -> None:
-        self.config = CoordinatorConfig(
-            replica_id="c1",
-            raft=f"127.0.0.1:{free_port()}",
-            peers=(),
-            api=f"127.0.0.1:{free_port()}",
-            data_dir=data_dir,
-            secret=None,
-            token=TOKEN,
-            **overrides,
-        )
+        defaults: dict[str, Any] = {
+            "replica_id": "c1",
+            "raft": f"127.0.0.1:{free_port()}",
+            "peers": (),
+            "api": f"127.0.0.1:{free_port()}",
+            "data_dir": data_dir,
+            "secret": SECRET,
+            "token": TOKEN,
+        }
+        self.config = CoordinatorConfig(**{**defaults, **overrides})
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
