@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import math
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shoal.errors import ConfigError
 from shoal.scheduler.signals import BalancerConfig
+
+MIN_SECRET_CHARS = 16
+"""pysyncobj derives its key from the secret with PBKDF2 and a salt fixed in its source, so a
+short secret can be guessed offline from one captured Raft message."""
 
 
 def parse_address(key: str, value: str) -> tuple[str, int]:
@@ -28,19 +30,6 @@ def _require_finite(section: str, config: Any) -> None:
         value = getattr(config, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{section}.{f.name}={value!r} must be a finite number of seconds")
-
-
-def is_loopback(host: str) -> bool:
-    """True if `host` names only loopback addresses (resolved once, here, at start-up)."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
 @dataclass(frozen=True)
@@ -148,7 +137,9 @@ class CoordinatorConfig:
     peers: tuple[str, ...]
     api: str
     data_dir: Path
-    secret: str | None
+    secret: str
+    """pysyncobj's `password`: it encrypts and authenticates every Raft message, which
+    pysyncobj pickles, so it is required on loopback too (`shoal up` generates one)."""
     token: str
     timings: RaftTimings = field(default_factory=RaftTimings)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
@@ -164,20 +155,29 @@ class CoordinatorConfig:
     def __post_init__(self) -> None:
         if not self.replica_id or not self.replica_id.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"--id={self.replica_id!r} must be letters, digits, '-' or '_'")
-        hosts = [parse_address("--raft", self.raft)[0], parse_address("--api", self.api)[0]]
-        hosts += [parse_address("--peers", peer)[0] for peer in self.peers]
+        parse_address("--raft", self.raft)
+        parse_address("--api", self.api)
+        for peer in self.peers:
+            parse_address("--peers", peer)
         if self.raft_bind is not None:
-            hosts.append(parse_address("--raft-bind", self.raft_bind)[0])
+            parse_address("--raft-bind", self.raft_bind)
         if self.raft in self.peers:
             raise ConfigError(
                 f"--peers lists this replica's own --raft address {self.raft}; list only the others"
             )
         if not self.token:
             raise ConfigError("the API token is empty; pass --token-file with a non-empty token")
-        if self.secret is None and not all(is_loopback(h) for h in hosts):
+        if not self.secret:
             raise ConfigError(
-                "refusing to start without the cluster secret: Raft traffic is pickled, so off "
-                "loopback it must be encrypted; pass --secret-file (every replica the same file)"
+                "refusing to start without the cluster secret: Raft traffic is pickled, so it "
+                "must be encrypted; pass --secret-file FILE (mode 0600, the same file on every "
+                "replica; docs/operations.md shows how to make one)"
+            )
+        if len(self.secret) < MIN_SECRET_CHARS:
+            raise ConfigError(
+                f"the cluster secret has {len(self.secret)} characters; use at least "
+                f"{MIN_SECRET_CHARS}, e.g. python3 -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))' > FILE"
             )
         if not self.write_timeout > 0:
             raise ConfigError(f"write_timeout={self.write_timeout!r} must be > 0 seconds")
@@ -185,6 +185,11 @@ class CoordinatorConfig:
     @property
     def api_url(self) -> str:
         return f"http://{self.api}"
+
+    @property
+    def raft_listen(self) -> str:
+        """The one address Raft listens on: `raft_bind`, else `raft` itself."""
+        return self.raft_bind or self.raft
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from shoal.raft.config import CoordinatorConfig, RaftTimings, parse_address
 from shoal.raft.context import ApiContext
 from shoal.raft.leader import LeaderDuties
 from shoal.raft.liveness import LivenessTable
+from shoal.raft.pysyncobj_seam import GuardedTransport, tick_thread
 from shoal.raft.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,20 @@ def syncobj_conf(config: CoordinatorConfig, bridge: RaftBridge) -> SyncObjConf:
         autoTickPeriod=t.tick_period,
         onStateChanged=bridge.on_state_changed,
         commandsWaitLeader=True,
-        bindAddress=config.raft_bind,
+        # Without it pysyncobj listens on 0.0.0.0 (or ::) at the --raft port.
+        bindAddress=config.raft_listen,
+    )
+
+
+def start_syncobj(config: CoordinatorConfig, bridge: RaftBridge, state: ClusterState) -> SyncObj:
+    """pysyncobj listening on exactly `config.raft_listen`, encrypted with the cluster secret,
+    each connection held to small frames until its peer has proven it holds that secret."""
+    return SyncObj(
+        config.raft,
+        list(config.peers),
+        syncobj_conf(config, bridge),
+        consumers=[state],
+        transportClass=GuardedTransport,
     )
 
 
@@ -68,17 +82,12 @@ class Coordinator:
     async def _serve(self, stop: asyncio.Event) -> None:
         config = self.config
         # pysyncobj retries a failed bind forever in silence: find out now, with a clear error.
-        if config.raft_bind is None:
-            _check_bindable("--raft", config.raft)
-        else:
-            _check_bindable("--raft-bind", config.raft_bind)
+        _check_bindable("--raft" if config.raft_bind is None else "--raft-bind", config.raft_listen)
         _check_bindable("--api", config.api)
         state = ClusterState()
         bridge = RaftBridge(state, asyncio.get_running_loop())
         # SyncObj's tick thread watches the thread that built it: build it on this (main) thread.
-        sync = SyncObj(
-            config.raft, list(config.peers), syncobj_conf(config, bridge), consumers=[state]
-        )
+        sync = start_syncobj(config, bridge, state)
         bridge.attach(sync)
         ctx = ApiContext(config, state, bridge, LivenessTable(config.liveness))
         duties = LeaderDuties(ctx)
@@ -95,7 +104,7 @@ class Coordinator:
                 "replica %s: raft %s (bound to %s), api %s, peers %s",
                 config.replica_id,
                 config.raft,
-                config.raft_bind or config.raft,
+                config.raft_listen,
                 config.api_url,
                 config.peers,
             )
@@ -136,7 +145,7 @@ def _check_bindable(key: str, address: str) -> None:
 
 
 def _join_tick_thread(sync: SyncObj) -> None:
-    thread = getattr(sync, "_SyncObj__thread", None)
+    thread = tick_thread(sync)
     if thread is not None:
         thread.join(timeout=5.0)
 

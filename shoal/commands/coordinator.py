@@ -35,7 +35,10 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--data-dir", required=True, type=Path, help="Raft journal and dump files go here"
     )
     parser.add_argument(
-        "--secret-file", type=Path, help="cluster secret (Raft encryption); needed off loopback"
+        "--secret-file",
+        type=Path,
+        help="cluster secret (encrypts and authenticates Raft), required; the same file on "
+        "every replica",
     )
     parser.add_argument(
         "--token-file", type=Path, help="API bearer token (default: $SHOAL_API_TOKEN)"
@@ -136,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         peers=tuple(p for p in args.peers.split(",") if p),
         api=args.api,
         data_dir=args.data_dir,
-        secret=read_secret_file(args.secret_file, "cluster secret") if args.secret_file else None,
+        secret=read_secret_file(args.secret_file, "cluster secret") if args.secret_file else "",
         token=token,
         timings=settings.raft,
         liveness=settings.liveness,

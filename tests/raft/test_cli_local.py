@@ -80,14 +80,33 @@ def _token(tmp_path: Path, mode: int = 0o600) -> Path:
     return path
 
 
-def test_coordinator_refuses_a_non_loopback_address_without_the_secret(tmp_path: Path) -> None:
+def _secret(tmp_path: Path, text: str = "a-cluster-secret-of-enough-length") -> Path:
+    path = tmp_path / "secret"
+    path.write_text(text)
+    os.chmod(path, 0o600)
+    return path
+
+
+@pytest.mark.parametrize("raft", ["127.0.0.1", "10.1.2.3"])
+def test_coordinator_refuses_to_start_without_the_secret(tmp_path: Path, raft: str) -> None:
     proc = shoal(
-        "coordinator", "--id", "c1", "--raft", "10.1.2.3:7000", "--api", "127.0.0.1:7001",
+        "coordinator", "--id", "c1", "--raft", f"{raft}:7000", "--api", "127.0.0.1:7001",
         "--data-dir", str(tmp_path), "--token-file", str(_token(tmp_path)), check=False,
     )  # fmt: skip
     assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "refusing to start without the cluster secret" in proc.stderr
-    assert "--secret-file" in proc.stderr
+    assert "pass --secret-file FILE" in proc.stderr
+
+
+def test_coordinator_refuses_a_short_secret(tmp_path: Path) -> None:
+    proc = shoal(
+        "coordinator", "--id", "c1", "--raft", "127.0.0.1:7000", "--api", "127.0.0.1:7001",
+        "--data-dir", str(tmp_path), "--token-file", str(_token(tmp_path)),
+        "--secret-file", str(_secret(tmp_path, "hunter2")), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "the cluster secret has 7 characters; use at least 16" in proc.stderr
 
 
 def test_coordinator_refuses_a_token_file_others_can_read(tmp_path: Path) -> None:
@@ -116,7 +135,8 @@ def test_coordinator_reports_an_address_in_use(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         proc = shoal(
             "coordinator", "--id", "c1", "--raft", f"127.0.0.1:{port}", "--api", f"127.0.0.1:{free_port()}",
-            "--data-dir", str(tmp_path / "d"), "--token-file", str(_token(tmp_path)), check=False,
+            "--data-dir", str(tmp_path / "d"), "--token-file", str(_token(tmp_path)),
+            "--secret-file", str(_secret(tmp_path)), check=False,
         )  # fmt: skip
     assert proc.returncode == 2
     assert f"--raft=127.0.0.1:{port} cannot be bound" in proc.stderr
@@ -129,7 +149,8 @@ def test_two_coordinators_cannot_share_a_data_dir(tmp_path: Path) -> None:
         fcntl.flock(held, fcntl.LOCK_EX)
         proc = shoal(
             "coordinator", "--id", "c1", "--raft", f"127.0.0.1:{free_port()}", "--api", f"127.0.0.1:{free_port()}",
-            "--data-dir", str(data), "--token-file", str(_token(tmp_path)), check=False,
+            "--data-dir", str(data), "--token-file", str(_token(tmp_path)),
+            "--secret-file", str(_secret(tmp_path)), check=False,
         )  # fmt: skip
     assert proc.returncode == 2
     assert "is in use by another coordinator" in proc.stderr

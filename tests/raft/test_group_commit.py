@@ -15,14 +15,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pysyncobj import SyncObj
 
 from shoal.local import free_port
 from shoal.raft import commands as cmd
 from shoal.raft.bridge import RaftBridge
 from shoal.raft.config import CoordinatorConfig, RaftTimings
-from shoal.raft.coordinator import _join_tick_thread, syncobj_conf
+from shoal.raft.coordinator import _join_tick_thread, start_syncobj
 from shoal.raft.state import ClusterState
+
+from .inprocess import SECRET
 
 pytestmark = pytest.mark.timeout(120)
 TIMEOUT = 5.0
@@ -35,7 +36,7 @@ def _config(data_dir: Path, timings: RaftTimings) -> CoordinatorConfig:
         peers=(),
         api=f"127.0.0.1:{free_port()}",
         data_dir=data_dir,
-        secret=None,
+        secret=SECRET,
         token="t",
         timings=timings,
     )
@@ -49,7 +50,7 @@ async def lone_replica(
     state = ClusterState()
     bridge = RaftBridge(state, asyncio.get_running_loop())
     config = _config(data_dir, timings or RaftTimings())
-    sync = SyncObj(config.raft, [], syncobj_conf(config, bridge), consumers=[state])
+    sync = start_syncobj(config, bridge, state)
     bridge.attach(sync)
     try:
         deadline = time.monotonic() + 30

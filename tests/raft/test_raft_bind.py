@@ -14,19 +14,20 @@ import pytest
 from shoal.errors import ConfigError
 from shoal.raft.config import CoordinatorConfig
 
-from .inprocess import TOKEN, InProcessReplica, free_port
+from .inprocess import SECRET, TOKEN, InProcessReplica, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _coordinator(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    token = tmp_path / "token"
-    token.write_text("t0k3n")
-    os.chmod(token, 0o600)
+    for name, text in (("token", "t0k3n"), ("secret", SECRET)):
+        (tmp_path / name).write_text(text)
+        os.chmod(tmp_path / name, 0o600)
     argv = [
         sys.executable, "-m", "shoal", "coordinator", "--id", "c1",
         "--raft", f"127.0.0.1:{free_port()}", "--api", f"127.0.0.1:{free_port()}",
-        "--data-dir", str(tmp_path / "d"), "--token-file", str(token), *args,
+        "--data-dir", str(tmp_path / "d"), "--token-file", str(tmp_path / "token"),
+        "--secret-file", str(tmp_path / "secret"), *args,
     ]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
@@ -47,16 +48,17 @@ def test_a_raft_bind_address_in_use_is_refused_naming_the_flag(tmp_path: Path) -
     assert f"--raft-bind=127.0.0.1:{port} cannot be bound" in proc.stderr
 
 
-def test_a_non_loopback_raft_bind_needs_the_secret(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bind", [None, "127.0.0.1:7002", "10.1.2.3:7000"])
+def test_every_replica_needs_the_secret_even_on_loopback(tmp_path: Path, bind: str | None) -> None:
     with pytest.raises(ConfigError, match="refusing to start without the cluster secret"):
         CoordinatorConfig(
             replica_id="c1",
             raft="127.0.0.1:7000",
-            raft_bind="10.1.2.3:7000",
+            raft_bind=bind,
             peers=(),
             api="127.0.0.1:7001",
             data_dir=tmp_path,
-            secret=None,
+            secret="",
             token=TOKEN,
         )
 
