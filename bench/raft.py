@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from shoal.bench.report import Row
 from shoal.local import LocalCluster, coordinator_specs, free_port
 from shoal.raft.batcher import CommandBatcher
 from shoal.raft.client import CoordinatorClient
+from shoal.raft.pysyncobj_seam import is_leader
 
 PYSYNCOBJ_DEFAULT_TIMINGS = (
     "--min-election-timeout",
@@ -62,13 +64,18 @@ class _Counter(SyncObj):
         return self.value
 
 
-# The baseline encrypts like shoal does (a local cluster always has a secret): same work.
-RAW_PASSWORD = "bench-secret"
+RAW_SECRET_ENV = "SHOAL_BENCH_RAW_SECRET"
+"""The baseline encrypts like shoal does, with a secret made for the run (a fixed one would let
+anyone who reaches its ports send pickles); its follower processes inherit it here."""
 
 
-def _raw_conf(batch: bool, min_timeout: float) -> SyncObjConf:
+def _ensure_raw_secret() -> None:
+    os.environ.setdefault(RAW_SECRET_ENV, secrets.token_urlsafe(32))
+
+
+def _raw_conf(me: str, batch: bool, min_timeout: float) -> SyncObjConf:
     return SyncObjConf(
-        password=RAW_PASSWORD,
+        password=os.environ[RAW_SECRET_ENV], bindAddress=me,
         appendEntriesUseBatch=batch, appendEntriesPeriod=0.05, raftMinTimeout=min_timeout,
         raftMaxTimeout=min_timeout + 0.15, connectionTimeout=max(1.0, min_timeout + 0.2), connectionRetryTime=0.2,
     )  # fmt: skip
@@ -76,13 +83,14 @@ def _raw_conf(batch: bool, min_timeout: float) -> SyncObjConf:
 
 def raw_follower(me: str, peers: str, batch: str) -> None:
     """Entry point of a raw pysyncobj follower process (slow elections so the bench leads)."""
-    node = _Counter(me, peers.split(","), _raw_conf(batch == "1", 5.0))
+    node = _Counter(me, peers.split(","), _raw_conf(me, batch == "1", 5.0))
     sys.stdin.read()  # until the parent closes our stdin
     node.destroy()
 
 
 @contextmanager
 def _raw_cluster(batch: bool) -> Iterator[_Counter]:
+    _ensure_raw_secret()
     addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     procs = []
     code = "import sys; from shoal.bench.raft import raw_follower; raw_follower(*sys.argv[1:])"
@@ -94,10 +102,10 @@ def _raw_cluster(batch: bool) -> Iterator[_Counter]:
                 stdin=subprocess.PIPE,
             )
         )
-    node = _Counter(addrs[0], addrs[1:], _raw_conf(batch, 0.2))
+    node = _Counter(addrs[0], addrs[1:], _raw_conf(addrs[0], batch, 0.2))
     try:
         deadline = time.monotonic() + 30
-        while not node._isLeader():
+        while not is_leader(node):
             if time.monotonic() > deadline:
                 raise TimeoutError("raw pysyncobj elected no leader")
             time.sleep(0.02)
@@ -117,10 +125,12 @@ def _raw_cluster(batch: bool) -> Iterator[_Counter]:
 @contextmanager
 def _raw_alone() -> Iterator[_Counter]:
     """A raw pysyncobj node without peers: it leads itself after one election timeout."""
-    node = _Counter(f"127.0.0.1:{free_port()}", [], _raw_conf(False, 0.2))
+    _ensure_raw_secret()
+    me = f"127.0.0.1:{free_port()}"
+    node = _Counter(me, [], _raw_conf(me, False, 0.2))
     try:
         deadline = time.monotonic() + 30
-        while not node._isLeader():
+        while not is_leader(node):
             if time.monotonic() > deadline:
                 raise TimeoutError("raw pysyncobj without peers never led")
             time.sleep(0.02)
