@@ -48,7 +48,7 @@ from shoal.chaos.scenario import (
     TRAINING_KINDS,
     FaultSpec,
     Scenario,
-    parse,
+    parse_file,
 )
 from shoal.chaos.trainjob import ClusterJob
 from shoal.chaos.workload import (
@@ -776,7 +776,7 @@ def find_scenario(name_or_path: str) -> Scenario:
     if not path.is_file():
         shipped = sorted(p.stem for p in BUILTIN.glob("*.toml"))
         raise ChaosError(f"no scenario file {name_or_path!r}; give a path or one of {shipped}")
-    return parse(path.read_text(), str(path))
+    return parse_file(path)
 
 
 def run_scenario(

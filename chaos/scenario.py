@@ -32,13 +32,14 @@ would be valid.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from shoal.chaos.errors import ProxyError, ScenarioError
 from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.trainjob import JobConfig
+from shoal.config import parse_toml, read_toml
 from shoal.errors import ConfigError
 
 PROCESS_KINDS = ("kill", "pause")
@@ -149,10 +150,19 @@ class Scenario:
 
 def parse(text: str, source: str = "scenario") -> Scenario:
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{source} is not valid TOML: {exc}") from exc
+        data = parse_toml(text, source=source)
+    except ConfigError as exc:
+        raise ScenarioError(str(exc)) from None
     return from_dict(data, source)
+
+
+def parse_file(path: Path) -> Scenario:
+    """A scenario file, read with the size, encoding and depth bounds of shoal.config."""
+    try:
+        data = read_toml(path)
+    except ConfigError as exc:
+        raise ScenarioError(str(exc)) from None
+    return from_dict(data, str(path))
 
 
 def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:

@@ -23,7 +23,6 @@ import hashlib
 import io
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -36,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.errors import ConfigError
+from shoal.config import check_int, check_number
 from shoal.learner.diskfull import is_disk_full
 from shoal.learner.errors import CheckpointError
 
@@ -132,10 +131,8 @@ class CheckpointManager:
     """Writes checkpoints into `directory` in the background and keeps the newest `keep` complete ones."""
 
     def __init__(self, directory: str | os.PathLike[str], keep: int = 3) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ConfigError(f"checkpoint.keep = {keep!r} is invalid: use an integer >= 1")
         self.directory = Path(directory)
-        self.keep = keep
+        self.keep = check_int("checkpoint.keep", keep, 1)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -375,16 +372,7 @@ class SaveSchedule:
     def __init__(
         self, interval_s: float = 900.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        if (
-            isinstance(interval_s, bool)
-            or not isinstance(interval_s, int | float)
-            or not (math.isfinite(interval_s) and interval_s > 0)
-        ):
-            raise ConfigError(
-                f"checkpoint.interval = {interval_s!r} is invalid: use a number of seconds > 0 "
-                "(default 900, i.e. 15 minutes)"
-            )
-        self.interval_s = float(interval_s)
+        self.interval_s = check_number("checkpoint.interval_s", interval_s, above=0, unit="seconds")
         self._clock = clock
         self._last = clock()
 

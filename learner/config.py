@@ -18,10 +18,10 @@ ones `shoal train cartpole` solves CartPole-v1 with on a 2-core machine.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from shoal.config import check_int, check_number
 from shoal.errors import ConfigError
 from shoal.learner.ppo import PPOConfig
 
@@ -34,19 +34,17 @@ def known_target(env_id: str) -> float | None:
     return _KNOWN_TARGETS.get(env_id)
 
 
-def _int_at_least(key: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{key} = {value!r} is invalid: use an integer >= {low}")
-
-
-def _positive_number(key: str, value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"{key} = {value!r} is invalid: use a number > 0")
+SEED_MAX = 2**32 - 1
+"""Seeds are unsigned 32-bit integers, the range every seeded library here accepts."""
+MAX_WORKERS = 1024
+"""Rollout worker processes (and learner ranks) of one job: each is a task of the job, which
+the coordinator holds at most 4096 of, and a process on some node."""
+MAX_ACTORS_PER_WORKER = 64
+MAX_NUM_ENVS = 65536
+"""Environments one actor steps as a batch. A fragment holds num_envs × horizon steps and is
+one transport frame; far past these bounds a worker only runs out of memory, so the job file
+is refused instead of a worker failing until the restart budget is spent."""
+MAX_HORIZON = 65536
 
 
 @dataclass(frozen=True)
@@ -66,10 +64,10 @@ class RolloutConfig:
     the intake's back-pressure allows (more throughput, more lag)."""
 
     def __post_init__(self) -> None:
-        _int_at_least("rollout.workers", self.workers, 1)
-        _int_at_least("rollout.actors_per_worker", self.actors_per_worker, 1)
-        _int_at_least("rollout.num_envs", self.num_envs, 1)
-        _int_at_least("rollout.horizon", self.horizon, 1)
+        check_int("rollout.workers", self.workers, 1, MAX_WORKERS)
+        check_int("rollout.actors_per_worker", self.actors_per_worker, 1, MAX_ACTORS_PER_WORKER)
+        check_int("rollout.num_envs", self.num_envs, 1, MAX_NUM_ENVS)
+        check_int("rollout.horizon", self.horizon, 1, MAX_HORIZON)
 
 
 @dataclass(frozen=True)
@@ -84,9 +82,9 @@ class IntakeConfig:
     """Fragments each rank trains on per update (one policy version)."""
 
     def __post_init__(self) -> None:
-        _int_at_least("intake.capacity", self.capacity, 1)
-        _int_at_least("intake.max_staleness", self.max_staleness, 0)
-        _int_at_least("intake.fragments_per_update", self.fragments_per_update, 1)
+        check_int("intake.capacity", self.capacity, 1)
+        check_int("intake.max_staleness", self.max_staleness, 0)
+        check_int("intake.fragments_per_update", self.fragments_per_update, 1)
         if self.fragments_per_update > self.capacity:
             raise ConfigError(
                 f"intake.fragments_per_update = {self.fragments_per_update} is invalid: it must "
@@ -108,8 +106,8 @@ class LearnerConfig:
     """Anneal the learning rate linearly to 0 over `max_env_steps` (when that is set)."""
 
     def __post_init__(self) -> None:
-        _int_at_least("learner.ranks", self.ranks, 1)
-        _int_at_least("learner.threads", self.threads, 1)
+        check_int("learner.ranks", self.ranks, 1, MAX_WORKERS)
+        check_int("learner.threads", self.threads, 1)
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(
                 f"learner.backend = {self.backend!r} is invalid: use 'auto', 'gloo' or 'nccl'"
@@ -126,8 +124,8 @@ class CheckpointConfig:
     """Complete checkpoints kept on disk; older ones are deleted."""
 
     def __post_init__(self) -> None:
-        _positive_number("checkpoint.interval_s", self.interval_s)
-        _int_at_least("checkpoint.keep", self.keep, 1)
+        check_number("checkpoint.interval_s", self.interval_s, above=0)
+        check_int("checkpoint.keep", self.keep, 1)
 
 
 @dataclass(frozen=True)
@@ -138,7 +136,7 @@ class EvalConfig:
     """Episodes per evaluated condition."""
 
     def __post_init__(self) -> None:
-        _int_at_least("eval.episodes", self.episodes, 1)
+        check_int("eval.episodes", self.episodes, 1)
 
 
 @dataclass(frozen=True)
@@ -177,12 +175,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str) or not self.env_id.strip():
             raise ConfigError(f"env_id = {self.env_id!r} is invalid: name an environment")
-        _positive_number("time_limit_s", self.time_limit_s)
-        _int_at_least("target_window", self.target_window, 1)
-        if self.target_return is not None and not math.isfinite(self.target_return):
-            raise ConfigError(f"target_return = {self.target_return!r} is invalid: use a number")
+        check_int("seed", self.seed, 0, SEED_MAX)
+        check_number("time_limit_s", self.time_limit_s, above=0)
+        check_int("target_window", self.target_window, 1)
+        if self.target_return is not None:
+            check_number("target_return", self.target_return)
         if self.max_env_steps is not None:
-            _int_at_least("max_env_steps", self.max_env_steps, 1)
+            check_int("max_env_steps", self.max_env_steps, 1)
         if not self.hidden or any(
             isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden
         ):

@@ -5,12 +5,21 @@ values; this module only knows how to walk fields, convert a value to the field'
 keys that no field has, and apply `SHOAL_<SECTION>_<KEY>` environment overrides. Any mistake
 becomes a `ConfigError` naming the source, the dotted key, the value and what would be valid,
 so a user fixes a job file without reading a traceback.
+
+TOML files are read only through `read_toml`/`parse_toml`, which bound the size and the nesting
+depth BEFORE tomllib sees the text (tomllib recurses once per `[`/`{` level and is quadratic
+in the length of a dotted key), and `check_int`/`check_number` are the one range check every
+section's `__post_init__` uses. The module imports only the standard library and
+shoal.errors, so any package may use it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
+import stat
 import tomllib
 import types
 import typing
@@ -46,16 +55,206 @@ def load(
     return _build(cls, merged, source=source, path=())
 
 
+MAX_TOML_BYTES = 256 * 1024
+"""A job, scenario or coordinator file is a few KB; beyond this it is refused unread."""
+MAX_TOML_DEPTH = 32
+"""Deepest `[`/`{` nesting, and most dots in one key, a TOML file may have (also the deepest
+nesting of the parsed tables), far below the recursion limit of the code that walks them."""
+
+
 def load_toml(cls: type[T], path: Path, *, environ: Mapping[str, str] | None = None) -> T:
-    """Read a TOML file into `cls`; a missing or unparsable file is a ConfigError too."""
+    """Read a TOML file into `cls`; a missing, unreadable or unparsable file is a ConfigError too."""
+    return load(cls, read_toml(path), source=str(path), environ=environ)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The tables of the TOML file at `path`, read with the size and depth bounds of
+    `parse_toml`; every way the file can be wrong is a ConfigError naming it."""
+    data = _read_bounded(path, MAX_TOML_BYTES)
     try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: byte 0x{data[exc.start]:02x} at offset {exc.start} is not UTF-8; "
+            "a TOML file is UTF-8 text (is this the right file?)"
+        ) from None
+    return parse_toml(text, source=str(path))
+
+
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file (a FIFO or device would block or never end)."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ConfigError(f"{path}: not a regular file; pass a TOML file")
         with path.open("rb") as handle:
-            data = tomllib.load(handle)
+            data = handle.read(limit + 1)
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file; pass an existing TOML job file") from None
+        raise ConfigError(f"{path}: no such file; pass an existing TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise ConfigError(f"{path}: larger than {limit} bytes; a TOML settings file is smaller")
+    return data
+
+
+def parse_toml(text: str, *, source: str) -> dict[str, Any]:
+    """Parse TOML text from outside (a user's file): bounded in size and depth before tomllib
+    runs, so no input ends in anything but a dict or a ConfigError naming `source`."""
+    if len(text) > MAX_TOML_BYTES:
+        raise ConfigError(f"{source}: longer than {MAX_TOML_BYTES} characters; refused unread")
+    _check_toml_nesting(text, source)
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
-    return load(cls, data, source=str(path), environ=environ)
+        raise ConfigError(f"{source}: not valid TOML ({exc}); fix the syntax") from None
+    depth = _depth(data)
+    if depth > MAX_TOML_DEPTH:
+        raise ConfigError(
+            f"{source}: tables nest deeper than {MAX_TOML_DEPTH} levels ({depth}); flatten the file"
+        )
+    return data
+
+
+_TOML_SIGNIFICANT = re.compile(r"[\"'#\[\]{}.=,\n]")
+
+
+def _check_toml_nesting(text: str, source: str) -> None:
+    """One pass over `text` outside strings and comments: the `[`/`{` depth and the dots in
+    each key (a segment between `=`, `,`, brackets and line ends) may not pass MAX_TOML_DEPTH."""
+    depth = dots = 0
+    found = _TOML_SIGNIFICANT.search(text)
+    while found is not None:
+        i, char = found.start(), found.group()
+        if char in "\"'":
+            i = _skip_string(text, i)
+        elif char == "#":
+            i = text.find("\n", i)
+            if i < 0:
+                return
+        else:
+            depth, dots = _count(char, depth, dots)
+            if depth > MAX_TOML_DEPTH or dots > MAX_TOML_DEPTH:
+                what = "brackets nest" if depth > MAX_TOML_DEPTH else "a dotted key nests"
+                raise ConfigError(
+                    f"{source}: {what} deeper than {MAX_TOML_DEPTH} levels "
+                    f"(line {text.count(chr(10), 0, i) + 1}); flatten the file"
+                )
+            i += 1
+        found = _TOML_SIGNIFICANT.search(text, i)
+
+
+def _count(char: str, depth: int, dots: int) -> tuple[int, int]:
+    """(bracket depth, dots in the current key) after `char`, one of `[]{}.=,` or a newline."""
+    if char == ".":
+        return depth, dots + 1
+    if char in "[{":
+        return depth + 1, 0
+    if char in "]}":
+        return max(0, depth - 1), 0
+    return depth, 0
+
+
+# What can end a string, or must be stepped over inside it, by kind of string.
+_STRING_STOPS = {
+    ('"', False): re.compile(r'["\\\n]'),
+    ("'", False): re.compile(r"['\n]"),
+    ('"', True): re.compile(r'["\\]'),
+    ("'", True): re.compile(r"'"),
+}
+
+
+def _skip_string(text: str, start: int) -> int:
+    """The index just past the TOML string that opens at `start` (or the end of the text).
+    Basic strings honour backslash escapes; a one-line string ends at a newline too (the
+    parser refuses it; the scan goes on from there); a multi-line string's closing run of
+    quotes may be 3 to 5 long (up to two quotes are content), so the run ends it."""
+    quote = text[start]
+    multiline = text.startswith(quote * 3, start)
+    stops = _STRING_STOPS[quote, multiline]
+    i = start + (3 if multiline else 1)
+    while (found := stops.search(text, i)) is not None:
+        i = found.start()
+        if text[i] == "\\":
+            i += 2
+        elif text[i] == "\n":
+            return i
+        elif not multiline:
+            return i + 1
+        elif text.startswith(quote * 3, i):
+            while i < len(text) and text[i] == quote:
+                i += 1
+            return i
+        else:
+            i += 1
+    return len(text)
+
+
+def _depth(value: Any) -> int:
+    """How deeply tables and arrays nest in `value`, measured without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level + 1)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def check_int(key: str, value: object, low: int, high: int | None = None) -> int:
+    """`value` when it is an integer (never a bool) from `low` to `high`; else a ConfigError
+    naming the key, the value and the valid range. Every section's range checks use this."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        valid = f">= {low}" if high is None else f"from {low} to {high}"
+        raise ConfigError(f"{_shown(key, value)} is invalid: use an integer {valid}")
+    return value
+
+
+def check_number(
+    key: str,
+    value: object,
+    *,
+    above: float | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    unit: str = "",
+) -> float:
+    """`value` as a float when it is a finite number (never a bool) > `above`, >= `low` and
+    <= `high` (each bound optional); else a ConfigError naming the key, the value and the
+    range. `unit` ("seconds") is added to the message."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        number = float(value)  # type: ignore[arg-type]
+        ok = (
+            (above is None or number > above)
+            and (low is None or number >= low)
+            and (high is None or number <= high)
+        )
+    if not ok:
+        bounds = [
+            f"> {above:g}" if above is not None else "",
+            f">= {low:g}" if low is not None else "",
+            f"<= {high:g}" if high is not None else "",
+        ]
+        valid = " and ".join(b for b in bounds if b)
+        what = f"a number of {unit}" if unit else "a number"
+        raise ConfigError(f"{_shown(key, value)} is invalid: use {what} {valid}".rstrip())
+    return float(value)  # type: ignore[arg-type]
+
+
+def _shown(key: str, value: object) -> str:
+    """`--flag=value` for a command-line option, `key = value` for a config key."""
+    return f"{key}={value!r}" if key.startswith("-") else f"{key} = {value!r}"
 
 
 def env_var_names(cls: type[Any]) -> dict[str, tuple[str, ...]]:

@@ -12,7 +12,6 @@ import math
 import shutil
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -56,14 +55,9 @@ def pipeline_config(
 
 
 def _pipeline_table(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file; pass an existing TOML job file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
-    table = data.get("pipeline")
+    from shoal.config import read_toml
+
+    table = read_toml(path).get("pipeline")
     if not isinstance(table, dict):
         raise ConfigError(
             f"{path}: no [pipeline] table; --pipeline reads its settings from one "

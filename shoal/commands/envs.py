@@ -126,8 +126,12 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_hash(args: argparse.Namespace) -> int:
+    from shoal.config import check_int
     from shoal.envs.hashing import env_hash, env_manifest
+    from shoal.learner.config import SEED_MAX
 
+    if args.seed is not None:
+        check_int("--seed", args.seed, 0, SEED_MAX)
     kwargs = parse_kwargs(args.kwargs)
     digest = env_hash(args.env_id, kwargs, args.seed)
     if args.json:

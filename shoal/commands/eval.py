@@ -26,14 +26,15 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from shoal.config import check_int
     from shoal.envs import registry
-    from shoal.learner.config import known_target
-    from shoal.train import TrainError, evaluate_checkpoint, load_policy
+    from shoal.learner.config import SEED_MAX, known_target
+    from shoal.train import evaluate_checkpoint, load_policy
 
     torch.set_num_threads(1)  # small batches: more threads only spin
 
-    if args.episodes < 1:
-        raise TrainError(f"--episodes {args.episodes} is invalid: evaluate at least 1 episode")
+    check_int("--episodes", args.episodes, 1)
+    check_int("--seed", args.seed, 0, SEED_MAX)
     _, state, info = load_policy(args.checkpoint)
     env_id = registry.spec(args.env or str(state.get("env_id", ""))).id
     config = state.get("config") or {}

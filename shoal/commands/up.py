@@ -35,6 +35,21 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.set_defaults(func=run)
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Every number `shoal up` takes, checked before anything is written or started."""
+    from shoal.config import check_int, check_number
+    from shoal.errors import ConfigError
+
+    if args.replicas < 1 or args.replicas % 2 == 0 or args.replicas > 9:
+        raise ConfigError(
+            f"--replicas={args.replicas} must be odd, between 1 and 9 (a majority must survive)"
+        )
+    check_int("--nodes", args.nodes, 0, 64)
+    check_int("--sim-gpus", args.sim_gpus, 0, 1024)
+    check_int("--island-size", args.island_size, 1, 1024)
+    check_number("--timeout", args.timeout, above=0, unit="seconds")
+
+
 def run(args: argparse.Namespace) -> int:
     from shoal.errors import ConfigError
     from shoal.local import (
@@ -45,15 +60,7 @@ def run(args: argparse.Namespace) -> int:
         node_specs,
     )
 
-    if args.replicas < 1 or args.replicas % 2 == 0 or args.replicas > 9:
-        raise ConfigError(
-            f"--replicas={args.replicas} must be odd, between 1 and 9 (a majority must survive)"
-        )
-    if not 0 <= args.nodes <= 64 or not 0 <= args.sim_gpus <= 1024 or args.island_size < 1:
-        raise ConfigError(
-            f"--nodes={args.nodes}, --sim-gpus={args.sim_gpus}, --island-size={args.island_size}: "
-            "use 0-64 nodes, 0-1024 GPUs per node and an island size >= 1"
-        )
+    check_options(args)
     local = LocalCluster(args.run_dir or default_run_dir())
     if (local.run_dir / "cluster.json").exists():  # bring the same cluster back, data and all
         specs = local.specs()

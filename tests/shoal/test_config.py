@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import math
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.config import env_var_names, load, load_toml
+from shoal.config import (
+    MAX_TOML_BYTES,
+    MAX_TOML_DEPTH,
+    check_int,
+    check_number,
+    env_var_names,
+    load,
+    load_toml,
+    parse_toml,
+    read_toml,
+)
 from shoal.errors import ConfigError
 
 
@@ -187,3 +199,159 @@ def test_any_wrong_value_is_a_config_error_never_another_exception(value: object
         assert isinstance(cfg.inner.epochs, int)
         assert cfg.mode in ("fast", "slow")
         assert cfg.limit is None or isinstance(cfg.limit, float)
+
+
+# -- the bounded TOML reader: size, encoding and nesting checked before tomllib runs ----------
+
+# Characters that open or close something in TOML, or end a key, mixed with plain ones.
+_TOML_CHARS = st.sampled_from(list("[]{}.=,#\"'\\\n\t abc1_-+:"))
+
+
+def _nested(kind: str, depth: int) -> str:
+    """A document nesting `depth` levels by one construct."""
+    return {
+        "array": "a = " + "[" * depth + "]" * depth,
+        "inline": "a = " + "{b = " * depth + "1" + "}" * depth,
+        "dotted": ".".join(["k"] * depth) + " = 1",
+        "header": "[" + ".".join(["t"] * depth) + "]",
+        "mixed": "[" + ".".join(["t"] * depth) + "]\n" + ".".join(["k"] * depth) + " = 1",
+    }[kind]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.text(_TOML_CHARS, max_size=400),
+        st.builds(
+            lambda kind, depth, pad: _nested(kind, depth) + pad,
+            st.sampled_from(["array", "inline", "dotted", "header", "mixed"]),
+            st.integers(min_value=0, max_value=5000),
+            st.text(_TOML_CHARS, max_size=40),
+        ),
+    )
+)
+def test_any_text_is_a_dict_or_a_config_error_never_another_exception(text: str) -> None:
+    try:
+        data = parse_toml(text, source="job.toml")
+    except ConfigError as exc:
+        message = str(exc)
+    else:
+        assert isinstance(data, dict)
+        assert data == tomllib.loads(text)
+        return
+    assert message.startswith("job.toml: ")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(["array", "inline", "dotted", "header"]),
+    st.integers(min_value=MAX_TOML_DEPTH + 1, max_value=20_000),  # within the size bound
+)
+def test_nesting_past_the_bound_is_refused_before_parsing(kind: str, depth: int) -> None:
+    with pytest.raises(ConfigError, match=f"nests? deeper than {MAX_TOML_DEPTH} levels"):
+        parse_toml(_nested(kind, depth), source="t")
+
+
+@pytest.mark.parametrize("kind", ["array", "inline", "dotted", "header"])
+def test_nesting_up_to_the_bound_parses(kind: str) -> None:
+    depth = MAX_TOML_DEPTH - 1  # the top-level table is one level of its own
+    assert parse_toml(_nested(kind, depth), source="t")
+
+
+def test_tables_nesting_past_the_bound_through_several_constructs_are_refused() -> None:
+    with pytest.raises(ConfigError, match=f"tables nest deeper than {MAX_TOML_DEPTH} levels"):
+        parse_toml(_nested("mixed", 20), source="t")
+
+
+# Strings holding every character that means something outside a string.
+_tricky_strings = st.text(st.sampled_from(list("[]{}.=,#\"'\\\n\tx\u00e9")), max_size=12)
+
+
+def _toml_string(text: str, literal: bool) -> str:
+    if literal and "'" not in text and "\n" not in text:
+        return f"'{text}'"
+    return json.dumps(text)  # a JSON string is a TOML basic string here (no DEL in the alphabet)
+
+
+def _toml_value(value: object, literal: bool) -> str:
+    if isinstance(value, str):
+        return _toml_string(value, literal)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v, literal) for v in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{json.dumps(k)} = {_toml_value(v, literal)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
+    return str(value)
+
+
+_values = st.recursive(
+    st.one_of(st.integers(-(2**63), 2**63 - 1), _tricky_strings),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(_tricky_strings, inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_tricky_strings, _values, max_size=4), st.booleans())
+def test_valid_documents_within_the_bounds_parse_exactly_as_tomllib_does(
+    document: dict[str, object], literal: bool
+) -> None:
+    text = "\n".join(f"{json.dumps(k)} = {_toml_value(v, literal)}" for k, v in document.items())
+    assert parse_toml(text, source="t") == document
+
+
+def test_multi_line_strings_may_end_in_quotes_and_hide_brackets() -> None:
+    text = 'a = """ [[[ "" \\""" """""\nb = [[1]]\nc = \'\'\'{{{\'\'\'\'\'\n'
+    assert parse_toml(text, source="t") == {"a": ' [[[ "" """ ""', "b": [[1]], "c": "{{{''"}
+
+
+def test_a_file_past_the_size_bound_is_refused_unread(tmp_path: Path) -> None:
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * MAX_TOML_BYTES + "\n")
+    with pytest.raises(ConfigError, match=f"larger than {MAX_TOML_BYTES} bytes"):
+        read_toml(big)
+    with pytest.raises(ConfigError, match=f"longer than {MAX_TOML_BYTES}"):
+        parse_toml(big.read_text(), source="t")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=1, max_size=2000))
+def test_any_bytes_in_a_file_are_a_dict_or_a_config_error(tmp_path_factory, data: bytes) -> None:
+    path = tmp_path_factory.mktemp("toml") / "job.toml"
+    path.write_bytes(data)
+    try:
+        data = read_toml(path)
+    except ConfigError as exc:
+        message = str(exc)
+    else:
+        assert isinstance(data, dict)
+        return
+    assert message.startswith(f"{path}: ")
+
+
+def test_binary_and_special_files_name_the_file_and_the_fix(tmp_path: Path) -> None:
+    binary = tmp_path / "job.toml"
+    binary.write_bytes(b"\x85\x00\xff" * 10)
+    with pytest.raises(ConfigError, match=r"byte 0x85 at offset 0 is not UTF-8"):
+        load_toml(Outer, binary, environ={})
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_toml(tmp_path)
+
+
+def test_check_int_and_check_number_name_the_key_the_value_and_the_range() -> None:
+    assert check_int("rollout.workers", 3, 1, 8) == 3
+    with pytest.raises(ConfigError) as exc:
+        check_int("rollout.workers", 9, 1, 8)
+    assert str(exc.value) == "rollout.workers = 9 is invalid: use an integer from 1 to 8"
+    with pytest.raises(ConfigError, match=r"^--seed=-1 is invalid: use an integer >= 0$"):
+        check_int("--seed", -1, 0)
+    with pytest.raises(ConfigError, match="integer"):
+        check_int("k", True, 0)
+    assert check_number("t", 2, above=0) == 2.0
+    for bad in (0, -1.0, math.inf, math.nan, True, "5"):
+        with pytest.raises(ConfigError, match=r"use a number of seconds > 0$"):
+            check_number("--timeout", bad, above=0, unit="seconds")
+    with pytest.raises(ConfigError, match=r"use a number >= 0 and <= 1$"):
+        check_number("p", 1.5, low=0, high=1)
