@@ -279,10 +279,25 @@ def _sim_state(config: NodeConfig) -> Path | None:
 # -- the daemon --------------------------------------------------------------------------------
 
 
+def data_dir_error(data_dir: Path, exc: OSError) -> ConfigError:
+    """A data dir the daemon cannot create or write, as one line naming it and the reason."""
+    where = exc.filename if exc.filename is not None else data_dir
+    return ConfigError(
+        f"--data-dir={data_dir} is unusable: {where}: {exc.strerror or exc}; "
+        "choose a directory this user can create and write"
+    )
+
+
 @contextlib.contextmanager
 def claim(data_dir: Path) -> Iterator[None]:
-    """An exclusive lock on the data dir: two daemons with one node id would fight over tasks."""
-    with open(data_dir / "lock", "w") as handle:
+    """An exclusive lock on the data dir: two daemons with one node id would fight over tasks.
+    Creates the directory; one it cannot create or write is a ConfigError."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(data_dir / "lock", "w")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
+        raise data_dir_error(data_dir, exc) from None
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -294,9 +309,11 @@ def claim(data_dir: Path) -> Iterator[None]:
 
 async def serve(config: NodeConfig, stop: asyncio.Event) -> None:
     """Run the node until `stop` is set, then drain it and return."""
-    config.data_dir.mkdir(parents=True, exist_ok=True)
     with claim(config.data_dir):
-        node_id = node_identity(config.data_dir, config.node_id)
+        try:
+            node_id = node_identity(config.data_dir, config.node_id)
+        except OSError as exc:
+            raise data_dir_error(config.data_dir, exc) from None
         monitor = HealthMonitor(node_id, await asyncio.to_thread(build_collectors, config))
         try:
             reports = await monitor.collect()
