@@ -138,11 +138,13 @@ def _within(value: Any, room: int) -> bool:
 
 def _value_line(index: int, value: Any, channel: dict[str, int]) -> str:
     """The record of a test's value; one the pool would refuse (not finite, too deep, too long,
-    not JSON at all) is replaced by the value's repr, which fails the test but not the episode."""
+    too many elements, not JSON at all) is replaced by the value's repr, which fails the test
+    but not the episode."""
     try:
         if _within(value, channel["value_depth"]):
             line = json.dumps({"event": "test", "index": index, "value": value}, allow_nan=False)
-            if len(line) < channel["record_bytes"]:
+            elements = line.count(",") + line.count("[") + line.count("{")
+            if len(line) < channel["record_bytes"] and elements <= channel["record_elements"]:
                 return line
     except BaseException:  # the value's own methods ran: anything may come out of them
         pass

@@ -70,6 +70,32 @@ def test_code_exec_runs_the_submitted_program_in_the_sandbox():
         env.close()
 
 
+@pytest.mark.timeout(120)
+def test_code_exec_fails_a_step_whose_program_attacks_the_result_channel():
+    """What made step() raise in the rollout worker (a string error field, a 200,000-deep
+    array) now costs that episode, with its reason in info; the next step still works."""
+    attacks = [
+        'import os\nos.write(3, b\'{"event": "test", "index": 0, "error": "boom"}\\n\')\n',
+        "import os\nos.write(3, b'[' * 200000 + b'\\n')\n",
+        'import os\nos.write(3, b\'{"event": "done"}\\n\')\n',
+    ]
+    env = make("CodeExec-v1")
+    try:
+        env.seed(3)
+        for attack in attacks:
+            _, info = env.reset()
+            task = BASIC[info["task_index"]]
+            _, reward, done, step_info = env.step(attack + task.reference)
+            assert (reward, done, step_info["status"]) == (0.0, True, "channel_violation")
+            assert "result channel" in step_info["message"]
+            assert step_info["passed"] == 0
+        _, info = env.reset()
+        _, reward, _, step_info = env.step(BASIC[info["task_index"]].reference)
+        assert (reward, step_info["status"]) == (1.0, "ok")
+    finally:
+        env.close()
+
+
 def test_stepping_before_reset_is_refused():
     env = code_env.CodeExecEnv()
     with pytest.raises(InvalidAction, match="call reset"):

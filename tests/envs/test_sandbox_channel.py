@@ -17,6 +17,7 @@ from shoal.envs.errors import ResultChannelViolation
 from shoal.envs.sandbox_channel import (
     CHANNEL_BYTES,
     RECORD_BYTES,
+    RECORD_ELEMENTS,
     VALUE_DEPTH,
     Results,
     nesting_within,
@@ -48,6 +49,10 @@ def _nested(depth: int, opener: bytes, closed: bool) -> bytes:
     """A value `depth` arrays or objects deep, or only their opening half."""
     prefix, closer = (b"[", b"]") if opener == b"[" else (b'{"k": ', b"}")
     return prefix * depth + b"0" + (closer * depth if closed else b"")
+
+
+def _elements(line: bytes) -> int:
+    return line.count(b",") + line.count(b"[") + line.count(b"{")
 
 
 def _depth(value: object) -> int:
@@ -85,7 +90,7 @@ def test_nesting_of_any_depth_is_bounded_before_it_is_parsed(depth, opener, clos
             b'{"event": "test", "index": 0, "value": ' + json.dumps(nested.decode()).encode() + b"}"
         )
     result = _parsed(line + b"\n" + DONE)
-    fits = len(line) <= RECORD_BYTES
+    fits = len(line) <= RECORD_BYTES and _elements(line) <= RECORD_ELEMENTS
     if where == "string" and fits:
         assert result is not None
     if where == "record" and closed and depth <= VALUE_DEPTH and fits:
@@ -98,11 +103,23 @@ def test_nesting_of_any_depth_is_bounded_before_it_is_parsed(depth, opener, clos
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2 * RECORD_BYTES), st.integers(1, 6), st.booleans())
 def test_lines_and_channels_of_any_size_are_bounded(length, lines, terminated):
-    record = b'{"event": "test", "index": 0, "value": "' + b"x" * length + b'"}'
-    data = (record + b"\n") * lines + (b"" if terminated else b"tail")
+    records = (
+        b'{"event": "test", "index": %d, "value": "' % i + b"x" * length + b'"}\n'
+        for i in range(lines)
+    )
+    data = b"".join(records) + (b"" if terminated else b"tail")
     result = _parsed(data, calls=lines, killed=False)
-    valid = len(record) <= RECORD_BYTES and len(data) <= CHANNEL_BYTES and terminated
-    assert (result is not None) == (valid and lines == 1)
+    valid = length + 50 <= RECORD_BYTES and len(data) <= CHANNEL_BYTES and terminated
+    assert (result is not None) == valid
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 4 * RECORD_ELEMENTS), st.sampled_from([b"0", b"[]", b"{}", b"1e-5"]))
+def test_lines_of_any_element_count_are_bounded(count, element):
+    value = b"[" + b",".join([element] * count) + b"]"
+    line = b'{"event": "test", "index": 0, "value": ' + value + b"}"
+    result = _parsed(line + b"\n" + DONE)
+    assert (result is not None) == (_elements(line) <= RECORD_ELEMENTS)
 
 
 @given(st.lists(json_values, max_size=4), st.data())
@@ -196,7 +213,7 @@ def test_the_harness_reports_a_value_the_parser_would_refuse_by_its_repr(depth, 
     deep: object = number
     for _ in range(depth):
         deep = [deep]
-    for value in (deep, "y" * RECORD_BYTES):
+    for value in (deep, "y" * RECORD_BYTES, [0] * RECORD_ELEMENTS):
         line = _value_line(0, value, wire_limits()).encode() + b"\n"
         assert set(parse_results(line + DONE, 1, False).tests[0].value) == {"__repr__"}
     if not math.isfinite(number):
