@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -14,8 +15,17 @@ log = logging.getLogger(__name__)
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
+_LOGGED_ERRNO = re.compile(r"\[Errno (\d+)\]")
+
+
 def is_disk_full(exc: OSError) -> bool:
     return exc.errno in DISK_FULL_ERRNOS
+
+
+def logs_disk_full(text: str) -> bool:
+    """Whether a log (another process's, which only left text behind) reports an OSError
+    that means no room: `[Errno 28] No space left on device` and the like."""
+    return any(int(m.group(1)) in DISK_FULL_ERRNOS for m in _LOGGED_ERRNO.finditer(text))
 
 
 def unless_disk_full(what: str, write: Callable[[], None]) -> None:

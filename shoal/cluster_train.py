@@ -134,6 +134,19 @@ def started_pids(lines: list[str], job_id: str) -> set[int]:
     return pids
 
 
+def exit_reason(log_tail: str, run_dir: Path) -> str:
+    """Why a process of the embedded cluster stopped, in one line: a full disk (its log names
+    the errno) as such, with what to do, else the last line of its log."""
+    from shoal.learner.diskfull import logs_disk_full
+
+    if logs_disk_full(log_tail):
+        return (
+            f"the disk holding {run_dir} is full; free space or choose a --run-dir on a larger disk"
+        )
+    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    return lines[-1] if lines else "its log is empty"
+
+
 def _alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie awaiting its parent's wait counts as gone)."""
     try:
@@ -339,12 +352,16 @@ class ClusterRun:
         return next((s.name for s in specs if self.embedded.pid(s.name) is None), None)
 
     def _check_cluster(self) -> None:
-        """An embedded cluster's process that died ends the run with its log's last lines."""
+        """An embedded cluster's process that died ends the run, in one line: its log, why
+        it stopped, and the newest complete checkpoint that a rerun would resume from."""
         name = self._embedded_exited()
         if name is not None and self.embedded is not None:
+            why = exit_reason(self.embedded.tail(name, 15), self.run_dir)
+            kept = self.status.complete_checkpoint()
+            resume = "" if kept is None else f"; the newest complete checkpoint is {kept.path}"
             raise TrainError(
-                f"{name} of the embedded cluster exited; see {self.embedded.log_path(name)}:\n"
-                f"{self.embedded.tail(name, 15)}"
+                f"{name} of the embedded cluster exited; see {self.embedded.log_path(name)}: "
+                f"{why}{resume}"
             )
 
     # -- the run -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from shoal.local import LocalCluster
 
 LEARNER_NAME = "learner"
+MIN_FREE_BYTES = 16 << 20
+"""Free space a run directory needs to start: journals, logs and a few small checkpoints."""
 
 
 class TrainError(ShoalError):
@@ -63,7 +66,10 @@ class TrainResult:
     """Restarts of the job's tasks by the coordinator (a learner group counts once)."""
     stopped_by: str
     checkpoint: str | None = None
+    """The newest complete checkpoint of the run (manifest written, hash verified), or None."""
     checkpoint_step: int | None = None
+    checkpoint_error: str | None = None
+    """Why rank 0's newest checkpoint is not the one above (a full disk, say), or None."""
     report: str | None = None
     report_html: str | None = None
     eval_mean_return: float | None = None
@@ -100,6 +106,18 @@ def _fresh_dir(run_dir: Path) -> Path:
     except OSError as exc:
         raise TrainError(f"cannot create run directory {run_dir}: {exc.strerror}") from exc
     return run_dir
+
+
+def check_room(run_dir: Path) -> None:
+    """Refuse a run directory on a nearly full disk before anything starts: the embedded
+    coordinator's Raft journal, the logs and the checkpoints all go there, and a replica
+    that finds no room for its journal stops."""
+    free = shutil.disk_usage(run_dir).free
+    if free < MIN_FREE_BYTES:
+        raise TrainError(
+            f"run directory {run_dir} has {free} bytes free, less than the {MIN_FREE_BYTES} a "
+            "run needs to start; free space or choose a --run-dir on a larger disk"
+        )
 
 
 def write_token(run_dir: Path) -> None:
@@ -241,6 +259,7 @@ class RunStatus:
         ret = self.recent_return()
         steps = self.env_steps()
         lead = self.statuses.get(0, {})
+        checkpoint = self.complete_checkpoint()
         return TrainResult(
             run_dir=str(self.run_dir),
             env_id=self.env_id,
@@ -256,9 +275,33 @@ class RunStatus:
             policy_lag_median=self.policy_lag(),
             restarts=0,
             stopped_by=stopped_by,
-            checkpoint=lead.get("checkpoint"),
-            checkpoint_step=lead.get("checkpoint_step"),
+            checkpoint=None if checkpoint is None else str(checkpoint.path),
+            checkpoint_step=None if checkpoint is None else checkpoint.step,
+            checkpoint_error=self.unwritten_checkpoint(checkpoint),
             intake={k: int(v) for k, v in lead.get("intake", {}).items()},
+        )
+
+    def complete_checkpoint(self) -> Any:
+        """The newest complete checkpoint in the run's directory (CheckpointInfo), or None.
+        Rank 0's status names the checkpoint it last began to write, which a full disk may
+        never have let it finish: a run reports and records only what it has verified."""
+        from shoal.learner.checkpoint import CheckpointManager
+
+        directory = self.run_dir / "checkpoints"
+        if not directory.is_dir():
+            return None
+        with CheckpointManager(directory) as manager:
+            return manager.latest()
+
+    def unwritten_checkpoint(self, complete: Any) -> str | None:
+        """What to tell the user when rank 0 began a newer checkpoint than `complete`."""
+        lead = self.statuses.get(0, {})
+        step = lead.get("checkpoint_step")
+        if not isinstance(step, int) or (complete is not None and complete.step >= step):
+            return None
+        error = lead.get("checkpoint_error")
+        return f"checkpoint step {step} was not written" + (
+            f"; the last failed write: {error}" if error else ""
         )
 
 
@@ -379,6 +422,7 @@ def train(
             raise TrainError("learner.backend = 'nccl' needs CUDA, which this machine lacks")
     run_dir = make_run_dir(runs_root, env_id) if run_dir is None else _fresh_dir(run_dir)
     run_dir = run_dir.resolve()  # the nodes' tasks run elsewhere than here: absolute paths only
+    check_room(run_dir)
     previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     try:
         with _cluster(run_dir, coordinators) as (where, local, started):

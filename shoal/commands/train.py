@@ -202,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
         logs = [result.cluster["logs"], *result.cluster["task_logs"]]
         print(f"logs:       {' '.join(shown(p) for p in logs)}")
     print(f"checkpoint: {shown(result.checkpoint) if result.checkpoint else '-'}")
+    if result.checkpoint_error:
+        print(f"shoal: warning: {result.checkpoint_error}", file=sys.stderr)
     if result.report:
         print(f"report:     {shown(result.report)}")
         print(f"html:       {shown(result.report_html or '')}")

@@ -361,3 +361,63 @@ def test_any_storable_state_round_trips(state, step):
         info = mgr.save(state, step, block=True)
         assert mgr.latest() == info
         assert_same(state, mgr.load(info))
+
+
+def test_a_run_reports_only_a_checkpoint_that_was_written(tmp_path):
+    """Rank 0's status names the checkpoint it began to write. On a full disk that one never
+    completes: the run reports (and records) the newest complete one, and says why."""
+    from shoal.learner.config import TrainConfig
+    from shoal.train import RunStatus, find_checkpoint
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("/dev/full is not available on this system")
+    run_dir = tmp_path / "run"
+    with CheckpointManager(run_dir / "checkpoints") as mgr:
+        written = mgr.save(state_for(1), 1, block=True)
+        (mgr.directory / ".ckpt-000000000002.pt.tmp").symlink_to("/dev/full")
+        began = mgr.save(state_for(2), 2)  # what the rank's status names at once
+        with pytest.raises(CheckpointError, match="disk is full"):
+            mgr.wait()
+        claim = {
+            "checkpoint": str(began.path),
+            "checkpoint_step": began.step,
+            "checkpoint_failures": mgr.failures,
+            "checkpoint_error": mgr.last_failure,
+        }
+    (run_dir / "status-0.json").write_text(json.dumps(claim))
+    status = RunStatus(TrainConfig(), "CartPole-v1", run_dir, None)
+    status.read()
+    result = status.result("time_limit", 1.0, None, None, None)
+    assert (result.checkpoint, result.checkpoint_step) == (str(written.path), 1)
+    assert find_checkpoint(Path(result.checkpoint)) == written
+    assert result.checkpoint_error is not None
+    assert result.checkpoint_error.startswith("checkpoint step 2 was not written; ")
+    assert "disk is full" in result.checkpoint_error
+
+    claim.update(checkpoint=str(written.path), checkpoint_step=1)
+    (run_dir / "status-0.json").write_text(json.dumps(claim))
+    status.read()
+    healed = status.result("time_limit", 1.0, None, None, None)
+    assert (healed.checkpoint, healed.checkpoint_error) == (str(written.path), None)
+
+
+def test_a_run_without_a_complete_checkpoint_reports_none(tmp_path):
+    from shoal.learner.config import TrainConfig
+    from shoal.train import RunStatus
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "ckpt-000000000003.pt").write_bytes(b"half")  # no manifest
+    (run_dir / "status-0.json").write_text(
+        json.dumps(
+            {
+                "checkpoint": str(run_dir / "checkpoints" / "ckpt-000000000003.pt"),
+                "checkpoint_step": 3,
+            }
+        )
+    )
+    status = RunStatus(TrainConfig(), "CartPole-v1", run_dir, None)
+    status.read()
+    result = status.result("error", 1.0, None, None, None)
+    assert (result.checkpoint, result.checkpoint_step) == (None, None)
+    assert result.checkpoint_error == "checkpoint step 3 was not written"
