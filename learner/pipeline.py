@@ -29,9 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from shoal.config import check_int
 from shoal.envs.vector import VectorEnvironment, make_vector
 from shoal.errors import ConfigError
 from shoal.learner.checkpoint import CheckpointManager, write_atomically
+from shoal.learner.config import SEED_MAX
 from shoal.learner.errors import PipelineError
 from shoal.learner.policy import ActorCritic
 from shoal.learner.ppo import PPOConfig, PPOLearner
@@ -68,6 +70,7 @@ class PipelineConfig:
     ppo: PPOConfig = field(default_factory=PPOConfig)
 
     def __post_init__(self) -> None:
+        check_int("pipeline.seed", self.seed, 0, SEED_MAX)
         positive = ("torch_threads", "num_envs", "demo_steps", "pretrain_epochs", "pretrain_minibatch", "horizon",
                     "eval_episodes")  # fmt: skip
         for key in positive:
