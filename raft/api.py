@@ -8,18 +8,25 @@ is left to aiohttp's 500, never dressed up: the tests assert that bad input gets
 from __future__ import annotations
 
 import hmac
-import json
 import time
 import uuid
 from typing import Any
 
 from aiohttp import web
 
+from shoal.boundedjson import JsonRefused, JsonTooDeep, loads
 from shoal.raft.chaos_api import CHAOS_ROUTES, chaos_routes
 from shoal.raft.commands import ID
 from shoal.raft.context import ApiContext
 from shoal.raft.dashboard import DASHBOARD_ROUTES
-from shoal.raft.errors import BadRequest, Forbidden, RaftError, Unauthorized, ValidationError
+from shoal.raft.errors import (
+    BadRequest,
+    Forbidden,
+    PayloadTooLarge,
+    RaftError,
+    Unauthorized,
+    ValidationError,
+)
 from shoal.raft.handlers import reply
 from shoal.raft.openapi import build_document
 from shoal.raft.route_table import ROUTES
@@ -29,6 +36,8 @@ from shoal.raft.schema import check
 COMMIT_HEADER = "X-Shoal-Commit-Index"
 OP_HEADER = "X-Shoal-Op-Id"
 MAX_BODY = 4 << 20
+MAX_BODY_DEPTH = 64
+"""A body nests a job's free-form spec a few levels down; the spec itself may nest 16."""
 CONTEXT: web.AppKey[ApiContext] = web.AppKey("shoal_api_context", ApiContext)
 
 
@@ -100,24 +109,47 @@ def _convert(param: Param, raw: str) -> Any:
     return value
 
 
+async def _read_body(request: web.Request) -> bytes:
+    too_large = PayloadTooLarge(
+        f"body: more than {MAX_BODY} bytes; send less (split a batch into several)"
+    )
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise too_large
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """A request body as JSON, its size and depth bounded before it is parsed."""
+    try:
+        return loads(raw, max_bytes=MAX_BODY, max_depth=MAX_BODY_DEPTH)
+    except JsonTooDeep as exc:
+        raise BadRequest(f"body: {exc}; flatten the document", "body") from None
+    except JsonRefused as exc:
+        raise BadRequest(f"body: {exc}", "body") from None
+
+
 async def _parse_body(route: Route, request: web.Request) -> Any:
     if route.body is None:
         return None
-    raw = await request.read()
-    if not raw.strip():
-        body: Any = {}
+    raw = await _read_body(request)
+    if raw.strip():
+        body = parse_json_body(raw)
+    elif route.body.get("required"):
+        raise ValidationError(
+            "body", f"is required: a JSON object with {', '.join(route.body['required'])}"
+        )
     else:
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise BadRequest(f"body: not valid JSON ({exc})") from None
+        body = {}
     check(route.body, body, "body")
     return body
 
 
-def _op_id(request: web.Request) -> str:
+def _op_id(route: Route, request: web.Request) -> str:
     given = request.headers.get(OP_HEADER)
-    if given is None:
+    if given is None or not route.write:
         return uuid.uuid4().hex
     check(ID, given, f"header.{OP_HEADER}")
     return given
@@ -139,11 +171,13 @@ def _wrap(ctx: ApiContext, route: Route) -> Any:
                 path,
                 _parse_query(route.query, request),
                 await _parse_body(route, request),
-                _op_id(request),
+                _op_id(route, request),
                 request,
             )
             response = await route.handler(ctx, call)
         except RaftError as exc:
+            if exc.field == "op_id" and route.write:  # the machine's name for the header
+                exc.field = f"header.{OP_HEADER}"
             response = web.json_response(route_error(exc), status=exc.http_status)
         response.headers[COMMIT_HEADER] = str(commit)
         ctx.metrics.inc(

@@ -8,7 +8,6 @@ executes it; that node finds it in its next heartbeat reply, acts once and repor
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import asdict
 
 from aiohttp import web
@@ -54,7 +53,7 @@ OUTCOME_BODY: Schema = {
 
 async def inject_fault(ctx: ApiContext, call: Call) -> web.Response:
     cmd.check_fault_params(call.body, "body")
-    args = {"fault_id": uuid.uuid4().hex[:12], **call.body}
+    args = {"fault_id": call.derived_id("fault"), **call.body}
     result = await ctx.write("inject_fault", args, call.op_id)
     return reply(result["fault"], 202)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from shoal.boundedjson import JsonRefused, JsonTooLarge, loads
 from shoal.raft.errors import (
     ERRORS_BY_CODE,
     Busy,
@@ -31,6 +32,21 @@ from shoal.raft.errors import (
 RETRYABLE = (NotLeader, NoQuorum, Busy, RaftTimeout, Unavailable)
 BACKOFF = 0.05
 OP_HEADER = "X-Shoal-Op-Id"
+MAX_REPLY_BYTES = 256 << 20
+"""Far above any listing a coordinator sends; a replica that sends more is not believed."""
+MAX_REPLY_DEPTH = 64
+
+
+async def read_json(resp: aiohttp.ClientResponse) -> Any:
+    """A reply's JSON, read up to MAX_REPLY_BYTES and depth-checked before it is parsed:
+    what comes off the network is not trusted, even from a replica. Raises `JsonRefused`."""
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > MAX_REPLY_BYTES:
+            raise JsonTooLarge(f"a reply of more than {MAX_REPLY_BYTES} bytes")
+        chunks.append(chunk)
+    return loads(b"".join(chunks), max_bytes=MAX_REPLY_BYTES, max_depth=MAX_REPLY_DEPTH)
 
 
 def _error_from(status: int, body: Any) -> RaftError:
@@ -149,7 +165,7 @@ class CoordinatorClient:
                 method, url, json=body, params=query, headers=headers, timeout=timeout
             ) as resp:
                 data = (
-                    await resp.json(content_type=None)
+                    await read_json(resp)
                     if resp.content_type == "application/json"
                     else await resp.text()
                 )
@@ -157,6 +173,8 @@ class CoordinatorClient:
                     raise _error_from(resp.status, data)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise Unavailable(f"{url}: {exc!r}") from None
+        except JsonRefused as exc:
+            raise Unavailable(f"{url}: the reply is not JSON this client reads: {exc}") from None
         self._preferred = base
         return data
 

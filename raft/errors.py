@@ -32,10 +32,22 @@ class ValidationError(RaftError):
 
 
 class BadRequest(RaftError):
-    """The request is not even JSON, or a query parameter is unusable."""
+    """The request is not even JSON (or nests too deep), or a query parameter is unusable."""
 
     http_status = 400
     code = "bad_request"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PayloadTooLarge(RaftError):
+    """The request body is longer than the API reads; send less (fewer commands per batch)."""
+
+    http_status = 413
+    code = "too_large"
+    field = "body"
 
 
 class NotFound(RaftError):
@@ -119,6 +131,7 @@ ERRORS_BY_CODE: dict[str, type[RaftError]] = {
     for cls in (
         ValidationError,
         BadRequest,
+        PayloadTooLarge,
         NotFound,
         Conflict,
         Unauthorized,

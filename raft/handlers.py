@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from dataclasses import asdict
 from typing import Any
 
@@ -19,7 +18,8 @@ import aiohttp
 from aiohttp import web
 
 from shoal.raft import commands as cmd
-from shoal.raft.context import ApiContext
+from shoal.raft.client import read_json
+from shoal.raft.context import ApiContext, raise_refusal
 from shoal.raft.errors import NotFound, NotLeader, ValidationError
 from shoal.raft.machine import StateMachine
 from shoal.raft.metrics import Gauges, cluster_gauges
@@ -83,11 +83,11 @@ async def batch(ctx: ApiContext, call: Call) -> web.Response:
     members = [
         {
             "op": c["op"],
-            "op_id": c.get("op_id") or uuid.uuid4().hex,
+            "op_id": c.get("op_id") or call.derived_id(f"batch[{i}]", 32),
             "at": time.time(),
             "args": c["args"],
         }
-        for c in call.body["commands"]
+        for i, c in enumerate(call.body["commands"])
     ]
     command = {"op": "batch", "op_id": call.op_id, "at": time.time(), "args": {"commands": members}}
     try:
@@ -95,6 +95,7 @@ async def batch(ctx: ApiContext, call: Call) -> web.Response:
     except ValidationError as exc:  # name the field as the caller sent it
         raise ValidationError(exc.field.replace("command.args.", "body.", 1), exc.message) from None
     result = await ctx.bridge.propose(command, ctx.config.write_timeout)
+    raise_refusal(result)
     ctx.metrics.inc(
         "shoal_raft_commands_total", "commands committed", len(members), op="batch", ok="true"
     )
@@ -183,8 +184,7 @@ async def _forward_to_leader(ctx: ApiContext, call: Call) -> web.StreamResponse:
     headers = {"Authorization": call.raw.headers.get("Authorization", "")}
     try:
         async with ctx.session.post(url, json=call.body, headers=headers) as resp:
-            data = await resp.json(content_type=None)
-            return reply(data, resp.status)
+            return reply(await read_json(resp), resp.status)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise NotLeader(
             f"the leader at {leader['api']} did not answer ({exc!r})", leader["api"]
@@ -202,7 +202,7 @@ async def list_jobs(ctx: ApiContext, call: Call) -> web.Response:
 
 
 async def submit_job(ctx: ApiContext, call: Call) -> web.Response:
-    args = {"job_id": uuid.uuid4().hex[:12], **call.body}
+    args = {"job_id": call.derived_id("job"), **call.body}
     result = await ctx.write("submit_job", args, call.op_id)
     return reply(result["job"], 201)
 

@@ -2,8 +2,12 @@
 
 No clock, randomness or I/O: every time and id arrives inside the command. `apply` never raises
 on a command that passed `validate_command`; a refusal that depends on the state (unknown id,
-duplicate id, stale generation) is returned as a result, the same on every replica. A command
-whose `op_id` was already applied returns the first result again without a second effect.
+duplicate id, stale generation) is returned as a result, the same on every replica.
+
+An operation id names ONE command: the machine keeps, beside each applied op id, a digest of
+the command it carried (its op and canonical arguments, not its time stamp). The same id with
+the same command returns the first result again without a second effect (a retry); the same id
+with another command is refused as a conflict, so that write is never silently dropped.
 Not thread-safe: ClusterState serialises access.
 """
 
@@ -38,6 +42,15 @@ Result = dict[str, Any]
 MAX_EVENTS = 5000
 MAX_APPLIED_OPS = 20_000
 MAX_FAULTS = 1000
+OP_ID_REUSED = (
+    "operation id {op_id!r} was already used for a different command ({first}); an operation "
+    "id names one command and its retries: send this write with a fresh X-Shoal-Op-Id"
+)
+OP_ID_UNBOUND = (
+    "operation id {op_id!r} was applied before this coordinator recorded which command each "
+    "id carried, so a retry cannot be told from a new write: send it with a fresh "
+    "X-Shoal-Op-Id (read the state first if the first attempt may have been applied)"
+)
 _FAULT_ORDER = {"requested": 0, "injected": 1, "healed": 2, "failed": 2}
 
 
@@ -61,6 +74,10 @@ class StateMachine:
         self.event_seq = 0
         self.leader: LeaderRecord | None = None
         self.applied: OrderedDict[str, Result] = OrderedDict()
+        self.op_commands: dict[str, str] = {}
+        """op id -> `op:digest` of the command it carried (see `command_digest`), for the ids in
+        `applied`. Left out of the state digest: it decides only the answer to a reused id, never
+        an effect, so a replica restored from a dump older than this table still agrees."""
         self.applied_count = 0
         self.faults: dict[str, Fault] = {}
         """Chaos faults by id, oldest first, the newest MAX_FAULTS kept."""
@@ -82,17 +99,43 @@ class StateMachine:
     # -- the one writer -------------------------------------------------------------------
 
     def apply(self, command: dict[str, Any]) -> Result:
-        op_id = command["op_id"]
-        if op_id in self.applied:
+        if command["op"] != "batch":
+            return self._apply_once(command, command_digest(command["op"], command["args"]))
+        members = [(m, command_digest(m["op"], m["args"])) for m in command["args"]["commands"]]
+        digest = batch_digest([(m["op_id"], d) for m, d in members])
+        seen = self._seen(command["op_id"], digest)
+        if seen is not None:
+            return seen
+        results = [self._apply_once(member, member_digest) for member, member_digest in members]
+        return self._record(command["op_id"], digest, ok(results=results))
+
+    def _apply_once(self, command: dict[str, Any], digest: str) -> Result:
+        seen = self._seen(command["op_id"], digest)
+        if seen is not None:
+            return seen
+        result = _HANDLERS[command["op"]](self, command["args"], command["at"])
+        return self._record(command["op_id"], digest, result)
+
+    def _seen(self, op_id: str, digest: str) -> Result | None:
+        """The first result when `op_id` was applied with this same command, a conflict when
+        with another one, None when the id is new."""
+        if op_id not in self.applied:
+            return None
+        first = self.op_commands.get(op_id)
+        if first == digest:
             return self.applied[op_id]
-        if command["op"] == "batch":
-            result = ok(results=[self.apply(member) for member in command["args"]["commands"]])
-        else:
-            result = _HANDLERS[command["op"]](self, command["args"], command["at"])
+        if first is None:
+            return refused("conflict", OP_ID_UNBOUND.format(op_id=op_id), "op_id")
+        what = first.partition(":")[0]
+        return refused("conflict", OP_ID_REUSED.format(op_id=op_id, first=what), "op_id")
+
+    def _record(self, op_id: str, digest: str, result: Result) -> Result:
         self.applied[op_id] = result
+        self.op_commands[op_id] = digest
         self.applied_count += 1
         while len(self.applied) > MAX_APPLIED_OPS:
-            self.applied.popitem(last=False)
+            old, _ = self.applied.popitem(last=False)
+            self.op_commands.pop(old, None)
         return result
 
     def _event(self, at: float, kind: str, message: str, **fields: Any) -> None:
@@ -703,6 +746,19 @@ class StateMachine:
     def digest(self) -> str:
         text = json.dumps(self.snapshot(), sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def command_digest(op: str, args: dict[str, Any]) -> str:
+    """`op:sha256` of the op and its canonical (sorted, compact) arguments: what an operation
+    id is bound to. The time stamp is left out, since a retry is stamped anew."""
+    text = json.dumps(args, sort_keys=True, separators=(",", ":"))
+    return f"{op}:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+
+
+def batch_digest(members: list[tuple[str, str]]) -> str:
+    """A batch is bound to its members' operation ids and their commands' digests, in order."""
+    text = json.dumps(members, separators=(",", ":"))
+    return f"batch:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
 
 _HANDLERS: dict[str, Callable[[StateMachine, dict[str, Any], float], Result]] = {

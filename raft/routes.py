@@ -7,6 +7,7 @@ never drift apart.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,12 @@ class Call:
     body: Any
     op_id: str
     raw: web.Request
+
+    def derived_id(self, what: str, length: int = 12) -> str:
+        """An id the server makes up for this request (a job id, a batch member's op id),
+        derived from its operation id: a retry with the same op id makes the same id, so it
+        carries the same command and is answered the first result, not refused as another."""
+        return hashlib.sha256(f"{what}\0{self.op_id}".encode()).hexdigest()[:length]
 
 
 Handler = Callable[[Any, Call], Awaitable[web.StreamResponse]]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shoal.raft.commands import ARG_SCHEMAS, validate_command
 from shoal.raft.errors import ValidationError
-from shoal.raft.machine import StateMachine
+from shoal.raft.machine import MAX_APPLIED_OPS, StateMachine, batch_digest, command_digest
 from shoal.raft.model import Task
 
 from .strategies import any_command, args_by_op, json_value, op_ids, stamps
@@ -46,6 +46,62 @@ def test_a_retried_operation_is_applied_once_and_answers_the_first_result(
     digest = machine.digest()
     assert machine.apply(copy.deepcopy(command)) == first
     assert machine.digest() == digest
+
+
+def _bound(command: dict[str, Any]) -> str:
+    """The digest an op id is bound to, as the machine computes it."""
+    if command["op"] != "batch":
+        return command_digest(command["op"], command["args"])
+    members = command["args"]["commands"]
+    return batch_digest([(m["op_id"], command_digest(m["op"], m["args"])) for m in members])
+
+
+@FAST
+@given(st.lists(any_command, max_size=20), any_command, any_command)
+def test_an_operation_id_reused_for_another_command_is_refused_and_changes_nothing(
+    log: list[dict[str, Any]], first: dict[str, Any], other: dict[str, Any]
+) -> None:
+    machine = StateMachine()
+    for entry in log:
+        machine.apply(entry)
+    machine.apply(first)
+    reuse = {**copy.deepcopy(other), "op_id": first["op_id"]}
+    digest, count = machine.digest(), machine.applied_count
+    result = machine.apply(reuse)
+    if _bound(reuse) == machine.op_commands[first["op_id"]]:
+        assert result == machine.applied[first["op_id"]]
+    else:
+        assert result["ok"] is False
+        assert result["error"] == "conflict"
+        assert result["field"] == "op_id"
+        assert "fresh X-Shoal-Op-Id" in result["message"]
+    assert (machine.digest(), machine.applied_count) == (digest, count)
+
+
+def test_an_op_id_from_a_dump_older_than_the_binding_is_refused_not_guessed() -> None:
+    machine = StateMachine()
+    event = {"kind": "k", "message": "m"}
+    command = {"op": "add_event", "op_id": "old-op", "at": 1.0, "args": event}
+    assert machine.apply(command)["ok"]
+    digest = machine.digest()
+    del machine.__dict__["op_commands"]  # what a dump written before op ids were bound holds
+    restored: StateMachine = pickle.loads(pickle.dumps(machine))
+    assert restored.digest() == digest
+    again = restored.apply(command)
+    assert again["ok"] is False
+    assert again["field"] == "op_id"
+    assert "fresh X-Shoal-Op-Id" in again["message"]
+    assert restored.digest() == digest
+    assert restored.apply({**command, "op_id": "new-op"})["ok"]
+
+
+def test_the_binding_is_forgotten_with_the_applied_op_id() -> None:
+    machine = StateMachine()
+    for i in range(MAX_APPLIED_OPS + 5):
+        command = {"op": "barrier", "op_id": f"op-{i}", "at": 1.0, "args": {}}
+        machine.apply(command)
+    assert len(machine.op_commands) == len(machine.applied) == MAX_APPLIED_OPS
+    assert "op-0" not in machine.op_commands
 
 
 @FAST
