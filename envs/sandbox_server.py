@@ -91,6 +91,7 @@ _setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _setns.restype = ctypes.c_int
 _DONE = b'{"event": "done"}\n'
 _RUN = b'{"phase": "run"}\n'
+_DIGITS_AS_ZERO = str.maketrans("123456789", "000000000")
 
 
 # ---------------------------------------------------------------- the child (untrusted side)
@@ -136,6 +137,18 @@ def _within(value: Any, room: int) -> bool:
     return True
 
 
+def _fits(line: str, channel: dict[str, int]) -> bool:
+    """Whether the pool's parser takes `line` (sandbox_channel: size, element count, and no
+    digit run longer than an integer may be, wherever it is)."""
+    elements = line.count(",") + line.count("[") + line.count("{")
+    digits = line.translate(_DIGITS_AS_ZERO)
+    return (
+        len(line) < channel["record_bytes"]
+        and elements <= channel["record_elements"]
+        and "0" * (channel["int_digits"] + 1) not in digits
+    )
+
+
 def _value_line(index: int, value: Any, channel: dict[str, int]) -> str:
     """The record of a test's value; one the pool would refuse (not finite, too deep, too long,
     too many elements, not JSON at all) is replaced by the value's repr, which fails the test
@@ -143,8 +156,7 @@ def _value_line(index: int, value: Any, channel: dict[str, int]) -> str:
     try:
         if _within(value, channel["value_depth"]):
             line = json.dumps({"event": "test", "index": index, "value": value}, allow_nan=False)
-            elements = line.count(",") + line.count("[") + line.count("{")
-            if len(line) < channel["record_bytes"] and elements <= channel["record_elements"]:
+            if _fits(line, channel):
                 return line
     except BaseException:  # the value's own methods ran: anything may come out of them
         pass

@@ -7,13 +7,14 @@ import json
 import signal
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.envs.errors import SandboxError
 from shoal.envs.sandbox_channel import ErrorInfo
 from shoal.envs.sandbox_verdict import Facts, Status, TestCase, classify_error, judge
 
+NO_DEADLINE = settings(deadline=None)  # no wall-clock bound: the machine may be loaded
 RUN = b'{"phase": "run"}\n'
 
 json_values = st.recursive(
@@ -73,6 +74,7 @@ def _facts(events: bytes = b"", control: bytes = RUN, **changes: object) -> Fact
     return Facts.from_wire(wire)
 
 
+@NO_DEADLINE
 @given(
     st.lists(records, max_size=10),
     st.binary(max_size=20),
@@ -98,6 +100,7 @@ def test_reward_is_a_fraction_and_zero_unless_ok(
         assert result.status is not Status.OK
 
 
+@NO_DEADLINE
 @given(st.lists(json_values, min_size=1, max_size=6))
 def test_matching_values_and_done_earn_full_reward(values):
     cases = [TestCase(f"t{i}", v) for i, v in enumerate(values)]
@@ -192,6 +195,7 @@ def test_malformed_facts_mean_a_broken_server(case):
         Facts.from_wire(MALFORMED_WIRE[case])
 
 
+@NO_DEADLINE
 @given(st.dictionaries(st.sampled_from(["control", "events", "signal", "x"]), json_values))
 def test_any_facts_are_checked_or_refused(raw):
     try:
