@@ -15,9 +15,11 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,10 +28,12 @@ from aiohttp import web
 from shoal.bench.report import Row
 from shoal.errors import ShoalError
 from shoal.runtime.actor import Actor
+from shoal.runtime.local_ca import make_local_ca
 from shoal.runtime.loop import run as run_loop
 from shoal.runtime.ref import ActorRef
 from shoal.runtime.system import ActorSystem
-from shoal.runtime.transport import TransportConfig, attach
+from shoal.runtime.tls import TLS_DIR_ENV, TlsFiles
+from shoal.runtime.transport import Transport, TransportConfig, attach
 
 TOKEN = "bench-runtime-token"
 CONSUMER_DELAY = 0.010
@@ -165,8 +169,15 @@ async def _serve() -> None:
         await system.spawn(Sink, name="sink")
         await system.spawn(Sink, CONSUMER_DELAY, name="slow", mailbox_size=CONSUMER_MAILBOX)
         await system.spawn(Stats, rss, name="stats")
-        config = TransportConfig(token=TOKEN, credit_bytes=CONSUMER_CREDIT_BYTES)
+        config = TransportConfig(token=TOKEN, credit_bytes=CONSUMER_CREDIT_BYTES, tls=None)
         transport = await attach(system, config)
+        # The same actors behind mutual TLS, for the rows that price encryption.
+        tls_dir = os.environ.get(TLS_DIR_ENV)
+        tls = Transport(
+            TransportConfig(token=TOKEN, tls=TlsFiles(Path(tls_dir)) if tls_dir else None),
+            system.lookup,
+        )
+        await tls.start()
         app = web.Application()
         app.router.add_get("/echo", _ws_handler)
         app.router.add_get("/sink", _ws_handler)
@@ -179,11 +190,13 @@ async def _serve() -> None:
             "shoal": transport.address,
             "ws": f"http://127.0.0.1:{runner.addresses[0][1]}",
             "tcp": tcp.sockets[0].getsockname()[1],
+            "shoal_tls": tls.address,
         }
         print(json.dumps(ports), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         tcp.close()
         await runner.cleanup()
+        await tls.close()
         await transport.close()
     await rss.stop()
 
@@ -194,12 +207,19 @@ def serve() -> None:
 
 
 @contextlib.contextmanager
-def second_process() -> Any:
+def second_process(tls: TlsFiles | None = None) -> Any:
+    """The benchmark's peer process; with `tls`, its `shoal_tls` address serves the same
+    actors over mutual TLS (cleartext otherwise)."""
+    env = dict(os.environ)
+    env.pop(TLS_DIR_ENV, None)
+    if tls is not None:
+        env[TLS_DIR_ENV] = str(tls.directory)
     proc = subprocess.Popen(
         [sys.executable, "-c", "from shoal.bench.runtime import serve; serve()"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )
     try:
         assert proc.stdout is not None
@@ -384,7 +404,7 @@ class _Tcp:
 @contextlib.asynccontextmanager
 async def _clients(ports: dict[str, Any]) -> AsyncIterator[tuple[ActorSystem, _Ws, _Tcp]]:
     async with ActorSystem() as system, aiohttp.ClientSession() as session:
-        transport = await attach(system, TransportConfig(token=TOKEN))
+        transport = await attach(system, TransportConfig(token=TOKEN, tls=None))
         reader, writer = await asyncio.open_connection("127.0.0.1", ports["tcp"])
         try:
             yield system, _Ws(session, ports["ws"]), _Tcp(reader, writer)
@@ -416,7 +436,10 @@ async def _measure(quick: bool) -> list[Row]:
     rows: list[Row] = []
     local, queue = await _local_tells(sizes.tells)
     rows.append(Row("local tell", "msgs/s", local, queue, "asyncio.Queue put/get", True))
-    with second_process() as ports:
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        second_process(make_local_ca(Path(scratch))) as ports,
+    ):
         async with _clients(ports) as (system, ws, tcp):
             address = ports["shoal"]
             sink = system.ref(f"{address}/sink")
@@ -515,6 +538,7 @@ async def _measure(quick: bool) -> list[Row]:
                         True,
                     )
                 )
+            rows += await _tls_rows(sink, ports["shoal_tls"], TlsFiles(Path(scratch)), sizes)
             rows += await _cpu_rows(system.ref(f"{address}/stats"), sink, ws, tcp, sizes)
             producer, consumer = await _overrun(system, address, sizes.overrun)
             bound = (CONSUMER_CREDIT_BYTES + (CONSUMER_MAILBOX + 2) * 4 * 256 * 1024) / MB
@@ -539,6 +563,39 @@ async def _measure(quick: bool) -> list[Row]:
                 )
             )
     return rows
+
+
+async def _tls_rows(clear: ActorRef, address: str, tls: TlsFiles, sizes: Sizes) -> list[Row]:
+    """What mutual TLS costs a link: the same actors asked and streamed to over a TLS link
+    and the cleartext one, interleaved / back to back in this run."""
+    import torch
+
+    async with ActorSystem() as system:
+        transport = await attach(system, TransportConfig(token=TOKEN, tls=tls))
+        try:
+            sink = system.ref(f"{address}/sink")
+            await sink.ask.echo(7)
+            tls_rtt, clear_rtt = await interleaved_latencies(
+                [lambda: sink.ask.echo(7), lambda: clear.ask.echo(7)], sizes.asks
+            )
+            tensor = torch.ones(256 * 1024)
+            per_tell = 256 * 1024 * 4 / MB
+            tls_rate = await _remote_tells(sink, sizes.big_tensors, tensor) * per_tell
+            clear_rate = await _remote_tells(clear, sizes.big_tensors, tensor) * per_tell
+        finally:
+            await transport.close()
+    baseline = "the same link in cleartext"
+    return [
+        Row(
+            "cross-process ask p50 (TLS)",
+            "us",
+            _percentile(tls_rtt, 0.5),
+            _percentile(clear_rtt, 0.5),
+            baseline,
+            False,
+        ),
+        Row("stream 1 MiB float32 tensors (TLS)", "MB/s", tls_rate, clear_rate, baseline, True),
+    ]
 
 
 async def _cpu_rows(stats: ActorRef, sink: ActorRef, ws: _Ws, tcp: _Tcp, sizes: Sizes) -> list[Row]:

@@ -89,7 +89,11 @@ class FrameStream(asyncio.BufferedProtocol):
         self._transport = transport = cast(asyncio.Transport, transport)
         # No user-space buffering beyond one write: `drain` returns only once the kernel holds
         # every byte, so a sender may reuse a tensor as soon as its `await tell` returns.
-        transport.set_write_buffer_limits(high=0)
+        # Over TLS the plaintext is encrypted into the SSL layer's own buffers, but its flow
+        # control pauses at `size >= high`: with high=0 it would pause on an empty buffer and
+        # never resume. high=1 pauses while any byte is still pending, as high=0 does in TCP.
+        tls = transport.get_extra_info("ssl_object") is not None
+        transport.set_write_buffer_limits(high=1 if tls else 0, low=0)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             # Without it a lone small frame may wait for the peer's delayed ack.

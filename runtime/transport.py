@@ -15,7 +15,7 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 from aiohttp import web
@@ -27,6 +27,7 @@ from shoal.runtime.link import Link, Lookup
 from shoal.runtime.mailbox import DeadLetters
 from shoal.runtime.ref import ActorRef
 from shoal.runtime.stream import FrameStream
+from shoal.runtime.tls import TlsFiles, tls_from_env
 
 if TYPE_CHECKING:
     from shoal.runtime.remote import Peer
@@ -84,7 +85,14 @@ class TransportConfig:
     chaos run can fault the real path between processes; like HTTP_PROXY it defaults to
     `$SHOAL_LINK_RELAY`, inherited by every task a node daemon starts. None dials directly."""
 
+    tls: TlsFiles | None = field(default_factory=tls_from_env)
+    """Mutual TLS on every connection of every link (see tls.py); both ends must agree. It
+    defaults to `$SHOAL_TLS_DIR`, inherited by every task a node daemon starts; None is
+    cleartext after the token handshake."""
+
     def __post_init__(self) -> None:
+        if self.tls is not None and not isinstance(self.tls, TlsFiles):
+            raise ConfigError(f"tls={self.tls!r} is invalid: use a TlsFiles or None")
         if not isinstance(self.token, bytes | str) or not self.token:
             raise ConfigError("token is empty: give every process the same non-empty cluster token")
         for key in ("port", "stream_port"):
@@ -140,8 +148,8 @@ def split_url(url: str) -> tuple[str, str]:
     return SCHEME + host, name
 
 
-def _ws_url(address: str) -> str:
-    return "ws://" + address.removeprefix(SCHEME) + ROUTE
+def _ws_url(address: str, tls: bool) -> str:
+    return ("wss://" if tls else "ws://") + address.removeprefix(SCHEME) + ROUTE
 
 
 class Transport:
@@ -171,6 +179,9 @@ class Transport:
         self._stream_pending: weakref.WeakSet[FrameStream] = weakref.WeakSet()
         self._stream_tasks: set[asyncio.Task[None]] = set()
         self._refused = 0
+        tls = config.tls
+        self._server_tls = None if tls is None else tls.server_context()
+        self._client_tls = None if tls is None else tls.client_context()
 
     def __repr__(self) -> str:
         return f"<Transport {self.address or 'stopped'} in={len(self._inbound)} out={len(self._peers)}>"
@@ -193,7 +204,10 @@ class Transport:
         loop = asyncio.get_running_loop()
         try:
             self._http_server = await loop.create_server(
-                lambda: self._admit_http(http), self.config.host, self.config.port
+                lambda: self._admit_http(http),
+                self.config.host,
+                self.config.port,
+                **self._tls_server_options(),
             )
         except OSError:  # the port is taken, or the host is not ours: leave nothing behind
             await self._runner.cleanup()
@@ -216,9 +230,17 @@ class Transport:
     async def _start_stream(self) -> None:
         loop = asyncio.get_running_loop()
         self._stream_server = await loop.create_server(
-            self._admit_stream, self.config.host, self.config.stream_port
+            self._admit_stream,
+            self.config.host,
+            self.config.stream_port,
+            **self._tls_server_options(),
         )
         self._stream_port = self._stream_server.sockets[0].getsockname()[1]
+
+    def _tls_server_options(self) -> dict[str, Any]:
+        if self._server_tls is None:
+            return {}
+        return {"ssl": self._server_tls, "ssl_handshake_timeout": self.config.handshake_timeout}
 
     def _admit_http(self, http: web.Server) -> asyncio.Protocol:
         """aiohttp's protocol for a new connection, unless too many are already waiting to
@@ -314,7 +336,8 @@ class Transport:
         relay = self.config.relay
         try:
             ws = await self._session.ws_connect(
-                _ws_url(address),
+                _ws_url(address, self._client_tls is not None),
+                ssl=self._client_tls if self._client_tls is not None else True,
                 compress=0,
                 max_msg_size=MAX_MESSAGE_BYTES,
                 autoping=True,
@@ -367,15 +390,18 @@ class Transport:
         """A TCP connection to a peer's stream port, through the relay when there is one."""
         loop = asyncio.get_running_loop()
         relay = self.config.relay
+        tls: dict[str, Any] = {}
+        if self._client_tls is not None:
+            tls = {"ssl": self._client_tls, "server_hostname": host}
         if relay is None:
             _, stream = await loop.create_connection(
-                lambda: FrameStream(auth.MAX_HANDSHAKE_BYTES), host, port
+                lambda: FrameStream(auth.MAX_HANDSHAKE_BYTES), host, port, **tls
             )
             return stream
         sock = await tunnel.open_tunnel(relay, host, port, self.config.handshake_timeout)
         try:
             _, stream = await loop.create_connection(
-                lambda: FrameStream(auth.MAX_HANDSHAKE_BYTES), sock=sock
+                lambda: FrameStream(auth.MAX_HANDSHAKE_BYTES), sock=sock, **tls
             )
         except BaseException:
             sock.close()

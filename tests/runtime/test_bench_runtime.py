@@ -25,6 +25,8 @@ def test_quick_run_yields_one_row_per_figure_with_baselines() -> None:
         "cross-process pipelined ask",
         "cross-process ask p50",
         "cross-process ask p99",
+        "cross-process ask p50 (TLS)",
+        "stream 1 MiB float32 tensors (TLS)",
         "stream 64 KiB float32 tensors",
         "stream 1 MiB float32 tensors",
         "overrun 10x: producer RSS growth",

@@ -1,0 +1,75 @@
+"""Mutual TLS for links between processes, and a throwaway certificate authority for local
+clusters.
+
+The link handshake (auth.py) proves each end holds the cluster token, but after it the frames
+travel in the clear: anyone on the path could read trajectories and weights or inject frames.
+With TLS every connection of a link (websocket and frame stream) is encrypted and both ends
+present a certificate signed by the cluster's CA, so the token handshake then runs inside an
+authenticated channel.
+
+A directory holds the three files a process needs (`ca.pem`, `cert.pem`, `key.pem`); every
+process reads it from `$SHOAL_TLS_DIR` by default, so the tasks a node daemon starts inherit it
+as they inherit the token. `local_ca.make_local_ca` writes such a directory for a local
+cluster; on real hosts an operator's own CA issues one certificate per host, with the host's addresses as
+subject alternative names.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.errors import ConfigError
+
+TLS_DIR_ENV = "SHOAL_TLS_DIR"
+CA_FILE = "ca.pem"
+CERT_FILE = "cert.pem"
+KEY_FILE = "key.pem"
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Where one process finds its CA, its certificate and its private key."""
+
+    directory: Path
+
+    def __post_init__(self) -> None:
+        for name in (CA_FILE, CERT_FILE, KEY_FILE):
+            if not (self.directory / name).is_file():
+                raise ConfigError(
+                    f"TLS directory {self.directory} has no {name}; it needs {CA_FILE}, "
+                    f"{CERT_FILE} and {KEY_FILE} (`shoal up --tls` makes one for a local cluster)"
+                )
+
+    def server_context(self) -> ssl.SSLContext:
+        """Accepts only clients whose certificate the cluster CA signed."""
+        context = self._context(ssl.Purpose.CLIENT_AUTH)
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        """Checks the server's certificate and host name, and presents this process's own."""
+        return self._context(ssl.Purpose.SERVER_AUTH)
+
+    def _context(self, purpose: ssl.Purpose) -> ssl.SSLContext:
+        try:
+            context = ssl.create_default_context(purpose, cafile=self._path(CA_FILE))
+            context.load_cert_chain(self._path(CERT_FILE), self._path(KEY_FILE))
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"cannot load the CA, certificate and key in {self.directory}: {exc}"
+            ) from None
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        return context
+
+    def _path(self, name: str) -> str:
+        return str(self.directory / name)
+
+
+def tls_from_env(environ: Mapping[str, str] | None = None) -> TlsFiles | None:
+    """The TLS directory named by `$SHOAL_TLS_DIR`, or None (cleartext) when unset."""
+    value = (os.environ if environ is None else environ).get(TLS_DIR_ENV)
+    return TlsFiles(Path(value)) if value else None
