@@ -87,11 +87,22 @@ def _parse_query(params: tuple[Param, ...], request: web.Request) -> dict[str, A
     return out
 
 
+def _integer(raw: str) -> int:
+    """As in JSON Schema, `3.0` is the integer 3."""
+    try:
+        return int(raw)
+    except ValueError:
+        number = float(raw)
+        if not number.is_integer():
+            raise
+        return int(number)
+
+
 def _convert(param: Param, raw: str) -> Any:
     kind = param.schema.get("type")
     try:
         if kind == "integer":
-            value: Any = int(raw)
+            value: Any = _integer(raw)
         elif kind == "number":
             value = float(raw)
         elif kind == "boolean":

@@ -53,9 +53,9 @@ def _error_from(status: int, body: Any) -> RaftError:
     if not isinstance(body, dict) or body.get("error") not in ERRORS_BY_CODE:
         return Unavailable(f"HTTP {status} without a shoal error body: {str(body)[:200]}")
     cls = ERRORS_BY_CODE[body["error"]]
-    if cls is ValidationError:
+    if issubclass(cls, ValidationError):
         field, _, message = str(body["message"]).partition(": ")
-        return ValidationError(body.get("field") or field, message)
+        return cls(body.get("field") or field, message)
     if cls is NotLeader:
         return NotLeader(body["message"], body.get("leader"))
     exc = cls(body["message"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shoal.raft.errors import ValidationError
+from shoal.raft.errors import PayloadTooLarge, RuleViolation, ValidationError
 from shoal.raft.model import (
     DEFAULT_BACKOFF_MAX_S,
     DEFAULT_BACKOFF_S,
@@ -30,7 +30,7 @@ ID: Schema = {
     "type": "string",
     "minLength": 1,
     "maxLength": 128,
-    "pattern": r"[A-Za-z0-9][A-Za-z0-9._:@/-]*",
+    "pattern": r"^[A-Za-z0-9][A-Za-z0-9._:@/-]*$",
 }
 TEXT: Schema = {"type": "string", "maxLength": 4096}
 FREE_OBJECT: Schema = {"type": "object", "description": "free-form JSON"}
@@ -54,7 +54,12 @@ NODE_RESOURCES: Schema = {
     "properties": {
         "cpus": {"type": "number", "minimum": 0},
         "memory": {"type": "integer", "minimum": 0},
-        "gpus": {"type": "array", "maxItems": 1024, "items": GPU},
+        "gpus": {
+            "type": "array",
+            "maxItems": 1024,
+            "items": GPU,
+            "description": "rule: no two GPUs share an index",
+        },
     },
 }
 TASK_RESOURCES: Schema = {
@@ -76,7 +81,7 @@ TASK_SPEC: Schema = {
         "actor": {
             "type": "string",
             "maxLength": 256,
-            "pattern": r"[A-Za-z_][\w.]*:[A-Za-z_]\w*",
+            "pattern": r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
         },
         "args": FREE_OBJECT,
         "resources": TASK_RESOURCES,
@@ -89,9 +94,19 @@ RESTART_POLICY: Schema = {
     "additionalProperties": False,
     "properties": {
         "max_restarts": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
-        "window_s": {"type": "number", "minimum": 0, "maximum": 1e9},
+        "window_s": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1e9,
+            "description": "the sliding window, in seconds, in which restarts are counted",
+        },
         "backoff_s": {"type": "number", "minimum": 0, "maximum": 1e6},
-        "backoff_max_s": {"type": "number", "minimum": 0, "maximum": 1e6},
+        "backoff_max_s": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1e6,
+            "description": "rule: at least backoff_s (the cap cannot be below the first back-off)",
+        },
     },
 }
 """A job's `spec.restart`: how many restarts of its tasks within `window_s` seconds the leader
@@ -99,15 +114,49 @@ makes before it fails the job (OTP-style restart intensity), and the back-off be
 restarts (none for the first in the window, then `backoff_s` doubling up to `backoff_max_s`)."""
 
 
+JOB_SPEC: Schema = {
+    "type": "object",
+    "description": "free-form JSON, but for `restart`, which the leader reads",
+    "properties": {"restart": RESTART_POLICY},
+}
+
+
+def _unique_list(item: Schema, key: str, most: int) -> Schema:
+    """An array whose items' `key` must differ: a rule JSON Schema cannot state, so it is
+    named in the description and checked by `_check_unique`."""
+    return {
+        "type": "array",
+        "maxItems": most,
+        "items": item,
+        "description": f"rule: no two items share a {key}",
+    }
+
+
 MAX_FAULT_DURATION_S = 3600.0
 FAULT_PARAMS: Schema = {
-    "duration_s": {"type": "number", "minimum": 0, "maximum": MAX_FAULT_DURATION_S},
-    "gpu": {"type": "integer", "minimum": 0, "maximum": 1023},
-    "xid": {"type": "integer", "minimum": 1, "maximum": 1023},
+    "duration_s": {
+        "type": "number",
+        "minimum": 0,
+        "maximum": MAX_FAULT_DURATION_S,
+        "description": "rule: > 0 for task-pause and clock-skew",
+    },
+    "gpu": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 1023,
+        "description": "rule: gpu-xid only, which needs it",
+    },
+    "xid": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 1023,
+        "description": "rule: gpu-xid only",
+    },
     "offset_s": {
         "type": "number",
         "minimum": -MAX_FAULT_DURATION_S,
         "maximum": MAX_FAULT_DURATION_S,
+        "description": "rule: clock-skew only, which needs it non-zero",
     },
 }
 """The kind-specific keys of a fault: how long a pause or a skew lasts, the GPU and XID number
@@ -123,8 +172,8 @@ def _obj(required: list[str], **props: Schema) -> Schema:
     }
 
 
-def _list_of(item: Schema) -> Schema:
-    return {"type": "array", "maxItems": MAX_BATCH, "items": item}
+def _list_of(item: Schema, unique_by: str) -> Schema:
+    return _unique_list(item, unique_by, MAX_BATCH)
 
 
 # op -> schema of its args; the API's request bodies reuse these (see api.py).
@@ -139,13 +188,15 @@ ARG_SCHEMAS: dict[str, Schema] = {
     "set_liveness": _obj(
         ["changes"],
         changes=_list_of(
-            _obj(["node_id", "liveness"], node_id=ID, liveness={"enum": list(LIVENESS)})
+            _obj(["node_id", "liveness"], node_id=ID, liveness={"enum": list(LIVENESS)}),
+            "node_id",
         ),
     ),
     "report_health": _obj(
         ["reports"],
         reports=_list_of(
-            _obj(["node_id", "health"], node_id=ID, health=FREE_OBJECT, last_heartbeat=STAMP)
+            _obj(["node_id", "health"], node_id=ID, health=FREE_OBJECT, last_heartbeat=STAMP),
+            "node_id",
         ),
     ),
     "set_cordon": _obj(["node_id", "cordoned"], node_id=ID, cordoned={"type": "boolean"}),
@@ -153,8 +204,8 @@ ARG_SCHEMAS: dict[str, Schema] = {
     "submit_job": _obj(
         ["job_id"],
         job_id=ID,
-        spec=FREE_OBJECT,
-        tasks={"type": "array", "maxItems": 4096, "items": TASK_SPEC},
+        spec=JOB_SPEC,
+        tasks=_unique_list(TASK_SPEC, "task_id", 4096),
     ),
     "stop_job": _obj(["job_id"], job_id=ID),
     "restart_tasks": _obj(
@@ -162,19 +213,25 @@ ARG_SCHEMAS: dict[str, Schema] = {
         job_id=ID,
         cause=ID,
         generation={"type": "integer", "minimum": 0},
-        tasks={"type": "array", "maxItems": 4096, "items": ID},
+        tasks={
+            "type": "array",
+            "maxItems": 4096,
+            "items": ID,
+            "description": "rule: `cause` is one of them",
+        },
         reason=TEXT,
         counted={"type": "boolean"},
     ),
     "add_tasks": _obj(
         ["job_id", "tasks"],
         job_id=ID,
-        tasks={"type": "array", "maxItems": 4096, "items": TASK_SPEC},
+        tasks=_unique_list(TASK_SPEC, "task_id", 4096),
     ),
     "place_tasks": _obj(
         ["placements"],
         placements=_list_of(
-            _obj(["task_id", "node_id"], task_id=ID, node_id={**ID, "type": ["string", "null"]})
+            _obj(["task_id", "node_id"], task_id=ID, node_id={**ID, "type": ["string", "null"]}),
+            "task_id",
         ),
     ),
     "set_task_state": _obj(
@@ -196,7 +253,7 @@ ARG_SCHEMAS: dict[str, Schema] = {
         job_id=ID,
         path={"type": "string", "minLength": 1, "maxLength": 1024},
         step={"type": "integer", "minimum": 0},
-        sha256={"type": "string", "pattern": "[0-9a-f]{64}"},
+        sha256={"type": "string", "pattern": "^[0-9a-f]{64}$"},
         complete={"type": "boolean"},
     ),
     "add_event": _obj(
@@ -249,7 +306,7 @@ def validate_args(op: str, args: Any, field: str = "args") -> None:
     if op == "inject_fault":
         check_fault_params(args, field)
     if op == "restart_tasks" and args["cause"] not in args["tasks"]:
-        raise ValidationError(
+        raise RuleViolation(
             f"{field}.cause", f"{args['cause']!r} must be one of the tasks it restarts"
         )
 
@@ -259,20 +316,20 @@ def check_fault_params(args: dict[str, Any], field: str) -> None:
     belong to gpu-xid, offset_s to clock-skew."""
     kind = args["kind"]
     if kind in ("task-pause", "clock-skew") and not args.get("duration_s", 0) > 0:
-        raise ValidationError(
+        raise RuleViolation(
             f"{field}.duration_s",
             f"{kind} needs duration_s > 0 (seconds until it is undone); it would otherwise "
             "stay in place",
         )
     if kind == "gpu-xid" and "gpu" not in args:
-        raise ValidationError(f"{field}.gpu", "gpu-xid needs gpu, the index of the GPU to fault")
+        raise RuleViolation(f"{field}.gpu", "gpu-xid needs gpu, the index of the GPU to fault")
     if kind == "clock-skew" and not args.get("offset_s"):
-        raise ValidationError(
+        raise RuleViolation(
             f"{field}.offset_s", "clock-skew needs offset_s, the non-zero seconds to add"
         )
     for key, owner in (("gpu", "gpu-xid"), ("xid", "gpu-xid"), ("offset_s", "clock-skew")):
         if key in args and kind != owner:
-            raise ValidationError(f"{field}.{key}", f"only {owner} takes {key}; drop it for {kind}")
+            raise RuleViolation(f"{field}.{key}", f"only {owner} takes {key}; drop it for {kind}")
 
 
 def _check_restart_policy(spec: dict[str, Any], field: str) -> None:
@@ -280,17 +337,10 @@ def _check_restart_policy(spec: dict[str, Any], field: str) -> None:
     policy = spec.get("restart")
     if policy is None:
         return
-    check(RESTART_POLICY, policy, field)
-    if policy.get("window_s", 1.0) <= 0:
-        raise ValidationError(
-            f"{field}.window_s",
-            f"must be > 0 seconds, got {policy['window_s']}; give the sliding window in which "
-            "restarts are counted",
-        )
     base = policy.get("backoff_s", DEFAULT_BACKOFF_S)
     cap = policy.get("backoff_max_s", DEFAULT_BACKOFF_MAX_S)
     if cap < base:
-        raise ValidationError(
+        raise RuleViolation(
             f"{field}.backoff_max_s",
             f"is {cap} s, less than backoff_s ({base} s); the cap must be at least the first "
             "back-off: raise backoff_max_s or lower backoff_s",
@@ -314,7 +364,7 @@ def _check_unique(op: str, args: dict[str, Any], field: str) -> None:
     for i, item in enumerate(holder.get(name, [])):
         if item[key] in seen:
             where = f"{field}.{parent}.{name}" if parent else f"{field}.{name}"
-            raise ValidationError(f"{where}[{i}].{key}", f"duplicate {key} {item[key]!r}")
+            raise RuleViolation(f"{where}[{i}].{key}", f"duplicate {key} {item[key]!r}")
         seen.add(item[key])
 
 
@@ -332,11 +382,15 @@ def validate_command(command: Any) -> None:
         validate_args(command["op"], command["args"], "command.args")
     size = len(json.dumps(command, separators=(",", ":")))
     if size > MAX_COMMAND_BYTES:
-        raise ValidationError("command", f"is {size} bytes, more than {MAX_COMMAND_BYTES}")
+        raise PayloadTooLarge(
+            f"the command is {size} bytes, more than {MAX_COMMAND_BYTES}: send less per "
+            "request (split a batch, or a job's tasks over several add-tasks calls)"
+        )
 
 
 def make_command(op: str, args: dict[str, Any], op_id: str, at: float) -> dict[str, Any]:
-    """Build and validate one command; raises `ValidationError` naming the bad field."""
+    """Build and validate one command; raises `ValidationError` naming the bad field, or
+    `PayloadTooLarge`."""
     command = {"op": op, "op_id": op_id, "at": at, "args": args}
     validate_command(command)
     return command

@@ -31,6 +31,14 @@ class ValidationError(RaftError):
         self.message = message
 
 
+class RuleViolation(ValidationError):
+    """Each field is well-formed, but together they break a rule a JSON schema cannot state
+    (ids unique within a list, a back-off cap not below the first back-off, the keys a fault
+    kind takes); the OpenAPI document names each rule in the description of its schema."""
+
+    code = "rule"
+
+
 class BadRequest(RaftError):
     """The request is not even JSON (or nests too deep), or a query parameter is unusable."""
 
@@ -130,6 +138,7 @@ ERRORS_BY_CODE: dict[str, type[RaftError]] = {
     cls.code: cls
     for cls in (
         ValidationError,
+        RuleViolation,
         BadRequest,
         PayloadTooLarge,
         NotFound,

@@ -93,7 +93,7 @@ async def batch(ctx: ApiContext, call: Call) -> web.Response:
     try:
         cmd.validate_command(command)
     except ValidationError as exc:  # name the field as the caller sent it
-        raise ValidationError(exc.field.replace("command.args.", "body.", 1), exc.message) from None
+        raise type(exc)(exc.field.replace("command.args.", "body.", 1), exc.message) from None
     result = await ctx.bridge.propose(command, ctx.config.write_timeout)
     raise_refusal(result)
     ctx.metrics.inc(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.raft.commands import ID
 from shoal.raft.routes import Route
 from shoal.version import __version__
 
@@ -21,11 +22,11 @@ ERROR_SCHEMA = {
     },
 }
 _ERRORS = {
-    "400": "not JSON, or a bad query parameter",
+    "400": "not JSON, nested too deep, or a bad query parameter",
     "401": "no bearer token",
     "403": "wrong bearer token",
     "404": "unknown id",
-    "409": "conflicts with the current state",
+    "409": "conflicts with the current state, or its X-Shoal-Op-Id named another command",
     "421": "needs the leader and this replica cannot reach it",
     "422": "the body does not match its schema (field named)",
     "503": "no quorum, or the replica is busy",
@@ -35,8 +36,7 @@ _ERRORS = {
 
 def _operation(route: Route) -> dict[str, Any]:
     params: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-        for name in route.path_params
+        {"name": name, "in": "path", "required": True, "schema": ID} for name in route.path_params
     ]
     params += [
         {
@@ -54,8 +54,12 @@ def _operation(route: Route) -> dict[str, Any]:
                 "name": "X-Shoal-Op-Id",
                 "in": "header",
                 "required": False,
-                "schema": {"type": "string"},
-                "description": "operation id; a retry with the same id is applied once and answers the first result",
+                "schema": ID,
+                "description": (
+                    "operation id of this one command: a retry with the same id and the same "
+                    "command is applied once and answers the first result; the same id with "
+                    "another command is a 409"
+                ),
             }
         )
     error_ref = {
@@ -70,6 +74,8 @@ def _operation(route: Route) -> dict[str, Any]:
         if code in ("401", "403") and not route.auth:
             continue
         responses[code] = {"description": text, **error_ref}
+    if route.body is not None:
+        responses["413"] = {"description": "the body is longer than the API reads", **error_ref}
     op: dict[str, Any] = {
         "operationId": route.operation_id,
         "summary": route.summary,
@@ -80,7 +86,8 @@ def _operation(route: Route) -> dict[str, Any]:
     }
     if route.body is not None:
         op["requestBody"] = {
-            "required": True,
+            # Without required fields, an empty body stands for `{}`.
+            "required": bool(route.body.get("required")),
             "content": {"application/json": {"schema": route.body}},
         }
     return op

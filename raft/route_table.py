@@ -49,6 +49,13 @@ def _body(op: str, drop: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -
     return {**schema, "properties": props, "required": required}
 
 
+NOT_BATCHED = frozenset(
+    {"announce_leader", "set_liveness", "report_health", "inject_fault", "report_fault"}
+)
+"""Commands a client may not send in a batch: those only the leader proposes (its leadership,
+which followers forward by, and the liveness and health it decides) and the chaos commands,
+whose own routes answer only where `[chaos] enabled` is set."""
+BATCH_OPS = sorted(set(cmd.ARG_SCHEMAS) - NOT_BATCHED)
 BATCH_BODY: Schema = {
     "type": "object",
     "required": ["commands"],
@@ -62,10 +69,19 @@ BATCH_BODY: Schema = {
                 "required": ["op", "args"],
                 "additionalProperties": False,
                 "properties": {
-                    "op": {"enum": sorted(cmd.ARG_SCHEMAS)},
+                    "op": {"enum": BATCH_OPS},
                     "op_id": cmd.ID,
-                    "args": {"type": "object", "additionalProperties": True},  # per op, below
+                    "args": {"type": "object", "additionalProperties": True},
                 },
+                # Each op's own arguments: the one alternative whose op matches.
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "additionalProperties": True,
+                        "properties": {"op": {"enum": [op]}, "args": cmd.ARG_SCHEMAS[op]},
+                    }
+                    for op in BATCH_OPS
+                ],
             },
         }
     },

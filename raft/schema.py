@@ -1,9 +1,16 @@
 """A small JSON-Schema subset: one schema both validates a body and documents it in OpenAPI.
 
 Supported keywords: type (one or a list), properties, required, additionalProperties,
-items, enum, minimum, maximum, minLength, maxLength, maxItems, pattern. An object schema with
-neither properties nor additionalProperties is free-form JSON (a job spec, task args, a health
-summary): it is still checked to be plain, finite JSON of bounded depth. Pure functions only.
+items, enum, minimum, maximum, exclusiveMinimum, minLength, maxLength, maxItems, pattern, oneOf
+(and description, which only documents). A pattern is searched for, as in JSON Schema, so
+each anchors itself with `^...$`; the check matches it against the whole string all the same. An object schema with neither properties nor
+additionalProperties is free-form JSON (a job spec, task args, a health summary): it is still
+checked to be plain, finite JSON of bounded depth, and so is one that declares properties but
+not additionalProperties (a job spec is free-form, but the `restart` in it is read and checked).
+
+As in JSON Schema, a number with no fractional part (`2.0`) is an integer; since the records
+keep ints, `check` turns such a float into an int where the schema declares only integer: the
+one change it makes to what it is given.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ _PY_TYPES: dict[str, tuple[type, ...]] = {
 
 def _is_type(value: Any, name: str) -> bool:
     if name == "integer":
+        if type(value) is float:
+            return math.isfinite(value) and value.is_integer()
         return isinstance(value, int) and not isinstance(value, bool)
     if name == "number":
         return isinstance(value, int | float) and not isinstance(value, bool)
@@ -84,6 +93,48 @@ def check(schema: Schema, value: Any, field: Field = "body") -> None:
         if kind is float and not math.isfinite(value):
             raise _invalid(field, "must be a finite number")
         _check_number(schema, value, field)
+    if "oneOf" in schema:
+        _check_one_of(schema["oneOf"], value, field)
+
+
+def _as_declared(schema: Schema, value: Any) -> Any:
+    """An integral float where only an integer is declared, as the int the records keep."""
+    if type(value) is not float:
+        return value
+    types = schema.get("type")
+    names = [types] if isinstance(types, str) else (types or [])
+    return int(value) if "integer" in names and "number" not in names else value
+
+
+def _check_one_of(choices: list[Schema], value: Any, field: Field) -> None:
+    """Exactly one alternative must hold; when none does, the error that got furthest into the
+    value is the one to show (for a batch member, the one of its own op's arguments)."""
+    candidates = [choice for choice in choices if _may_match(choice, value)]
+    errors: list[ValidationError] = []
+    for choice in candidates:
+        try:
+            check(choice, value, field)
+        except ValidationError as exc:
+            errors.append(exc)
+    held = len(candidates) - len(errors)
+    if held == 1:
+        return
+    if held > 1:
+        raise _invalid(field, "matches more than one of its alternatives")
+    if errors:
+        raise max(errors, key=lambda exc: len(exc.field))
+    raise _invalid(field, f"matches none of its {len(choices)} alternatives")
+
+
+def _may_match(choice: Schema, value: Any) -> bool:
+    """False for an alternative whose enum property the value misses, found without building
+    an error: a batch of 10,000 commands then tries only each command's own op."""
+    if type(value) is not dict:
+        return True
+    for key, sub in choice.get("properties", {}).items():
+        if "enum" in sub and key in value and value[key] not in sub["enum"]:
+            return False
+    return True
 
 
 def _kind(value: Any) -> str:
@@ -104,6 +155,8 @@ def _check_string(schema: Schema, value: str, field: Field) -> None:
 def _check_number(schema: Schema, value: float, field: Field) -> None:
     if "minimum" in schema and value < schema["minimum"]:
         raise _invalid(field, f"must be >= {schema['minimum']}, got {value}")
+    if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+        raise _invalid(field, f"must be > {schema['exclusiveMinimum']}, got {value}")
     if "maximum" in schema and value > schema["maximum"]:
         raise _invalid(field, f"must be <= {schema['maximum']}, got {value}")
 
@@ -115,6 +168,7 @@ def _check_array(schema: Schema, value: list[Any], field: Field) -> None:
     if items is not None:
         for i, item in enumerate(value):
             check(items, item, (field, i))
+            value[i] = _as_declared(items, item)
 
 
 _JSON_SCALARS = (str, int, bool, type(None))
@@ -141,9 +195,10 @@ def check_json(value: Any, field: Field, depth: int = 0) -> None:
 
 
 def _check_object(schema: Schema, value: dict[Any, Any], field: Field) -> None:
-    if "properties" not in schema and "additionalProperties" not in schema:
+    if "additionalProperties" not in schema:
         check_json(value, field)
-        return
+        if "properties" not in schema:
+            return
     for key in schema.get("required", ()):
         if key not in value:
             raise _invalid((field, key), "is required")
@@ -154,7 +209,9 @@ def _check_object(schema: Schema, value: dict[Any, Any], field: Field) -> None:
             raise _invalid(field, f"keys must be strings, got {key!r}")
         if key in props:
             check(props[key], item, (field, key))
+            value[key] = _as_declared(props[key], item)
         elif extra is False:
             raise _invalid((field, key), f"is not a known field (known: {sorted(props)})")
         elif isinstance(extra, dict):
             check(extra, item, (field, key))
+            value[key] = _as_declared(extra, item)

@@ -118,6 +118,24 @@ def test_a_batch_retried_answers_the_first_results_and_a_changed_one_is_a_409(
     ]
 
 
+@pytest.mark.parametrize(
+    ("op", "args"),
+    [
+        ("announce_leader", {"replica_id": "evil", "raft": "x:1", "api": "http://x:1", "term": 99}),
+        ("set_liveness", {"changes": [{"node_id": "n1", "liveness": "dead"}]}),
+        ("inject_fault", {"fault_id": "f1", "kind": "node-kill", "target": "n1"}),
+    ],
+)
+def test_a_batch_cannot_carry_what_only_the_leader_or_chaos_proposes(
+    replica: InProcessReplica, op: str, args: dict[str, Any]
+) -> None:
+    before = replica.request("GET", "/v1/cluster")[1]["leader_api"]
+    status, body = replica.request("POST", "/v1/batch", {"commands": [{"op": op, "args": args}]})
+    assert status == 422, body
+    assert body["field"] == "body.commands[0].op"
+    assert replica.request("GET", "/v1/cluster")[1]["leader_api"] == before
+
+
 def raw_post(replica: InProcessReplica, path: str, data: bytes) -> tuple[int, Any]:
     """A POST whose body is sent as given, in chunks (no Content-Length to go by)."""
     host, port = replica.config.api.split(":")
