@@ -202,3 +202,18 @@ def test_a_malformed_op_id_header_is_a_422_naming_it(replica: InProcessReplica, 
     status, body = write(replica, "POST", "/v1/events", {"kind": "k", "message": "m"}, value)
     assert status == 422, body
     assert body["field"] == f"header.{OP}"
+
+
+def test_an_integral_float_is_taken_as_the_integer_it_is(replica: InProcessReplica) -> None:
+    node = f"n-{uuid.uuid4().hex[:8]}"
+    raw = json.dumps(
+        {"node_id": node, "address": "a:1", "resources": {"cpus": 2.0, "memory": 1024.0}}
+    ).encode()
+    status, body = replica.request("POST", "/v1/nodes", raw=raw)
+    assert status == 201, body
+    assert body["resources"]["memory"] == 1024
+    status, view = replica.request("GET", f"/v1/nodes/{node}")
+    assert status == 200
+    assert type(view["resources"]["memory"]) is int  # parsed back from the reply: 1024, not 1024.0
+    status, body = replica.request("GET", "/v1/events?limit=1.0&since=0.0")
+    assert status == 200, body
