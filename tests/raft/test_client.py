@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from shoal.raft.batcher import CommandBatcher
 from shoal.raft.client import CoordinatorClient
@@ -125,3 +126,26 @@ def test_no_replica_answering_is_unavailable_within_the_timeout() -> None:
 
 def test_the_client_finds_the_leader(replica: InProcessReplica) -> None:
     assert run(replica, lambda c: c.find_leader()) == replica.url
+
+
+def test_a_reply_nested_too_deep_is_unavailable_not_a_recursion_error() -> None:
+    """A replica (or whatever answers on its port) is not trusted to send sane JSON either."""
+
+    async def deep(request: web.Request) -> web.Response:
+        return web.Response(body=b"[" * 100_000, content_type="application/json")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/v1/nodes", deep)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with CoordinatorClient([f"http://127.0.0.1:{port}"], TOKEN, timeout=0.5) as c:
+                await c.nodes()
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(Unavailable, match="deeper than"):
+        asyncio.run(main())
