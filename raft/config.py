@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.errors import ConfigError
+from shoal.runtime.tls import TlsFiles, tls_from_env
 from shoal.scheduler.signals import BalancerConfig
 
 MIN_SECRET_CHARS = 16
@@ -151,6 +152,9 @@ class CoordinatorConfig:
     raft_bind: str | None = None
     """Where Raft listens when peers reach this replica through another address (`raft`), such
     as a proxy in front of it; None binds `raft` itself."""
+    tls: TlsFiles | None = field(default_factory=tls_from_env)
+    """Serve the admin API over HTTPS with this certificate (`$SHOAL_TLS_DIR` by default) and
+    forward to other replicas with its CA; None serves plain HTTP."""
 
     def __post_init__(self) -> None:
         if not self.replica_id or not self.replica_id.replace("-", "").replace("_", "").isalnum():
@@ -184,7 +188,7 @@ class CoordinatorConfig:
 
     @property
     def api_url(self) -> str:
-        return f"http://{self.api}"
+        return f"{'https' if self.tls else 'http'}://{self.api}"
 
     @property
     def raft_listen(self) -> str:
