@@ -28,6 +28,7 @@ from shoal.raft.errors import (
     Unavailable,
     ValidationError,
 )
+from shoal.runtime.tls import tls_from_env
 
 RETRYABLE = (NotLeader, NoQuorum, Busy, RaftTimeout, Unavailable)
 BACKOFF = 0.05
@@ -101,10 +102,15 @@ class CoordinatorClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
+            # https:// replicas are checked against the cluster CA when $SHOAL_TLS_DIR names
+            # one (a certificate from shoal's own CA), else against the system's CAs.
+            tls = tls_from_env()
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
                 timeout=self._request_timeout,
-                connector=aiohttp.TCPConnector(limit=256),
+                connector=aiohttp.TCPConnector(
+                    limit=256, ssl=tls.client_context() if tls else True
+                ),
             )
         return self._session
 

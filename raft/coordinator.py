@@ -94,12 +94,15 @@ class Coordinator:
         bridge.add_listener(duties.on_leadership)
         runner = web.AppRunner(build_app(ctx), access_log=None)
         try:
+            tls = config.tls
             ctx.session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT)
+                timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT),
+                connector=aiohttp.TCPConnector(ssl=tls.client_context() if tls else True),
             )
             await runner.setup()
             host, port = parse_address("--api", config.api)
-            await web.TCPSite(runner, host, port).start()
+            server_tls = tls.server_context(mutual=False) if tls else None
+            await web.TCPSite(runner, host, port, ssl_context=server_tls).start()
             log.info(
                 "replica %s: raft %s (bound to %s), api %s, peers %s",
                 config.replica_id,

@@ -44,10 +44,12 @@ class TlsFiles:
                     f"{CERT_FILE} and {KEY_FILE} (`shoal up --tls` makes one for a local cluster)"
                 )
 
-    def server_context(self) -> ssl.SSLContext:
-        """Accepts only clients whose certificate the cluster CA signed."""
+    def server_context(self, mutual: bool = True) -> ssl.SSLContext:
+        """Mutual: accepts only clients whose certificate the cluster CA signed (links). Not
+        mutual: any client, which then authenticates otherwise (the admin API's bearer token,
+        so operators' tools need no certificate)."""
         context = self._context(ssl.Purpose.CLIENT_AUTH)
-        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_mode = ssl.CERT_REQUIRED if mutual else ssl.CERT_NONE
         return context
 
     def client_context(self) -> ssl.SSLContext:
