@@ -748,16 +748,19 @@ class StateMachine:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def command_digest(op: str, args: dict[str, Any]) -> str:
     """`op:sha256` of the op and its canonical (sorted, compact) arguments: what an operation
     id is bound to. The time stamp is left out, since a retry is stamped anew."""
-    text = json.dumps(args, sort_keys=True, separators=(",", ":"))
+    text = _CANONICAL.encode(args)
     return f"{op}:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
 
 def batch_digest(members: list[tuple[str, str]]) -> str:
     """A batch is bound to its members' operation ids and their commands' digests, in order."""
-    text = json.dumps(members, separators=(",", ":"))
+    text = _CANONICAL.encode(members)
     return f"batch:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
 
