@@ -29,6 +29,7 @@ from shoal.raft.leader import LeaderDuties
 from shoal.raft.liveness import LivenessTable
 from shoal.raft.pysyncobj_seam import GuardedTransport, tick_thread
 from shoal.raft.state import ClusterState
+from shoal.runtime.tls import check_cleartext, cleartext_allowed
 
 log = logging.getLogger(__name__)
 FORWARD_TIMEOUT = 5.0
@@ -84,6 +85,9 @@ class Coordinator:
         # pysyncobj retries a failed bind forever in silence: find out now, with a clear error.
         _check_bindable("--raft" if config.raft_bind is None else "--raft-bind", config.raft_listen)
         _check_bindable("--api", config.api)
+        check_cleartext(
+            "--api", parse_address("--api", config.api)[0], config.tls, cleartext_allowed()
+        )
         state = ClusterState()
         bridge = RaftBridge(state, asyncio.get_running_loop())
         # SyncObj's tick thread watches the thread that built it: build it on this (main) thread.

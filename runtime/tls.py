@@ -16,6 +16,7 @@ subject alternative names.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import ssl
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ from pathlib import Path
 from shoal.errors import ConfigError
 
 TLS_DIR_ENV = "SHOAL_TLS_DIR"
+ALLOW_CLEARTEXT_ENV = "SHOAL_ALLOW_CLEARTEXT"
 CA_FILE = "ca.pem"
 CERT_FILE = "cert.pem"
 KEY_FILE = "key.pem"
@@ -75,3 +77,31 @@ def tls_from_env(environ: Mapping[str, str] | None = None) -> TlsFiles | None:
     """The TLS directory named by `$SHOAL_TLS_DIR`, or None (cleartext) when unset."""
     value = (os.environ if environ is None else environ).get(TLS_DIR_ENV)
     return TlsFiles(Path(value)) if value else None
+
+
+def cleartext_allowed(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether `$SHOAL_ALLOW_CLEARTEXT` lets this process serve cleartext off loopback."""
+    value = (os.environ if environ is None else environ).get(ALLOW_CLEARTEXT_ENV, "")
+    return value.strip().lower() in ("1", "true", "yes")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address or `localhost`; any other name counts as off
+    loopback (nothing is resolved: the answer must not depend on DNS)."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_cleartext(what: str, host: str, tls: TlsFiles | None, allowed: bool) -> None:
+    """TLS is off by default on loopback and on by default off it: refuse to serve cleartext
+    on another address unless the operator said the network is trusted."""
+    if tls is None and not allowed and not is_loopback(host):
+        raise ConfigError(
+            f"{what} {host} is off loopback and would serve cleartext: set ${TLS_DIR_ENV} to a "
+            f"TLS directory (docs/security.md), or set {ALLOW_CLEARTEXT_ENV}=1 on a network "
+            "you trust"
+        )

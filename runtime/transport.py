@@ -27,7 +27,7 @@ from shoal.runtime.link import Link, Lookup
 from shoal.runtime.mailbox import DeadLetters
 from shoal.runtime.ref import ActorRef
 from shoal.runtime.stream import FrameStream
-from shoal.runtime.tls import TlsFiles, tls_from_env
+from shoal.runtime.tls import TlsFiles, check_cleartext, cleartext_allowed, tls_from_env
 
 if TYPE_CHECKING:
     from shoal.runtime.remote import Peer
@@ -89,10 +89,14 @@ class TransportConfig:
     """Mutual TLS on every connection of every link (see tls.py); both ends must agree. It
     defaults to `$SHOAL_TLS_DIR`, inherited by every task a node daemon starts; None is
     cleartext after the token handshake."""
+    allow_cleartext: bool = field(default_factory=cleartext_allowed)
+    """Listen without TLS on an address other than loopback (`$SHOAL_ALLOW_CLEARTEXT`)."""
 
     def __post_init__(self) -> None:
         if self.tls is not None and not isinstance(self.tls, TlsFiles):
             raise ConfigError(f"tls={self.tls!r} is invalid: use a TlsFiles or None")
+        if isinstance(self.host, str):
+            check_cleartext("the transport host", self.host, self.tls, self.allow_cleartext)
         if not isinstance(self.token, bytes | str) or not self.token:
             raise ConfigError("token is empty: give every process the same non-empty cluster token")
         for key in ("port", "stream_port"):

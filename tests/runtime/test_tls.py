@@ -19,7 +19,14 @@ from shoal.runtime.errors import LinkClosed
 from shoal.runtime.local_ca import make_local_ca
 from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
-from shoal.runtime.tls import TLS_DIR_ENV, TlsFiles, tls_from_env
+from shoal.runtime.tls import (
+    ALLOW_CLEARTEXT_ENV,
+    TLS_DIR_ENV,
+    TlsFiles,
+    check_cleartext,
+    cleartext_allowed,
+    tls_from_env,
+)
 from shoal.runtime.transport import Transport, TransportConfig, attach
 
 pytestmark = pytest.mark.usefixtures("no_asyncio_errors")
@@ -196,3 +203,27 @@ def test_the_tls_directory_comes_from_the_environment(
     assert tls_from_env({TLS_DIR_ENV: str(cluster_tls.directory)}) == cluster_tls
     with pytest.raises(ConfigError, match=r"has no ca\.pem"):
         tls_from_env({TLS_DIR_ENV: str(tmp_path)})
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True),
+     ("localhost", True), ("0.0.0.0", False), ("10.0.0.1", False), ("gpu01", False)],
+)  # fmt: skip
+def test_cleartext_is_refused_off_loopback_unless_allowed(
+    cluster_tls: TlsFiles, host: str, loopback: bool
+) -> None:
+    check_cleartext("the host", host, cluster_tls, allowed=False)
+    check_cleartext("the host", host, None, allowed=True)
+    if loopback:
+        check_cleartext("the host", host, None, allowed=False)
+    else:
+        with pytest.raises(ConfigError, match=r"off loopback and would serve cleartext"):
+            check_cleartext("the host", host, None, allowed=False)
+
+
+def test_the_operator_allows_cleartext_through_the_environment() -> None:
+    assert cleartext_allowed({ALLOW_CLEARTEXT_ENV: "1"})
+    assert not cleartext_allowed({})
+    with pytest.raises(ConfigError, match=ALLOW_CLEARTEXT_ENV):
+        TransportConfig(token=TOKEN, host="10.0.0.1", tls=None, allow_cleartext=False)
