@@ -1,10 +1,13 @@
-"""Fixtures of the control-plane tests: one real in-process replica shared per module."""
+"""Fixtures of the control-plane tests: one real in-process replica, or a real cluster of three
+replica processes, shared per module."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+
+from shoal.local import LocalCluster, coordinator_specs
 
 from .inprocess import InProcessReplica
 
@@ -17,3 +20,16 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessRepli
         yield rep
     finally:
         rep.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three coordinator replicas as real processes, stopped even when a test fails."""
+    local = LocalCluster(tmp_path_factory.mktemp("run"))
+    local.create(coordinator_specs(local.run_dir, 3))
+    try:
+        local.start_all()
+        local.wait_ready()
+        yield local
+    finally:
+        local.stop_all()

@@ -8,13 +8,11 @@ so forwarding to the leader is tested too.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shoal.local import LocalCluster, coordinator_specs
+from shoal.local import LocalCluster
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is in the test extra")
 
@@ -36,19 +34,6 @@ route with a body its 413. A 5xx still fails, by the not_a_server_error check.""
 LONG_POLL_S = 0.05
 """The `wait` of the long-polling reads, shortened so the run stays short; values outside the
 parameter's bounds are sent unchanged, so those are still tested."""
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    run_dir: Path = tmp_path_factory.mktemp("run")
-    local = LocalCluster(run_dir)
-    local.create(coordinator_specs(local.run_dir, 3))
-    try:
-        local.start_all()
-        local.wait_ready()
-        yield local
-    finally:
-        local.stop_all()
 
 
 def follower_url(cluster: LocalCluster) -> str:

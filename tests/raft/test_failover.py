@@ -7,29 +7,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shoal.local import LocalCluster, coordinator_specs
+from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.errors import NoQuorum
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    run_dir: Path = tmp_path_factory.mktemp("run")
-    local = LocalCluster(run_dir)
-    local.create(coordinator_specs(local.run_dir, 3))
-    try:
-        local.start_all()
-        local.wait_ready()
-        yield local
-    finally:
-        local.stop_all()
 
 
 @pytest.fixture(autouse=True)

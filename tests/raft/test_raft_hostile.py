@@ -12,14 +12,13 @@ import shlex
 import socket
 import struct
 import zlib
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 import pytest
 
 from shoal.chaos.sockets import Endpoint, holds_socket, tcp_table
-from shoal.local import LocalCluster, coordinator_specs
+from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.config import parse_address
 from shoal.raft.pysyncobj_seam import PREAUTH_CONNECTIONS_MAX
@@ -30,18 +29,6 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 RSS_HEADROOM = 32 << 20
 """How much a replica's resident memory may grow while a stranger streams 256 MiB at it; without
 the guard pysyncobj buffers all of it."""
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path_factory.mktemp("run"))
-    local.create(coordinator_specs(local.run_dir, 3))
-    try:
-        local.start_all()
-        local.wait_ready()
-        yield local
-    finally:
-        local.stop_all()
 
 
 @pytest.fixture
