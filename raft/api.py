@@ -17,8 +17,10 @@ from aiohttp import web
 from shoal.boundedjson import JsonRefused, JsonTooDeep, loads
 from shoal.raft.chaos_api import CHAOS_ROUTES, chaos_routes
 from shoal.raft.commands import ID
+from shoal.raft.config import CoordinatorConfig
 from shoal.raft.context import ApiContext
 from shoal.raft.dashboard import DASHBOARD_ROUTES
+from shoal.raft.entry_points import check_entry_points
 from shoal.raft.errors import (
     BadRequest,
     Forbidden,
@@ -30,7 +32,7 @@ from shoal.raft.errors import (
 from shoal.raft.handlers import reply
 from shoal.raft.openapi import build_document
 from shoal.raft.route_table import ROUTES
-from shoal.raft.routes import Call, Param, Route
+from shoal.raft.routes import ROLE_RANK, ROLE_TOKEN, Call, Param, Route
 from shoal.raft.schema import check
 
 COMMIT_HEADER = "X-Shoal-Commit-Index"
@@ -49,7 +51,7 @@ async def openapi_document(ctx: ApiContext, call: Call) -> web.Response:
 ALL_ROUTES: tuple[Route, ...] = (
     *ROUTES,
     *DASHBOARD_ROUTES,
-    Route("GET", "/openapi.json", openapi_document, "this document", tag="meta"),
+    Route("GET", "/openapi.json", openapi_document, "this document", tag="meta", role="read"),
 )
 
 
@@ -63,17 +65,42 @@ def route_error(exc: RaftError) -> dict[str, Any]:
     }
 
 
-def _check_token(request: web.Request, token: str) -> None:
+def _bearer(request: web.Request) -> str:
     header = request.headers.get("Authorization")
     if header is None:
         raise Unauthorized(
             "missing 'Authorization: Bearer <token>' header (token: run dir api-token)"
         )
     scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        given.strip().encode(), token.encode()
+    if scheme.lower() != "bearer":
+        raise Forbidden("the Authorization header must be 'Bearer <token>'")
+    return given.strip()
+
+
+def token_role(config: CoordinatorConfig, given: str) -> str | None:
+    """The role the token `given` holds on this replica, or None when it is none of its
+    tokens. Every token is compared, in constant time, so timing tells nothing."""
+    role = None
+    for name, token in (
+        ("read", config.read_token),
+        ("node", config.node_token),
+        ("operator", config.token),
     ):
-        raise Forbidden("wrong bearer token; use the token the coordinator was started with")
+        if token is not None and hmac.compare_digest(given.encode(), token.encode()):
+            role = name
+    return role
+
+
+def _check_token(request: web.Request, config: CoordinatorConfig, route: Route) -> None:
+    """Admit a token whose role includes the route's; 403 otherwise, naming the role needed."""
+    role = token_role(config, _bearer(request))
+    if role is None:
+        raise Forbidden("wrong bearer token; use a token the coordinator was started with")
+    if ROLE_RANK[role] < ROLE_RANK[route.role]:
+        raise Forbidden(
+            f"{route.method} {route.path} needs the {route.role} role and this is the {role} "
+            f"token; use {ROLE_TOKEN[route.role]}"
+        )
 
 
 def _parse_query(params: tuple[Param, ...], request: web.Request) -> dict[str, Any]:
@@ -174,14 +201,17 @@ def _wrap(ctx: ApiContext, route: Route) -> Any:
         commit = ctx.bridge.last_applied()
         try:
             if route.auth:
-                _check_token(request, ctx.config.token)
+                _check_token(request, ctx.config, route)
             path = dict(request.match_info)
             for name, value in path.items():
                 check(ID, value, f"path.{name}")
+            query = _parse_query(route.query, request)
+            body = await _parse_body(route, request)
+            check_entry_points(body, ctx.config.task_entry_points)
             call = Call(
                 path,
-                _parse_query(route.query, request),
-                await _parse_body(route, request),
+                query,
+                body,
                 _op_id(route, request),
                 request,
             )

@@ -97,6 +97,7 @@ CHAOS_ROUTES: tuple[Route, ...] = (
         write=True,
         tag="chaos",
         accepted=True,
+        role="operator",
     ),
     Route(
         "GET",
@@ -109,8 +110,9 @@ CHAOS_ROUTES: tuple[Route, ...] = (
             Param("state", {"enum": list(FAULT_STATES)}, "only faults in this state"),
         ),
         tag="chaos",
+        role="read",
     ),
-    Route("GET", FAULT_PATH, get_fault, "one fault", query=(CONSISTENT,), tag="chaos"),
+    Route("GET", FAULT_PATH, get_fault, "one fault", query=(CONSISTENT,), tag="chaos", role="read"),
     Route(
         "PUT",
         OUTCOME_PATH,
@@ -119,6 +121,7 @@ CHAOS_ROUTES: tuple[Route, ...] = (
         body=OUTCOME_BODY,
         write=True,
         tag="chaos",
+        role="node",
     ),
 )
 
@@ -128,7 +131,7 @@ async def chaos_disabled(ctx: ApiContext, call: Call) -> web.Response:
 
 
 DISABLED_ROUTES: tuple[Route, ...] = tuple(
-    Route(r.method, r.path, chaos_disabled, "404: chaos is disabled", tag="chaos")
+    Route(r.method, r.path, chaos_disabled, "404: chaos is disabled", tag="chaos", role=r.role)
     for r in CHAOS_ROUTES
 )
 """What a replica without chaos serves on the chaos paths: the token is still checked, then

@@ -142,6 +142,14 @@ class CoordinatorConfig:
     """pysyncobj's `password`: it encrypts and authenticates every Raft message, which
     pysyncobj pickles, so it is required on loopback too (`shoal up` generates one)."""
     token: str
+    """The operator token: every route, job submission included."""
+    node_token: str | None = None
+    """The node credential: node daemons' and their tasks' routes and every read; None: none."""
+    read_token: str | None = None
+    """The read-only token for dashboards and scrapers: every GET; None: none."""
+    task_entry_points: tuple[str, ...] | None = None
+    """Import-path prefixes a job's tasks may name besides shoal's own (`shoal.`); None (the
+    `[api]` key absent) admits every entry point."""
     timings: RaftTimings = field(default_factory=RaftTimings)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
@@ -171,6 +179,7 @@ class CoordinatorConfig:
             )
         if not self.token:
             raise ConfigError("the API token is empty; pass --token-file with a non-empty token")
+        self._check_role_tokens()
         if not self.secret:
             raise ConfigError(
                 "refusing to start without the cluster secret: Raft traffic is pickled, so it "
@@ -185,6 +194,25 @@ class CoordinatorConfig:
             )
         if not self.write_timeout > 0:
             raise ConfigError(f"write_timeout={self.write_timeout!r} must be > 0 seconds")
+
+    def _check_role_tokens(self) -> None:
+        """Three distinct credentials: an empty one or one equal to another would silently
+        give its holder more (or less) than its role."""
+        given = {"--token-file": self.token}
+        for flag, value in (
+            ("--node-token-file", self.node_token),
+            ("--read-token-file", self.read_token),
+        ):
+            if value is None:
+                continue
+            if not value:
+                raise ConfigError(f"the token in {flag} is empty; write a non-empty token")
+            for other, known in given.items():
+                if value == known:
+                    raise ConfigError(
+                        f"{flag} holds the same token as {other}; each role needs its own token"
+                    )
+            given[flag] = value
 
     @property
     def api_url(self) -> str:
@@ -208,6 +236,27 @@ class SchedulerSection:
 
 
 @dataclass(frozen=True)
+class ApiSection:
+    """The `[api]` table: which task entry points a submitted job may name."""
+
+    task_entry_points: tuple[str, ...] | None = None
+    """Import-path prefixes allowed besides shoal's own (`shoal.`), e.g. "mylab.tasks."; once
+    set, a job naming any other entry point is refused. Absent: every entry point is allowed."""
+
+    def __post_init__(self) -> None:
+        points = self.task_entry_points
+        if points is None:
+            return
+        if isinstance(points, list):
+            object.__setattr__(self, "task_entry_points", points := tuple(points))
+        if not isinstance(points, tuple) or not all(isinstance(p, str) and p for p in points):
+            raise ConfigError(
+                f"api.task_entry_points={points!r} must be a list of non-empty import-path "
+                'prefixes, e.g. ["mylab.tasks."]'
+            )
+
+
+@dataclass(frozen=True)
 class CoordinatorSettings:
     """What an operator may tune in `shoal coordinator --config FILE.toml`: one table per
     concern, each checked by its own dataclass, so a bad value names its table and key."""
@@ -217,6 +266,7 @@ class CoordinatorSettings:
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     raft: RaftTimings = field(default_factory=RaftTimings)
     chaos: ChaosSection = field(default_factory=ChaosSection)
+    api: ApiSection = field(default_factory=ApiSection)
 
     @property
     def scheduling(self) -> SchedulingConfig:

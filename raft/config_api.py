@@ -23,5 +23,6 @@ async def get_config(ctx: ApiContext, call: Call) -> web.Response:
             "raft": dataclasses.asdict(config.timings),
             "write_timeout": config.write_timeout,
             "chaos": dataclasses.asdict(config.chaos),
+            "api": {"task_entry_points": config.task_entry_points},
         }
     )

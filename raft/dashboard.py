@@ -173,7 +173,7 @@ DASHBOARD_ROUTES: tuple[Route, ...] = (
         "/",
         dashboard_page,
         "the dashboard page (holds no data; it asks for the token)",
-        auth=False,
+        role="none",
         tag="dashboard",
     ),
     Route(
@@ -194,5 +194,6 @@ DASHBOARD_ROUTES: tuple[Route, ...] = (
             ),
         ),
         tag="dashboard",
+        role="read",
     ),
 )

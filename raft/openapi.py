@@ -21,10 +21,16 @@ ERROR_SCHEMA = {
         "leader": {"type": ["string", "null"], "description": "hint when the error is not_leader"},
     },
 }
+_ROLE_TEXT = {
+    "none": "Role: none (no token needed).",
+    "read": "Role: read (the read-only, node or operator token).",
+    "node": "Role: node (the node credential or the operator token).",
+    "operator": "Role: operator (the operator token only).",
+}
 _ERRORS = {
     "400": "not JSON, nested too deep, or a bad query parameter",
     "401": "no bearer token",
-    "403": "wrong bearer token",
+    "403": "wrong bearer token, or a token whose role is below the route's (x-shoal-role)",
     "404": "unknown id",
     "409": "conflicts with the current state, or its X-Shoal-Op-Id named another command",
     "421": "needs the leader and this replica cannot reach it",
@@ -79,6 +85,8 @@ def _operation(route: Route) -> dict[str, Any]:
     op: dict[str, Any] = {
         "operationId": route.operation_id,
         "summary": route.summary,
+        "description": _ROLE_TEXT[route.role],
+        "x-shoal-role": route.role,
         "tags": [route.tag],
         "parameters": params,
         "responses": responses,

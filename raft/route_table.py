@@ -100,10 +100,10 @@ ROUTES: tuple[Route, ...] = (
         "/healthz",
         healthz,
         "liveness of this replica (no token needed)",
-        auth=False,
         tag="meta",
+        role="none",
     ),
-    Route("GET", "/metrics", metrics, "Prometheus text metrics", tag="meta"),
+    Route("GET", "/metrics", metrics, "Prometheus text metrics", tag="meta", role="read"),
     Route(
         "GET",
         "/v1/cluster",
@@ -115,6 +115,7 @@ ROUTES: tuple[Route, ...] = (
                 "digest", {"type": "boolean"}, "include the sha256 state digest (hashes all state)"
             ),
         ),
+        role="read",
     ),
     Route(
         "GET",
@@ -122,6 +123,7 @@ ROUTES: tuple[Route, ...] = (
         get_config,
         "this replica's effective scheduler, balancer, liveness and raft settings, and their source",
         tag="meta",
+        role="read",
     ),
     Route(
         "POST",
@@ -130,6 +132,7 @@ ROUTES: tuple[Route, ...] = (
         "apply many commands as one log entry",
         body=BATCH_BODY,
         write=True,
+        role="operator",
     ),
     Route(
         "GET",
@@ -138,6 +141,7 @@ ROUTES: tuple[Route, ...] = (
         "list nodes",
         tag="nodes",
         query=(CONSISTENT, Param("liveness", {"enum": list(LIVENESS)}, "only nodes in this state")),
+        role="read",
     ),
     Route(
         "POST",
@@ -147,6 +151,7 @@ ROUTES: tuple[Route, ...] = (
         body=_body("register_node"),
         write=True,
         tag="nodes",
+        role="node",
     ),
     Route(
         "GET",
@@ -155,6 +160,7 @@ ROUTES: tuple[Route, ...] = (
         "one node and the tasks placed on it",
         query=(CONSISTENT,),
         tag="nodes",
+        role="read",
     ),
     Route(
         "POST",
@@ -163,6 +169,7 @@ ROUTES: tuple[Route, ...] = (
         "heartbeat with an optional health summary",
         body=HEARTBEAT_BODY,
         tag="nodes",
+        role="node",
     ),
     Route(
         "POST",
@@ -172,6 +179,7 @@ ROUTES: tuple[Route, ...] = (
         body=EMPTY,
         write=True,
         tag="nodes",
+        role="operator",
     ),
     Route(
         "POST",
@@ -181,6 +189,7 @@ ROUTES: tuple[Route, ...] = (
         body=EMPTY,
         write=True,
         tag="nodes",
+        role="node",
     ),
     Route(
         "POST",
@@ -190,6 +199,7 @@ ROUTES: tuple[Route, ...] = (
         body=EMPTY,
         write=True,
         tag="nodes",
+        role="node",
     ),
     Route(
         "GET",
@@ -198,6 +208,7 @@ ROUTES: tuple[Route, ...] = (
         "list jobs",
         tag="jobs",
         query=(CONSISTENT, Param("state", {"enum": list(JOB_STATES)}, "only jobs in this state")),
+        role="read",
     ),
     Route(
         "POST",
@@ -207,6 +218,7 @@ ROUTES: tuple[Route, ...] = (
         body=_body("submit_job", optional=("job_id",)),
         write=True,
         tag="jobs",
+        role="operator",
     ),
     Route(
         "GET",
@@ -215,6 +227,7 @@ ROUTES: tuple[Route, ...] = (
         "a job with its tasks and checkpoints",
         query=(CONSISTENT,),
         tag="jobs",
+        role="read",
     ),
     Route(
         "POST",
@@ -224,6 +237,7 @@ ROUTES: tuple[Route, ...] = (
         body=EMPTY,
         write=True,
         tag="jobs",
+        role="operator",
     ),
     Route(
         "POST",
@@ -233,6 +247,7 @@ ROUTES: tuple[Route, ...] = (
         body=_body("add_tasks", drop=("job_id",)),
         write=True,
         tag="jobs",
+        role="operator",
     ),
     Route(
         "GET",
@@ -246,8 +261,17 @@ ROUTES: tuple[Route, ...] = (
             Param("job", ID_FILTER, "only tasks of this job"),
             Param("state", {"enum": list(TASK_STATES)}, "only tasks in this state"),
         ),
+        role="read",
     ),
-    Route("GET", "/v1/tasks/{task_id}", get_task, "one task", query=(CONSISTENT,), tag="tasks"),
+    Route(
+        "GET",
+        "/v1/tasks/{task_id}",
+        get_task,
+        "one task",
+        query=(CONSISTENT,),
+        tag="tasks",
+        role="read",
+    ),
     Route(
         "PUT",
         "/v1/tasks/{task_id}/state",
@@ -256,6 +280,7 @@ ROUTES: tuple[Route, ...] = (
         body=_body("set_task_state", drop=("task_id",)),
         write=True,
         tag="tasks",
+        role="node",
     ),
     Route(
         "POST",
@@ -265,6 +290,7 @@ ROUTES: tuple[Route, ...] = (
         body=_body("place_tasks"),
         write=True,
         tag="tasks",
+        role="operator",
     ),
     Route(
         "GET",
@@ -273,6 +299,7 @@ ROUTES: tuple[Route, ...] = (
         "list checkpoints",
         tag="checkpoints",
         query=(CONSISTENT, Param("job", ID_FILTER, "only checkpoints of this job")),
+        role="read",
     ),
     Route(
         "POST",
@@ -282,6 +309,7 @@ ROUTES: tuple[Route, ...] = (
         body=_body("record_checkpoint"),
         write=True,
         tag="checkpoints",
+        role="node",
     ),
     Route(
         "GET",
@@ -303,6 +331,7 @@ ROUTES: tuple[Route, ...] = (
                 "at most this many",
             ),
         ),
+        role="read",
     ),
     Route(
         "POST",
@@ -312,5 +341,6 @@ ROUTES: tuple[Route, ...] = (
         body=_body("add_event"),
         write=True,
         tag="events",
+        role="node",
     ),
 )

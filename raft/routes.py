@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -45,6 +45,17 @@ class Call:
 
 Handler = Callable[[Any, Call], Awaitable[web.StreamResponse]]
 
+Role = Literal["none", "read", "node", "operator"]
+"""Who may call a route: "none" needs no token; each other role includes those before it
+(operator ⊇ node ⊇ read), so a token of a higher role may call every lower-role route."""
+ROLE_RANK: dict[str, int] = {"none": 0, "read": 1, "node": 2, "operator": 3}
+ROLE_TOKEN: dict[str, str] = {
+    "read": "the read-only token (--read-token-file, run dir read-token), or any higher one",
+    "node": "the node credential (--node-token-file, run dir node-token) or the operator token",
+    "operator": "the operator token (--token-file, run dir api-token)",
+}
+"""For the 403 answer: which token the caller should have used for a route of each role."""
+
 
 @dataclass(frozen=True)
 class Route:
@@ -54,12 +65,17 @@ class Route:
     summary: str
     body: Schema | None = None
     query: tuple[Param, ...] = ()
-    auth: bool = True
     write: bool = False
     """Writes take an `X-Shoal-Op-Id` header: a retry with the same id is applied once."""
     tag: str = "cluster"
     accepted: bool = False
     """The write answers 202: what it asks for is carried out later, by another process."""
+    role: Role = field(kw_only=True)
+    """The least role a bearer token must hold to call this route (docs/security.md)."""
+
+    @property
+    def auth(self) -> bool:
+        return self.role != "none"
 
     @property
     def path_params(self) -> list[str]:

@@ -41,7 +41,18 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "every replica",
     )
     parser.add_argument(
-        "--token-file", type=Path, help="API bearer token (default: $SHOAL_API_TOKEN)"
+        "--token-file",
+        type=Path,
+        help="operator token: every admin API route (default: $SHOAL_API_TOKEN)",
+    )
+    parser.add_argument(
+        "--node-token-file",
+        type=Path,
+        help="node credential: node daemons' routes (register, heartbeat, task state, "
+        "checkpoints, events) and reads, never job submission",
+    )
+    parser.add_argument(
+        "--read-token-file", type=Path, help="read-only token: every GET (dashboards, scrapers)"
     )
     parser.add_argument(
         "--config",
@@ -59,6 +70,10 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     parser.set_defaults(func=run)
+
+
+def _optional_secret(path: Path | None, what: str) -> str | None:
+    return read_secret_file(path, what) if path is not None else None
 
 
 def read_secret_file(path: Path, what: str) -> str:
@@ -141,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         secret=read_secret_file(args.secret_file, "cluster secret") if args.secret_file else "",
         token=token,
+        node_token=_optional_secret(args.node_token_file, "node token"),
+        read_token=_optional_secret(args.read_token_file, "read-only token"),
+        task_entry_points=settings.api.task_entry_points,
         timings=settings.raft,
         liveness=settings.liveness,
         scheduling=settings.scheduling,
