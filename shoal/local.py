@@ -3,7 +3,9 @@ child processes of one run directory.
 
 Layout of a run directory (deleting it leaves nothing behind once `stop` ran):
   cluster.json          the process specs and addresses (what `status`, `logs`, `down` read)
-  secret, api-token     the Raft secret and the API bearer token, mode 0600
+  secret, api-token     the Raft secret and the operator token, mode 0600
+  node-token            the node credential node daemons use (no job submission), mode 0600
+  read-token            the read-only token for dashboards and scrapers, mode 0600
   logs/NAME.log         each process's stdout and stderr
   pids/NAME.pid         each process's pid
   data/NAME/            each replica's Raft journal and dump, each node's data directory
@@ -109,6 +111,8 @@ def coordinator_specs(
             "--id", name, "--raft", rafts[i], "--peers", peers, "--api", apis[i],
             "--data-dir", str(run_dir / "data" / name),
             "--secret-file", str(run_dir / "secret"), "--token-file", str(run_dir / "api-token"),
+            "--node-token-file", str(run_dir / "node-token"),
+            "--read-token-file", str(run_dir / "read-token"),
             *(("--raft-bind", binds[i]) if binds[i] else ()),
             *extra_args,
         ]  # fmt: skip
@@ -141,7 +145,7 @@ def node_specs(
         argv = [
             sys.executable, "-m", "shoal", "node",
             "--coordinators", ",".join(api_urls), "--node-id", name,
-            "--data-dir", str(run_dir / "data" / name), "--token-file", str(run_dir / "api-token"),
+            "--data-dir", str(run_dir / "data" / name), "--token-file", str(run_dir / "node-token"),
             "--sim-gpus", str(sim_gpus), "--island-size", str(island_size),
             *extra_args,
         ]  # fmt: skip
@@ -192,7 +196,7 @@ class LocalCluster:
             for sub in ("logs", "pids", "data"):
                 (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(self.run_dir, 0o700)
-            for name in ("secret", "api-token"):
+            for name in ("secret", "api-token", "node-token", "read-token"):
                 if not (self.run_dir / name).exists():
                     _write_private(self.run_dir / name, secrets.token_urlsafe(32))
             (self.run_dir / "cluster.json").write_text(
