@@ -21,7 +21,10 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--data-dir", required=True, type=Path, help="node id, logs and task output go here"
     )
     parser.add_argument(
-        "--token-file", type=Path, help="API bearer token (default: $SHOAL_API_TOKEN)"
+        "--token-file",
+        type=Path,
+        help="the node credential: the coordinators' --node-token-file, also this node's "
+        "transport token (default: $SHOAL_API_TOKEN)",
     )
     parser.add_argument("--node-id", help="this node's id (default: kept in the data dir)")
     parser.add_argument(
