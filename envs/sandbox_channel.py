@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.boundedjson import within_depth
 from shoal.envs.errors import ResultChannelViolation
 
 CHANNEL_BYTES = 4 * 1024 * 1024
@@ -41,8 +42,6 @@ of digits is refused even inside a string; the harness reports such a value by i
 _ERRNO_RANGE = range(-(2**31), 2**31)
 _LINE_DEPTH = VALUE_DEPTH + 1  # the record object around the value
 
-_ESCAPES = re.compile(rb"\\.", re.DOTALL)
-_STRINGS = re.compile(rb'"[^"]*"')
 # Numbers are looked at with every digit written as 0, so that plain substring searches (linear,
 # in C) find a run of digits longer than INT_DIGITS (refused, whatever Python's own limit is
 # set to) and what may overflow to an infinity, which json.loads would accept: a digit before
@@ -52,8 +51,6 @@ _LONG_NUMBER = b"0" * (INT_DIGITS + 1)
 _OVERFLOW_RUN = b"0" * 309
 _NON_ASCII = re.compile(rb"[\x80-\xff]")
 _SURROGATES = re.compile("[\ud800-\udfff]")
-_ONE_BRACKET = bytes.maketrans(b"{}", b"[]")
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 def wire_limits() -> dict[str, int]:
@@ -205,7 +202,7 @@ def _record(line: bytes, number: int) -> dict[str, Any]:
             f"line {number} has {elements} commas and brackets, more than the limit of "
             f"{RECORD_ELEMENTS}"
         )
-    if not nesting_within(line, _LINE_DEPTH):
+    if not within_depth(line, _LINE_DEPTH):
         raise ResultChannelViolation(
             f"line {number} nests deeper than {_LINE_DEPTH} levels or is not JSON"
         )
@@ -226,25 +223,6 @@ def _record(line: bytes, number: int) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise ResultChannelViolation(f"line {number} is not a JSON object: {_show(record)}")
     return record
-
-
-def nesting_within(line: bytes, limit: int) -> bool:
-    """Whether `line` nests at most `limit` arrays and objects deep, without parsing it.
-
-    Where the count of opening brackets already says so, that is all; otherwise escapes and
-    then strings are removed (a bracket inside a string is text), and innermost `[]` pairs
-    are removed one level per pass, `limit` passes at most. Anything left means deeper, or not
-    JSON; either way the line is refused. Linear in the line's length for each pass.
-    """
-    if line.count(b"[") + line.count(b"{") <= limit:
-        return True
-    shape = _STRINGS.sub(b"", _ESCAPES.sub(b"", line)).translate(_ONE_BRACKET, _NOT_BRACKETS)
-    for _ in range(limit):
-        shorter = shape.replace(b"[]", b"")
-        if len(shorter) == len(shape):
-            break
-        shape = shorter
-    return not shape
 
 
 def _finite(record: Any) -> bool:

@@ -13,6 +13,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.boundedjson import within_depth
 from shoal.envs.errors import ResultChannelViolation
 from shoal.envs.sandbox_channel import (
     CHANNEL_BYTES,
@@ -20,7 +21,6 @@ from shoal.envs.sandbox_channel import (
     RECORD_ELEMENTS,
     VALUE_DEPTH,
     Results,
-    nesting_within,
     parse_control,
     parse_results,
     wire_limits,
@@ -232,4 +232,4 @@ def test_the_harness_reports_a_value_the_parser_would_refuse_by_its_repr(depth, 
 @given(json_values, st.integers(0, 6))
 def test_the_depth_bound_matches_the_real_depth_of_valid_json(value, limit):
     text = json.dumps(value).encode()
-    assert nesting_within(text, limit) == (_depth(value) <= limit)
+    assert within_depth(text, limit) == (_depth(value) <= limit)
