@@ -118,7 +118,6 @@ class LearnerCore:
         self.returns: deque[float] = deque(maxlen=cfg.target_window)
         self.actors: dict[str, ActorRef] = {}
         self.metrics: dict[str, float] = {}
-        self.last_checkpoint: CheckpointInfo | None = None
         self.resumed_from: CheckpointInfo | None = None
         self.base_ranges: dict[str, SeqRanges] = {}
         self.checkpoint_requested = False
@@ -151,7 +150,7 @@ class LearnerCore:
         self.journal.append({"resumed_from": str(info.path), "base": ranges_json(self.base_ranges)})
         self.intake.set_version(self.version)
         self.published = self.model.get_weights()
-        self.last_checkpoint = self.resumed_from = info
+        self.resumed_from = info
         return info
 
     def request_checkpoint(self) -> None:
@@ -218,8 +217,13 @@ class LearnerCore:
             meta["mean_return"] = float(np.mean(self.returns))
         info = self.checkpoints.save(state, self.version, meta=meta, block=block)
         self.schedule.mark_saved()
-        self.last_checkpoint = info
         return info
+
+    @property
+    def complete_checkpoint(self) -> CheckpointInfo | None:
+        """The newest checkpoint known to be whole on disk, the only one the status may name: a
+        save only starts a write, which a full disk can still fail."""
+        return self.checkpoints.last_complete or self.resumed_from
 
     # -- intake side (loop thread) -----------------------------------------------------------
 
@@ -263,6 +267,7 @@ class LearnerCore:
 
     def status(self) -> dict[str, Any]:
         wall = time.monotonic() - self.started
+        complete = self.complete_checkpoint
         return {
             "rank": self.group.rank,
             "pid": os.getpid(),
@@ -279,8 +284,8 @@ class LearnerCore:
             "rejected": self.rejected,
             "actors": len(self.actors),
             "wall_s": wall,
-            "checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint.path),
-            "checkpoint_step": None if self.last_checkpoint is None else self.last_checkpoint.step,
+            "checkpoint": None if complete is None else str(complete.path),
+            "checkpoint_step": None if complete is None else complete.step,
             "checkpoint_failures": self.checkpoints.failures,
             "checkpoint_error": self.checkpoints.last_failure,
             "journal_full_writes": self.journal.full_writes,
