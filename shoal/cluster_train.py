@@ -20,6 +20,8 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -400,12 +402,20 @@ class ClusterRun:
             stopped_by = "interrupted"
         except BaseException:
             with contextlib.suppress(TrainError):  # the first error is the one to report
-                self.shutdown()
+                self._stop_in_order()
             raise
-        self.shutdown()
+        self._stop_in_order()
         self.status.read()
         wall_s = time.monotonic() - started
         return self._result(self.status.result(stopped_by, wall_s, solve_s, stop_return, startup_s))
+
+    def _stop_in_order(self) -> None:
+        """The run is ending: a SIGTERM now (an operator, systemd, a scheduler's time limit)
+        asks for what is already under way, and must not cut the stop short, leaving tasks
+        running and the last checkpoint unrecorded. Ctrl-C still interrupts."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self.shutdown()
 
     def _check_children(self) -> None:
         now = time.monotonic()
