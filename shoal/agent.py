@@ -37,7 +37,8 @@ from shoal.raft.errors import (
 )
 from shoal.raft.metrics import Metrics
 from shoal.runtime.system import ActorSystem
-from shoal.tasks import PROCESS_KINDS, ActorTask, ProcessTask, TaskError, TaskSpec
+from shoal.task_exchange import NodeExchange, PublishedStateError, host_of, parse_published
+from shoal.tasks import PROCESS_KINDS, ActorTask, ProcessTask, TaskError, TaskSpec, actor_name
 
 log = logging.getLogger("shoal.node")
 
@@ -173,6 +174,8 @@ STOP_FIRST = "learner-rank"
 FENCED_HELP = "times this node stopped its tasks after --fence-after without an accepted heartbeat"
 FIRST_REGISTRATION_PERIOD_S = 0.1
 REGISTER_WARN_EVERY_S = 5.0
+PUBLISH_POLL_S = 0.1
+"""How often the agent looks for a new published.json of its process tasks."""
 
 
 def registration_backoff(first: bool, most: float) -> Backoff:
@@ -242,6 +245,8 @@ class NodeAgent:
         self._fence: FenceClock | None = None
         self.metrics = Metrics()
         """Heartbeat and task counters for the node's `/metrics` (shoal/node_metrics.py)."""
+        self.exchange = NodeExchange(log_dir.parent / "jobs", host_of(registration.address))
+        """The files through which process tasks publish state and see their job's peers."""
 
     @property
     def assigned(self) -> list[TaskSpec]:
@@ -279,6 +284,7 @@ class NodeAgent:
             asyncio.create_task(self._heartbeat_loop(), name="shoal-heartbeat"),
             asyncio.create_task(self._reconcile_loop(stop), name="shoal-reconcile"),
             asyncio.create_task(self._report_loop(), name="shoal-reports"),
+            asyncio.create_task(self._publish_loop(), name="shoal-publish"),
         ]
         if self._fence is not None:
             loops.append(asyncio.create_task(self._fence_loop(self._fence), name="shoal-fence"))
@@ -365,6 +371,9 @@ class NodeAgent:
                 self._assigned_fresh.set()
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("a heartbeat reply without a valid task list (%r): %s", exc, reply)
+            peers = reply.get("peers")
+            if isinstance(peers, dict):
+                self.exchange.show_peers(peers, self._task_dirs())
             if self.faults is not None and reply.get("faults"):
                 self.faults.offer(reply["faults"], self.running)
             await asyncio.sleep(self.config.heartbeat_s)
@@ -413,6 +422,8 @@ class NodeAgent:
             for wave in stop_waves(stopping, _kind):
                 await asyncio.gather(*(t.stop(self.config.stop_timeout_s) for t in wave))
                 log.info("stopped task(s) %s", ", ".join(t.spec.id for t in wave))
+                for t in wave:
+                    await self._last_words(t)
             for spec in todo.start:
                 await self._start(spec)
 
@@ -424,11 +435,17 @@ class NodeAgent:
                 self._finished(task.spec, "failed", reason)
 
     async def _start(self, spec: TaskSpec) -> None:
-        task: RunningTask = (
-            ProcessTask(spec, self.log_dir, {"SHOAL_NODE_ID": self.node_id})
-            if spec.kind in PROCESS_KINDS
-            else ActorTask(spec, self.system)
-        )
+        task: RunningTask
+        if spec.kind in PROCESS_KINDS:
+            try:
+                env = self.exchange.prepare(spec.job_id, actor_name(spec.id), spec.gpus)
+            except OSError as exc:
+                log.error("cannot prepare the directory of task %s: %s", spec.id, exc)
+                self._finished(spec, "failed", f"cannot prepare its directory: {exc}")
+                return
+            task = ProcessTask(spec, self.log_dir, {"SHOAL_NODE_ID": self.node_id, **env})
+        else:
+            task = ActorTask(spec, self.system)
         try:
             await task.start()
         except TaskError as exc:
@@ -445,6 +462,7 @@ class NodeAgent:
 
     async def _watch(self, task: ProcessTask) -> None:
         reason = await task.wait()
+        await self._last_words(task)
         if self.running.get(task.spec.id) is not task:
             return  # stopped by us; whoever stopped it reports (or needs no report)
         del self.running[task.spec.id]
@@ -464,6 +482,48 @@ class NodeAgent:
             kind=spec.kind,
         )
         self._report(spec, state, message)
+
+    # -- what process tasks publish -----------------------------------------------------------
+
+    def _task_dirs(self) -> dict[Path, str]:
+        return {
+            self.exchange.directory(t.spec.job_id, actor_name(t.spec.id)): t.spec.job_id
+            for t in self.running.values()
+            if isinstance(t, ProcessTask)
+        }
+
+    async def _publish_loop(self) -> None:
+        """Forward what running process tasks publish (their published.json) to the
+        coordinators, each new version once; a refused one is logged and not retried."""
+        while True:
+            await asyncio.sleep(PUBLISH_POLL_S)
+            for task in list(self.running.values()):
+                if isinstance(task, ProcessTask):
+                    await self._forward(task.spec)
+
+    async def _last_words(self, task: RunningTask) -> None:
+        """Forward what a process task published just before it exited (rank 0's final
+        checkpoint): the publish loop no longer looks at a task once it stopped."""
+        if isinstance(task, ProcessTask):
+            await self._forward(task.spec)
+
+    async def _forward(self, spec: TaskSpec) -> None:
+        directory = self.exchange.directory(spec.job_id, actor_name(spec.id))
+        data = self.exchange.fresh(spec.id, spec.generation, directory)
+        if data is None:
+            return
+        try:
+            state = parse_published(data)
+            await self.client.publish_task_state(spec.id, spec.generation, state)
+        except (PublishedStateError, ValueError) as exc:
+            log.error("task %s published what cannot be forwarded: %s", spec.id, exc)
+        except (NotFound, Conflict) as exc:
+            log.info("dropped what task %s published: %s", spec.id, exc)
+        except RETRYABLE as exc:
+            log.warning("cannot forward what task %s published yet (%s)", spec.id, exc)
+            self.exchange.retry(spec.id, spec.generation)
+        except RaftError as exc:
+            log.error("the coordinator refused what task %s published: %s", spec.id, exc)
 
     # -- fencing -----------------------------------------------------------------------------
 
@@ -585,6 +645,7 @@ class NodeAgent:
     async def _halt(self, task: RunningTask) -> str | None:
         """SIGTERM, SIGKILL after the stop timeout; the child's exit (None: status 0)."""
         await task.stop(self.config.stop_timeout_s)
+        await self._last_words(task)
         return await task.wait() if isinstance(task, ProcessTask) else None
 
 

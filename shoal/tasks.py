@@ -57,6 +57,9 @@ class TaskSpec:
     actor: str
     state: str = "pending"
     args: dict[str, Any] = field(default_factory=dict)
+    job_id: str = ""
+    gpus: tuple[int, ...] = ()
+    """The GPU indices on this node the leader's placement gave the task."""
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> TaskSpec:
@@ -67,6 +70,8 @@ class TaskSpec:
             actor=str(record["actor"]),
             state=str(record.get("state", "pending")),
             args=dict(record.get("args") or {}),
+            job_id=str(record.get("job_id") or ""),
+            gpus=tuple(int(g) for g in record.get("gpus") or ()),
         )
 
     @classmethod
@@ -79,7 +84,12 @@ class TaskSpec:
             out.append(cls.from_record(record))
         incoming = record.get("incoming")
         if isinstance(incoming, dict) and incoming.get("node") == node_id:
-            copy = {**record, "generation": incoming["generation"], "state": incoming["state"]}
+            copy = {
+                **record,
+                "generation": incoming["generation"],
+                "state": incoming["state"],
+                "gpus": incoming.get("gpus") or [],
+            }
             out.append(cls.from_record(copy))
         return out
 
