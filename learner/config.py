@@ -62,9 +62,13 @@ class RolloutConfig:
     pace: bool = True
     """Actors collect only as fast as the learners consume (policy lag ≈ 1); off: as fast as
     the intake's back-pressure allows (more throughput, more lag)."""
+    cpus_per_worker: float = 0.0
+    """CPUs each worker process reserves on its node (0: none); the leader spreads workers
+    over the nodes by free capacity."""
 
     def __post_init__(self) -> None:
         check_int("rollout.workers", self.workers, 1, MAX_WORKERS)
+        check_number("rollout.cpus_per_worker", self.cpus_per_worker, low=0, high=1024)
         check_int("rollout.actors_per_worker", self.actors_per_worker, 1, MAX_ACTORS_PER_WORKER)
         check_int("rollout.num_envs", self.num_envs, 1, MAX_NUM_ENVS)
         check_int("rollout.horizon", self.horizon, 1, MAX_HORIZON)
@@ -104,10 +108,17 @@ class LearnerConfig:
     """torch intra-op threads per learner rank."""
     anneal_lr: bool = True
     """Anneal the learning rate linearly to 0 over `max_env_steps` (when that is set)."""
+    gpus_per_rank: int = 0
+    """GPUs each rank asks the scheduler for (the group is placed on one NVLink island when it
+    fits, else one RDMA domain); the rank trains on the first GPU it was given."""
+    cpus_per_rank: float = 0.0
+    """CPUs each rank reserves on its node (0: none; a small host can then run a whole job)."""
 
     def __post_init__(self) -> None:
         check_int("learner.ranks", self.ranks, 1, MAX_WORKERS)
         check_int("learner.threads", self.threads, 1)
+        check_int("learner.gpus_per_rank", self.gpus_per_rank, 0, 1024)
+        check_number("learner.cpus_per_rank", self.cpus_per_rank, low=0, high=1024)
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(
                 f"learner.backend = {self.backend!r} is invalid: use 'auto', 'gloo' or 'nccl'"
@@ -122,6 +133,10 @@ class CheckpointConfig:
     """Seconds between periodic checkpoints (15 minutes by default; seconds for tests)."""
     keep: int = 3
     """Complete checkpoints kept on disk; older ones are deleted."""
+    storage: str = ""
+    """Where checkpoints go: a directory every host of the cluster mounts at this path (the
+    distributed file system), so a group restarted on another host resumes from them. Empty:
+    the run directory's checkpoints/, which only works while every rank runs on one host."""
 
     def __post_init__(self) -> None:
         check_number("checkpoint.interval_s", self.interval_s, above=0)

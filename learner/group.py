@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -71,9 +71,10 @@ class GroupSpec:
                 f"group rank = {self.rank} must be in [0, {self.world_size - 1}] for world_size "
                 f"{self.world_size}"
             )
-        if self.world_size > 1 and not 1 <= self.port <= 65535:
+        if not 0 <= self.port <= 65535:
             raise ConfigError(
-                f"group port = {self.port} must be a TCP port (1-65535) when world_size > 1"
+                f"group port = {self.port} must be a TCP port (1-65535), or 0 for one that rank "
+                "0 picks and publishes"
             )
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(f"group backend = {self.backend!r}; valid: 'auto', 'gloo', 'nccl'")
@@ -84,8 +85,10 @@ class GroupSpec:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GroupSpec:
-        """Read SHOAL_GROUP_RANK, _WORLD_SIZE, _ADDR, _PORT, _BACKEND (defaults: a group of one);
-        the epoch is SHOAL_TASK_GENERATION, which a node daemon sets for every task it starts."""
+        """Read SHOAL_GROUP_RANK, _WORLD_SIZE, _ADDR, _PORT, _BACKEND (defaults: a group of one;
+        the address defaults to SHOAL_NODE_HOST, where this host is reached; port 0: rank 0
+        picks and publishes one); the epoch is SHOAL_TASK_GENERATION, which a node daemon
+        sets for every task it starts."""
         env = os.environ if environ is None else environ
 
         def number(key: str, default: str) -> int:
@@ -101,7 +104,7 @@ class GroupSpec:
         return cls(
             rank=number("SHOAL_GROUP_RANK", "0"),
             world_size=number("SHOAL_GROUP_WORLD_SIZE", "1"),
-            addr=env.get("SHOAL_GROUP_ADDR", "127.0.0.1"),
+            addr=env.get("SHOAL_GROUP_ADDR") or env.get("SHOAL_NODE_HOST") or "127.0.0.1",
             port=number("SHOAL_GROUP_PORT", "0"),
             backend=backend,  # type: ignore[arg-type]
             epoch=env.get("SHOAL_TASK_GENERATION", ""),
@@ -109,13 +112,27 @@ class GroupSpec:
 
     def to_env(self) -> dict[str, str]:
         """The environment variables that make a child process join as this spec says."""
-        return {
+        env = {
             "SHOAL_GROUP_RANK": str(self.rank),
             "SHOAL_GROUP_WORLD_SIZE": str(self.world_size),
-            "SHOAL_GROUP_ADDR": self.addr,
-            "SHOAL_GROUP_PORT": str(self.port),
             "SHOAL_GROUP_BACKEND": self.backend,
         }
+        if self.port:  # else rank 0 serves on its own host and publishes where
+            env |= {"SHOAL_GROUP_ADDR": self.addr, "SHOAL_GROUP_PORT": str(self.port)}
+        return env
+
+
+class Rendezvous(Protocol):
+    """How the ranks of a group whose port is not fixed (`GroupSpec.port == 0`) meet: rank 0
+    serves its store on a free port of its host and announces it; the others look it up. The
+    coordinator's task state carries it (learner/peers.py), so a group restarted on other hosts
+    meets at rank 0's new address without anyone choosing ports in advance."""
+
+    def announce(self, addr: str, port: int) -> None:
+        """Rank 0: the store of this epoch is served at addr:port."""
+
+    def locate(self, timeout_s: float) -> tuple[str, int]:
+        """Other ranks: rank 0's store of this epoch (blocks; GroupError after `timeout_s`)."""
 
 
 def resolve_backend(backend: Backend) -> Literal["gloo", "nccl"]:
@@ -142,9 +159,16 @@ class LearnerGroup:
     Call from the thread that runs the PPO update: collectives block until every rank joins.
     """
 
-    def __init__(self, spec: GroupSpec) -> None:
+    def __init__(self, spec: GroupSpec, rendezvous: Rendezvous | None = None) -> None:
+        if spec.world_size > 1 and spec.port == 0 and rendezvous is None:
+            raise ConfigError(
+                "a group of more than one rank needs a rendezvous port (SHOAL_GROUP_PORT) or a "
+                "node daemon to publish rank 0's through the coordinators"
+            )
         self.spec = spec
         self.backend = resolve_backend(spec.backend)
+        self.rendezvous = rendezvous if spec.port == 0 else None
+        self._addr, self._port = spec.addr, spec.port
         self._joined = False
 
     @property
@@ -186,7 +210,7 @@ class LearnerGroup:
 
     @property
     def _where(self) -> str:
-        return f"{self.spec.addr}:{self.spec.port}"
+        return f"{self._addr}:{self._port or '(published)'}"
 
     def _store(self, timeout: timedelta) -> dist.Store:
         """This incarnation's rendezvous store, retried for up to `retry_s` while the address
@@ -224,10 +248,12 @@ class LearnerGroup:
         restarted before its node was declared dead runs its tasks again at the generation
         they had) already has the rank claimed by the old group's member."""
         if self.rank != 0:
-            _wait_listening(self.spec.addr, self.spec.port, timeout.total_seconds())
+            if self.rendezvous is not None:
+                self._addr, self._port = self.rendezvous.locate(timeout.total_seconds())
+            _wait_listening(self._addr, self._port, timeout.total_seconds())
         store = dist.TCPStore(
-            self.spec.addr,
-            self.spec.port,
+            self._addr,
+            self._port,
             self.world_size,
             self.rank == 0,
             timeout=timeout,
@@ -236,6 +262,8 @@ class LearnerGroup:
         prefix = f"shoal/{self.spec.epoch}"
         if self.rank == 0:
             store.set(f"{prefix}/ready", "1")
+            if self.rendezvous is not None:
+                self.rendezvous.announce(self._addr, store.port)
             return store
         store.wait([f"{prefix}/ready"])
         claims = store.add(f"{prefix}/rank{self.rank}", 1)

@@ -59,8 +59,10 @@ from shoal.learner.diskfull import unless_disk_full
 from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
 from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
+from shoal.learner.job import checkpoint_dir
 from shoal.learner.job_metrics import MetricsTarget, post_forever, post_once
 from shoal.learner.journal import open_learner_journal
+from shoal.learner.peers import LEARNER_ROLE, Publication, PublishedRendezvous
 from shoal.learner.policy import ActorCritic
 from shoal.learner.ppo import PPOLearner
 from shoal.learner.seqranges import SeqRanges, ranges_by_actor, ranges_json
@@ -74,6 +76,7 @@ log = logging.getLogger("shoal.learner")
 
 LEARNER_NAME = "learner"
 STATUS_EVERY_S = 0.25
+PROGRESS_EVERY_S = 1.0
 LEDGER_EVERY_S = 1.0
 LISTEN_RETRY_PAUSE_S = 0.1
 LISTEN_LOG_EVERY_S = 5.0
@@ -89,7 +92,14 @@ class LearnerCore:
     runs; the loop thread reads `published`, a snapshot taken between updates.
     """
 
-    def __init__(self, cfg: TrainConfig, env_id: str, group: LearnerGroup, run_dir: Path) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        env_id: str,
+        group: LearnerGroup,
+        run_dir: Path,
+        publication: Publication | None = None,
+    ) -> None:
         from shoal.envs.vector import make_vector
 
         self.cfg = cfg
@@ -107,7 +117,9 @@ class LearnerCore:
         self.incarnation = os.urandom(6).hex()
         self.journal = open_learner_journal(run_dir / "accounting", group.rank, self.incarnation)
         self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness, self.journal)
-        self.checkpoints = CheckpointManager(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
+        self.checkpoints = CheckpointManager(checkpoint_dir(cfg, run_dir), keep=cfg.checkpoint.keep)
+        self.publication = publication or Publication()
+        self._progress_at = -math.inf
         self.schedule = self.checkpoints.periodic(cfg.checkpoint.interval_s)
         self.version = 0
         self.env_steps = 0  # steps received from actors (before any filtering)
@@ -297,6 +309,30 @@ class LearnerCore:
     def mark(self, phase: str) -> None:
         self.phases.setdefault(phase, time.time())
 
+    def publish_progress(self, final: bool = False) -> None:
+        """Rank 0's progress as its task state (at most once per PROGRESS_EVERY_S, and at
+        the stop with `final`): what `shoal train` reads when it cannot see the status files
+        (ranks on other hosts). One rank only, so a job costs one Raft write a second."""
+        now = time.monotonic()
+        if not self.group.is_leader or (not final and now - self._progress_at < PROGRESS_EVERY_S):
+            return
+        self._progress_at = now
+        window = list(self.returns)
+        complete = self.complete_checkpoint
+        lag = self.metrics.get("policy_lag_median", math.nan)
+        wall = now - self.started
+        self.publication.update(
+            version=self.version,
+            env_steps=self.env_steps,
+            sps=(self.env_steps - self.base_env_steps) / wall if wall > 0 else 0.0,
+            returns=len(window),
+            recent_return=sum(window) / len(window) if window else None,
+            policy_lag=lag if math.isfinite(lag) else None,
+            checkpoint=None if complete is None else str(complete.path),
+            checkpoint_step=None if complete is None else complete.step,
+            final=final,
+        )
+
 
 def process_started_at() -> float:
     """When this process started (epoch seconds, 10 ms resolution), from /proc: the time a
@@ -309,11 +345,23 @@ def process_started_at() -> float:
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
 
+def assigned_gpu(environ: dict[str, str] | None = None) -> int | None:
+    """The first GPU the scheduler gave this task (SHOAL_TASK_GPUS, NVML order), if any."""
+    text = (os.environ if environ is None else environ).get("SHOAL_TASK_GPUS", "")
+    first = text.split(",", 1)[0].strip()
+    return int(first) if first.isdigit() else None
+
+
 def _device(group: LearnerGroup) -> torch.device:
-    """NCCL groups train on this rank's GPU (ranks share a host's GPUs round-robin); gloo on CPU."""
+    """NCCL groups train on the GPU the scheduler assigned this rank (the node daemon sets
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, so CUDA's numbering is NVML's); gloo trains on CPU. A rank
+    started by hand, with no assignment, takes GPU rank % count."""
     if group.backend != "nccl":
         return torch.device("cpu")
-    device = torch.device("cuda", group.rank % torch.cuda.device_count())
+    index = assigned_gpu()
+    device = torch.device(
+        "cuda", group.rank % torch.cuda.device_count() if index is None else index
+    )
     torch.cuda.set_device(device)
     return device
 
@@ -439,6 +487,7 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
             last_status = now
             status = core.run_dir / f"status-{core.group.rank}.json"
             unless_disk_full("the status", partial(write_json_atomically, status, core.status()))
+        core.publish_progress()
         if agreed:
             return
 
@@ -447,16 +496,19 @@ async def serve(
     cfg: TrainConfig,
     env_id: str,
     run_dir: Path,
-    port: int,
+    listen_at: tuple[str, int],
     spec: GroupSpec,
+    token: str,
     metrics: MetricsTarget | None = None,
 ) -> int:
-    """Run one rank until it is told to stop; returns the exit status. Rank 0 posts
-    `job_metrics` events to `metrics`' coordinators meanwhile, when given."""
-    token = (run_dir / "cluster.token").read_text().strip()
+    """Run one rank until it is told to stop; returns the exit status. It listens at
+    `listen_at` (host, port; port 0 picks one) and publishes that address as its task state,
+    rank 0 its group's rendezvous too (learner/peers.py). Rank 0 posts `job_metrics` events to
+    `metrics`' coordinators meanwhile, when given."""
     torch.set_num_threads(cfg.learner.threads)
-    group = LearnerGroup(spec)
-    core = LearnerCore(cfg, env_id, group, run_dir)
+    publication = Publication(role=LEARNER_ROLE, rank=spec.rank, epoch=spec.epoch)
+    group = LearnerGroup(spec, PublishedRendezvous(publication, spec.epoch))
+    core = LearnerCore(cfg, env_id, group, run_dir, publication)
     core.mark("built")
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -464,7 +516,10 @@ async def serve(
         loop.add_signal_handler(signum, stopping.set)
     loop.add_signal_handler(signal.SIGUSR1, core.request_checkpoint)
     async with ActorSystem(f"learner-{group.rank}") as system:
-        transport = await listen(system, TransportConfig(token=token, port=port), spec.retry_s)
+        host, port = listen_at
+        config = TransportConfig(token=token, host=host, port=port)
+        transport = await listen(system, config, spec.retry_s)
+        publication.update(address=transport.address)
         core.mark("listening")
         try:
             if not await join_unless_stopped(group, stopping):
@@ -512,6 +567,7 @@ async def serve(
                 info = core.save_checkpoint(trained, block=True)
                 append_event(run_dir, {"event": "stop", "rank": group.rank, "step": info.step})
             write_json_atomically(run_dir / f"status-{group.rank}.json", core.status())
+            core.publish_progress(final=True)
             core.write_ledger(final=True)
         except GroupError as exc:
             log.error("rank %d: the group broke (%s); leaving", group.rank, exc)
@@ -614,24 +670,24 @@ async def listen(system: ActorSystem, config: TransportConfig, retry_s: float) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shoal.config import load
     from shoal.errors import ShoalError
+    from shoal.learner.job import add_task_arguments, listen_host, read_task
     from shoal.runtime.logs import configure_logging
     from shoal.runtime.loop import run
 
     parser = argparse.ArgumentParser(prog="shoal-learner", description="one learner rank")
-    parser.add_argument("--run-dir", type=Path, required=True, help="the run directory")
+    add_task_arguments(parser)
     parser.add_argument("--port", type=int, default=0, help="transport port (0: any free port)")
     args = parser.parse_args(argv)
     configure_logging(os.environ.get("SHOAL_LOG_LEVEL", "INFO"))
     try:
-        job = json.loads((args.run_dir / "job.json").read_text())
-        cfg = load(TrainConfig, job["config"], source=str(args.run_dir / "job.json"), environ={})
-        entry = job.get("coordinator")
+        task = read_task(args)
+        entry = task.coordinator
         metrics = None if entry is None else MetricsTarget.from_job(entry)
         spec = GroupSpec.from_env()
-        return run(serve(cfg, job["env_id"], args.run_dir, args.port, spec, metrics))
-    except ShoalError as exc:
+        listen_at = (listen_host(), args.port)
+        return run(serve(task.cfg, task.env_id, task.run_dir, listen_at, spec, task.token, metrics))
+    except (ShoalError, OSError) as exc:
         print(f"shoal-learner: error: {exc}", file=sys.stderr)
         return 2
 

@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,11 +179,14 @@ class RolloutSpec:
     num_envs: int
     horizon: int
     seed: int
-    learner_path: str
+    learner_path: str = ""
+    """A fixed learner to feed; empty: the one `locate` names (see RolloutActor)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     hidden: tuple[int, ...] = (64, 64)
     fragments_per_version: float = 0.0
     """This actor's share of what its learner consumes per policy version; 0 turns pacing off."""
+    learner_rank: int = 0
+    """The learner rank this actor feeds, found through the job's published task state."""
 
 
 class Pacer:
@@ -215,7 +219,9 @@ class RolloutActor(Actor):
     """Streams fragments to the learner at `spec.learner_path`; runs in a rollout worker process.
 
     `failed` (optional) receives the exception if the collection loop dies of a bug, so the
-    process that hosts the actor can exit with an error instead of idling.
+    process that hosts the actor can exit with an error instead of idling. `locate` (optional)
+    names the learner's current path, asked again at every registration: a learner group
+    restarted on another host is found there (None: not known yet, asked again shortly).
     """
 
     def __init__(
@@ -223,8 +229,10 @@ class RolloutActor(Actor):
         spec: RolloutSpec,
         failed: asyncio.Future[None] | None = None,
         ledger_dir: Path | None = None,
+        locate: Callable[[], str | None] | None = None,
     ) -> None:
         self.spec = spec
+        self._locate = locate or (lambda: spec.learner_path or None)
         self.ledger_dir = ledger_dir
         self.sent = SeqRanges()
         self.acked: dict[str, dict[str, SeqRanges]] = {}
@@ -239,7 +247,6 @@ class RolloutActor(Actor):
         self._lost = False
         self.pacer = Pacer(spec.fragments_per_version)
         self._collector: Collector | None = None
-        self._learner: ActorRef | None = None
         self._incarnation = ""
         self.registrations = 0
         self.pushed = 0
@@ -264,10 +271,7 @@ class RolloutActor(Actor):
             self.ledger_dir.mkdir(parents=True, exist_ok=True)
             self._journal = Journal(self.ledger_dir / f"rollout-{actor_id}.jsonl")
             self._journal.append({"actor_id": actor_id, "sent": [], "acked": {}})
-        self._learner = self.context.system.ref(spec.learner_path)
-        self._task = asyncio.create_task(
-            self._run(self._collector, self._learner), name=f"rollout {spec.name}"
-        )
+        self._task = asyncio.create_task(self._run(self._collector), name=f"rollout {spec.name}")
 
     async def on_stop(self) -> None:
         for task in (self._task, self._in_flight):
@@ -320,9 +324,9 @@ class RolloutActor(Actor):
             "registrations": self.registrations,
         }
 
-    async def _run(self, collector: Collector, learner: ActorRef) -> None:
+    async def _run(self, collector: Collector) -> None:
         try:
-            await self._loop(collector, learner)
+            await self._loop(collector)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -331,15 +335,15 @@ class RolloutActor(Actor):
                 self._failed.set_exception(exc)
             raise
 
-    async def _loop(self, collector: Collector, learner: ActorRef) -> None:
-        await self._register(collector, learner)
+    async def _loop(self, collector: Collector) -> None:
+        learner = await self._register(collector)
         while True:
             if self._lost:  # register before collecting with weights the learner lost
                 self._lost = False
                 if self._in_flight is not None:
                     await self._in_flight  # failed or refused: the learner it went to is gone
                     self._in_flight = None
-                await self._register(collector, learner)
+                learner = await self._register(collector)
             buf = collector.new_buffers()
             self._adopt()
             version = collector.policy_version
@@ -350,7 +354,7 @@ class RolloutActor(Actor):
                 collector.step(buf, t)
             fragment = collector.finish(buf, version)
             if self._in_flight is not None and not await self._in_flight:
-                await self._register(collector, learner)
+                learner = await self._register(collector)
             if self._journal is not None:
                 self._journal.append({"sent": fragment.seq})
             self._in_flight = asyncio.create_task(self._push(learner, fragment))
@@ -405,7 +409,7 @@ class RolloutActor(Actor):
         try:
             reply = await learner.ask(timeout=PUSH_TIMEOUT_S).push_fragment(fragment.to_wire())
         except (ActorError, WireError) as exc:
-            log.warning("push to %s failed (%s); registering again", self.spec.learner_path, exc)
+            log.warning("push to %s failed (%s); registering again", learner.path, exc)
             return False
         self.pushed += 1
         if isinstance(reply, dict):
@@ -423,17 +427,27 @@ class RolloutActor(Actor):
             and reply.get("registered", True) is True
         )
 
-    async def _register(self, collector: Collector, learner: ActorRef) -> None:
-        """Register until the learner answers; adopt its weights, version and incarnation."""
+    async def _register(self, collector: Collector) -> ActorRef:
+        """Register until the learner answers; adopt its weights, version and incarnation.
+        The learner's path is looked up again before every try: it may have moved."""
         delay = 0.05
         while True:
+            path = self._locate()
+            if path is None:
+                log.info(
+                    "%s: no address for learner rank %d yet", self.spec.name, self.spec.learner_rank
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, REGISTER_RETRY_MAX_S)
+                continue
+            learner = self.context.system.ref(path)
             try:
                 reply = await learner.ask(timeout=REGISTER_TIMEOUT_S).register(
                     collector.actor_id, self.ref.path
                 )
                 break
             except (ActorError, WireError) as exc:
-                log.info("learner %s not ready (%s)", self.spec.learner_path, exc)
+                log.info("learner %s not ready (%s)", path, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, REGISTER_RETRY_MAX_S)
         self._incarnation = str(reply["incarnation"])
@@ -448,6 +462,7 @@ class RolloutActor(Actor):
             self._incarnation,
             collector.policy_version,
         )
+        return learner
 
 
 def _link_stands(learner: ActorRef) -> bool:

@@ -1,19 +1,21 @@
 """A rollout worker process: an ActorSystem on the real transport hosting one or more RolloutActors.
 
-`python -m shoal.learner.rollout_main --run-dir DIR --worker I` reads worker I's actor specs from
-DIR/job.json (written by `shoal train`) and the cluster token from DIR/cluster.token, starts the
-actors, and runs until SIGTERM/SIGINT (exit 0) or until an actor's collection loop fails (exit 1).
+`python -m shoal.learner.rollout_main --job JSON --worker I [--run-dir DIR]` derives worker I's
+actor specs from the job's config (learner/job.py), takes the transport token from
+SHOAL_JOB_TOKEN, starts the actors, and runs until SIGTERM/SIGINT (exit 0) or until an actor's
+collection loop fails (exit 1). Each actor finds its learner rank's address in the job's
+published task state (learner/peers.py), again whenever it registers anew.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +35,34 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
             num_envs=int(value["num_envs"]),
             horizon=int(value["horizon"]),
             seed=int(value["seed"]),
-            learner_path=str(value["learner_path"]),
+            learner_path=str(value.get("learner_path", "")),
+            learner_rank=int(value.get("learner_rank", 0)),
             env_kwargs=dict(value.get("env_kwargs") or {}),
             hidden=tuple(int(h) for h in value.get("hidden", (64, 64))),
             fragments_per_version=float(value.get("fragments_per_version", 0.0)),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise LearnerError(f"malformed rollout spec {value!r} in job.json: {exc}") from exc
+        raise LearnerError(f"malformed rollout spec {value!r}: {exc}") from exc
+
+
+def locator(spec: RolloutSpec) -> Callable[[], str | None]:
+    """Where the actor's learner rank is now: its fixed path, else the address the rank
+    last published."""
+    from shoal.learner.learner_main import LEARNER_NAME
+    from shoal.learner.peers import learner_address
+
+    def locate() -> str | None:
+        if spec.learner_path:
+            return spec.learner_path
+        address = learner_address(spec.learner_rank)
+        return None if address is None else f"{address}/{LEARNER_NAME}"
+
+    return locate
 
 
 async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
     """Host the actors until a stop signal (0) or an actor failure (1)."""
+    from shoal.learner.job import listen_host
     from shoal.runtime.system import ActorSystem
     from shoal.runtime.transport import TransportConfig, attach
 
@@ -55,7 +74,10 @@ async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
     failed: asyncio.Future[None] = loop.create_future()
     async with ActorSystem("rollout") as system:
         # Learners may start after us: retry connecting quickly rather than backing off to 2 s.
-        config = TransportConfig(token=token, reconnect_max=0.25, connect_timeout=2.0)
+        # It listens where its host is reached: learners send weights to the actors' paths.
+        config = TransportConfig(
+            token=token, host=listen_host(), reconnect_max=0.25, connect_timeout=2.0
+        )
         transport = await attach(system, config)
         append_event(
             run_dir,
@@ -64,7 +86,12 @@ async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
         try:
             for spec in specs:
                 await system.spawn(
-                    RolloutActor, spec, failed, run_dir / "accounting", name=spec.name
+                    RolloutActor,
+                    spec,
+                    failed,
+                    run_dir / "accounting",
+                    locator(spec),
+                    name=spec.name,
                 )
             stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
             waits: list[asyncio.Future[Any]] = [stop, failed]
@@ -80,25 +107,26 @@ async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from shoal.errors import ShoalError
+    from shoal.learner.job import add_task_arguments, read_task, rollout_specs
     from shoal.runtime.logs import configure_logging
     from shoal.runtime.loop import run
 
     parser = argparse.ArgumentParser(prog="shoal-rollout", description="one rollout worker")
-    parser.add_argument("--run-dir", type=Path, required=True, help="the run directory")
+    add_task_arguments(parser)
     parser.add_argument("--worker", type=int, required=True, help="this worker's index")
     args = parser.parse_args(argv)
     configure_logging(os.environ.get("SHOAL_LOG_LEVEL", "INFO"))
     try:
-        job = json.loads((args.run_dir / "job.json").read_text())
-        workers = job["workers"]
-        if not 0 <= args.worker < len(workers):
-            raise LearnerError(f"--worker {args.worker} is not in job.json (0..{len(workers) - 1})")
-        specs = [spec_from_json(s) for s in workers[args.worker]]
-        token = (args.run_dir / "cluster.token").read_text().strip()
-    except (OSError, KeyError, ValueError, LearnerError) as exc:
+        task = read_task(args)
+        workers = task.cfg.rollout.workers
+        if not 0 <= args.worker < workers:
+            raise LearnerError(f"--worker {args.worker} is not in the job (0..{workers - 1})")
+        specs = [spec_from_json(s) for s in rollout_specs(task.cfg, task.env_id, args.worker)]
+    except (OSError, ShoalError) as exc:
         print(f"shoal-rollout: error: {exc}", file=sys.stderr)
         return 2
-    return run(serve(specs, token, args.run_dir))
+    return run(serve(specs, task.token, task.run_dir))
 
 
 if __name__ == "__main__":

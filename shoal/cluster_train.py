@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
+import secrets
 import signal
 import threading
 import time
@@ -28,14 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shoal.local import free_port
-from shoal.train import (
-    RunStatus,
-    TrainError,
-    TrainResult,
-    write_job,
-    write_token,
-)
+from shoal.train import RunStatus, TrainError, TrainResult, write_job_record
 
 if TYPE_CHECKING:
     from shoal.learner.config import TrainConfig
@@ -58,6 +53,7 @@ JOB_GONE_ANSWERS = 3
 MOST_RESTARTS = 1_000_000
 LONGEST_WINDOW_S = 1e9
 UNREACHABLE_S = 60.0
+REMOTE_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -67,6 +63,9 @@ class Coordinators:
     urls: list[str]
     token_file: Path
     job_id: str = field(default_factory=lambda: f"train-{os.urandom(4).hex()}")
+    storage: Path | None = None
+    """Where checkpoints go when the cluster's nodes do not share this host's file system (a
+    path every host mounts); None: they do, and the run directory is shared by every task."""
 
     def __post_init__(self) -> None:
         from shoal.errors import ConfigError
@@ -88,19 +87,32 @@ class Coordinators:
         return {"urls": list(self.urls), "token_file": str(self.token_file), "job": self.job_id}
 
 
+def with_storage(cfg: TrainConfig, storage: Path | None, run_dir: Path) -> TrainConfig:
+    """`cfg` with its checkpoints in `storage` (under the run's name, so rerunning the same
+    run directory resumes) unless the job names a storage itself or there is none."""
+    if storage is None or cfg.checkpoint.storage:
+        return cfg
+    place = str(storage / run_dir.name / "checkpoints")
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, storage=place))
+
+
 def job_tasks(
     job_id: str,
     learners: list[tuple[list[str], dict[str, str]]],
-    rollouts: list[list[str]],
+    rollouts: list[tuple[list[str], dict[str, str]]],
+    learner_resources: dict[str, Any],
+    rollout_resources: dict[str, Any],
 ) -> list[dict[str, Any]]:
     """The job's task records: one per learner rank (argv after the entry point, extra env),
-    then one per rollout worker; all process tasks the leader places."""
+    then one per rollout worker; all process tasks the leader places with the resources
+    each asks for."""
     tasks = [
         {
             "task_id": f"{job_id}-learner-{rank}",
             "kind": LEARNER_KIND,
             "actor": LEARNER_ENTRY,
             "args": {"argv": list(argv), "env": dict(env)},
+            "resources": dict(learner_resources),
         }
         for rank, (argv, env) in enumerate(learners)
     ]
@@ -109,9 +121,10 @@ def job_tasks(
             "task_id": f"{job_id}-rollout-{w}",
             "kind": ROLLOUT_KIND,
             "actor": ROLLOUT_ENTRY,
-            "args": {"argv": list(argv), "env": {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}},
+            "args": {"argv": list(argv), "env": dict(env)},
+            "resources": dict(rollout_resources),
         }
-        for w, argv in enumerate(rollouts)
+        for w, (argv, env) in enumerate(rollouts)
     ]
     return tasks
 
@@ -172,7 +185,21 @@ def find_cluster(run_dir: Path) -> Coordinators | None:
     alive = [s.api_url for s in specs if s.api_url and local.pid(s.name) is not None]
     if not alive:
         return None
-    return Coordinators([s.api_url for s in specs if s.api_url], local.run_dir / "api-token")
+    urls = [s.api_url for s in specs if s.api_url]
+    return Coordinators(urls, local.run_dir / "api-token", storage=cluster_storage(local.run_dir))
+
+
+def cluster_storage(run_dir: Path) -> Path | None:
+    """The checkpoint storage of a local cluster whose nodes are hosts of their own (`shoal up
+    --hosts`): the directory standing for the file system every host mounts. None for a
+    cluster whose nodes share this host's file system."""
+    try:
+        data = json.loads((run_dir / "cluster.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not data.get("network") or not data.get("storage"):
+        return None
+    return Path(str(data["storage"]))
 
 
 @dataclass(frozen=True)
@@ -273,21 +300,23 @@ class ClusterRun:
         on_poll: Callable[[ClusterRun], None] | None = None,
         embedded: LocalCluster | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.env_id = env_id
         self.run_dir = run_dir.resolve()
         self.coordinators = coordinators
+        self.cfg = with_storage(cfg, coordinators.storage, self.run_dir)
+        self.env_id = env_id
         self.job_id = coordinators.job_id
         self.restart = RestartPolicy(max_restarts, restart_window_s)
         self.on_poll = on_poll
         self.embedded = embedded
-        self.status = RunStatus(cfg, env_id, self.run_dir, progress)
+        self.status = RunStatus(self.cfg, env_id, self.run_dir, progress)
         self.restarts = 0
         self._checked = 0.0
         self._submitted = False
         self._watch = JobWatch()
         self._recorded: str | None = None
         self._record_tried = 0.0
+        self._token = secrets.token_hex(32)
+        """The job's transport token: every task's links are authenticated with it."""
 
     # -- talking to the coordinator ------------------------------------------------------------
 
@@ -311,27 +340,32 @@ class ClusterRun:
 
     # -- the job -------------------------------------------------------------------------------
 
+    @property
+    def shared(self) -> bool:
+        """Whether every task shares this run directory (nodes on this host's file system)."""
+        return self.coordinators.storage is None
+
     def _lay_out(self) -> list[dict[str, Any]]:
-        """Write the token and job.json the processes read; return the job's task records."""
+        """Write job.json (a record) and return the job's task records: every task gets the
+        job as its `--job` argument and the job's transport token in its environment, and
+        finds its peers through the coordinators (no port is chosen here)."""
         from shoal.learner.group import GroupSpec
+        from shoal.learner.job import TOKEN_VARIABLE, job_argument
 
         cfg = self.cfg
-        write_token(self.run_dir)
-        ports = [free_port() for _ in range(cfg.learner.ranks)]
-        write_job(
-            self.run_dir, cfg, self.env_id, ports, {"coordinator": self.coordinators.to_job()}
-        )
-        rendezvous = free_port() if cfg.learner.ranks > 1 else 0
+        coordinator = self.coordinators.to_job() if self.shared else None
+        write_job_record(self.run_dir, cfg, self.env_id, {"job": self.job_id})
+        where = ["--run-dir", str(self.run_dir)] if self.shared else []
+        argv = job_argument(cfg, self.env_id, coordinator) + where
+        base = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", TOKEN_VARIABLE: self._token}
         learners = []
-        for rank, port in enumerate(ports):
-            group = GroupSpec(rank, cfg.learner.ranks, port=rendezvous, backend=cfg.learner.backend)
-            argv = ["--run-dir", str(self.run_dir), "--port", str(port)]
-            env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **group.to_env()}
-            learners.append((argv, env))
-        rollouts = [
-            ["--run-dir", str(self.run_dir), "--worker", str(w)] for w in range(cfg.rollout.workers)
-        ]
-        return job_tasks(self.job_id, learners, rollouts)
+        for rank in range(cfg.learner.ranks):
+            group = GroupSpec(rank, cfg.learner.ranks, backend=cfg.learner.backend)
+            learners.append((argv, {**base, **group.to_env()}))
+        rollouts = [([*argv, "--worker", str(w)], base) for w in range(cfg.rollout.workers)]
+        learner = {"cpus": cfg.learner.cpus_per_rank, "gpus": cfg.learner.gpus_per_rank}
+        rollout = {"cpus": cfg.rollout.cpus_per_worker}
+        return job_tasks(self.job_id, learners, rollouts, learner, rollout)
 
     def _submit(self, tasks: list[dict[str, Any]]) -> None:
         from shoal.learner.learner_main import append_event
@@ -384,7 +418,8 @@ class ClusterRun:
                 time.sleep(POLL_S)
                 self._check_cluster()
                 self._check_children()
-                self.status.read()
+                if self.shared:
+                    self.status.read()
                 self._record_new_checkpoint()
                 elapsed = time.monotonic() - started
                 if startup_s is None and self.status.version() > 0:
@@ -405,7 +440,8 @@ class ClusterRun:
                 self._stop_in_order()
             raise
         self._stop_in_order()
-        self.status.read()
+        if self.shared:
+            self.status.read()
         wall_s = time.monotonic() - started
         return self._result(self.status.result(stopped_by, wall_s, solve_s, stop_return, startup_s))
 
@@ -431,9 +467,28 @@ class ClusterRun:
         else:
             if job is not None:
                 self.restarts = int(job.get("restarts", 0))
+                self._take(job)
             reason = self._watch.answer(self.job_id, job, now)
         if reason is not None:
             raise TrainError(reason)
+
+    def _take(self, job: dict[str, Any]) -> None:
+        """What the job's record says beyond its state: a task the leader cannot place (more
+        GPUs than any island holds, say) ends the run with the leader's reason; rank 0's
+        published progress is the run's status when its files are out of reach."""
+        tasks = [t for t in job.get("tasks", []) if isinstance(t, dict)]
+        refused = [t for t in tasks if t.get("state") == "pending" and t.get("pending_reason")]
+        if refused:
+            first = refused[0]
+            raise TrainError(
+                f"the coordinators cannot place task {first.get('id')}: "
+                f"{first['pending_reason']}; ask for fewer resources (--gpus-per-rank, "
+                "--ranks) or add nodes that have them"
+            )
+        lead = next((t for t in tasks if t.get("id") == f"{self.job_id}-learner-0"), None)
+        published = None if lead is None else lead.get("published")
+        if not self.shared and isinstance(published, dict) and published:
+            self.status.take_published(published)
 
     def _record_new_checkpoint(self) -> None:
         """Record rank 0's newest complete checkpoint with the coordinator as it appears: the
@@ -516,7 +571,18 @@ class ClusterRun:
 
     def _processes_gone(self) -> bool:
         """The coordinator marks tasks stopped at once; the processes exit (rank 0 after its
-        final checkpoint) a moment later. They run on this host: wait for their pids."""
+        final checkpoint) a moment later. On this host: wait for their pids. Elsewhere: wait
+        for rank 0's last publication (`final`, naming its final checkpoint), which its node
+        forwards once the process has exited, or for rank 0 to have failed."""
+        if not self.shared:
+            time.sleep(REMOTE_POLL_S)
+            job = self._call(lambda c: c.job(self.job_id))
+            tasks: list[dict[str, Any]] = job.get("tasks", [])
+            lead = next((t for t in tasks if t.get("id") == f"{self.job_id}-learner-0"), {})
+            published = lead.get("published") or {}
+            if published:
+                self.status.take_published(published)
+            return bool(published.get("final")) or lead.get("state") == "failed"
         events = self.run_dir / "events.jsonl"
         lines = events.read_text().splitlines() if events.exists() else []
         return not any(_alive(pid) for pid in started_pids(lines, self.job_id))

@@ -5,7 +5,7 @@ rollout workers are tasks that a node daemon runs as child processes. With a `sh
 the job goes there; otherwise `train` starts an embedded cluster of its own in the run
 directory (one coordinator replica and one node daemon, shoal/local.py `embedded_cluster`)
 and stops it when the run is over, however it ends. This module lays out the run directory
-(the transport token readable by its owner only, job.json, checkpoints/, reports/), turns the
+(job.json, checkpoints/, reports/), turns the
 ranks' status files into the progress line, the stop decision and the summary, and evaluates
 the final checkpoint.
 """
@@ -15,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import secrets
 import shutil
 import signal
 import time
@@ -120,64 +118,12 @@ def check_room(run_dir: Path) -> None:
         )
 
 
-def write_token(run_dir: Path) -> None:
-    """A fresh cluster token, created with mode 0600 so only this user can read it."""
-    path = run_dir / "cluster.token"
-    if path.exists():
-        return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secrets.token_hex(32) + "\n")
-
-
-def write_job(
-    run_dir: Path,
-    cfg: TrainConfig,
-    env_id: str,
-    learner_ports: list[int],
-    extra: dict[str, Any],
-) -> None:
-    """job.json: the resolved config and every rollout actor's spec, which the rollout workers
-    read (each actor names the learner rank it feeds by that rank's transport port), plus
-    `extra` keys (where rank 0 posts its metrics)."""
-    from shoal.learner.group import assign
-
-    names = [
-        f"rollout-{w}-{a}"
-        for w in range(cfg.rollout.workers)
-        for a in range(cfg.rollout.actors_per_worker)
-    ]
-    shares = assign(names, cfg.learner.ranks)
-    rank_of = {name: rank for rank, share in enumerate(shares) for name in share}
-    workers: list[list[dict[str, Any]]] = []
-    for w in range(cfg.rollout.workers):
-        specs = []
-        for a in range(cfg.rollout.actors_per_worker):
-            name = f"rollout-{w}-{a}"
-            port = learner_ports[rank_of[name]]
-            specs.append(
-                {
-                    "name": name,
-                    "env_id": env_id,
-                    "env_kwargs": cfg.env_kwargs,
-                    "num_envs": cfg.rollout.num_envs,
-                    "horizon": cfg.rollout.horizon,
-                    "seed": cfg.seed + 1000 * (w * cfg.rollout.actors_per_worker + a + 1),
-                    "learner_path": f"shoal://127.0.0.1:{port}/{LEARNER_NAME}",
-                    "hidden": list(cfg.hidden),
-                    "fragments_per_version": _pace_share(cfg),
-                }
-            )
-        workers.append(specs)
-    job = {"env_id": env_id, "config": asdict(cfg), "workers": workers, **extra}
+def write_job_record(run_dir: Path, cfg: TrainConfig, env_id: str, extra: dict[str, Any]) -> None:
+    """job.json: the resolved config the job was submitted with, plus `extra` (its id and
+    coordinators), for whoever looks at the run later. The tasks do not read it: they get
+    the same through the coordinators (learner/job.py)."""
+    job = {"env_id": env_id, "config": asdict(cfg), **extra}
     (run_dir / "job.json").write_text(json.dumps(job, indent=1))
-
-
-def _pace_share(cfg: TrainConfig) -> float:
-    """Each actor's share of the fragments its rank trains on per version (0: unpaced)."""
-    if not cfg.rollout.pace:
-        return 0.0
-    return cfg.intake.fragments_per_update * cfg.learner.ranks / cfg.total_actors
 
 
 class RunStatus:
@@ -199,6 +145,27 @@ class RunStatus:
             path = self.run_dir / f"status-{rank}.json"
             with contextlib.suppress(OSError, ValueError):
                 self.statuses[rank] = json.loads(path.read_text())
+
+    def take_published(self, published: dict[str, Any]) -> None:
+        """Rank 0's progress as it published it (learner_main `publish_progress`): the source
+        when the ranks run on other hosts and their status files are out of reach. Its window
+        of returns stands for the group's (rank 0 sees its own actors' episodes only)."""
+        count, mean = published.get("returns"), published.get("recent_return")
+        returns = (
+            [float(mean)] * int(count)
+            if isinstance(mean, int | float) and isinstance(count, int)
+            else []
+        )
+        self.statuses[0] = {
+            "version": published.get("version", 0),
+            "env_steps": published.get("env_steps", 0),
+            "sps": published.get("sps", 0.0),
+            "returns": returns,
+            "policy_lag_median": published.get("policy_lag"),
+            "checkpoint": published.get("checkpoint"),
+            "checkpoint_step": published.get("checkpoint_step"),
+            "final": bool(published.get("final")),
+        }
 
     def recent_return(self) -> float | None:
         """Mean return over the last `target_window` episodes each rank saw (None before that)."""
@@ -286,8 +253,9 @@ class RunStatus:
         Rank 0's status names the checkpoint it last began to write, which a full disk may
         never have let it finish: a run reports and records only what it has verified."""
         from shoal.learner.checkpoint import CheckpointManager
+        from shoal.learner.job import checkpoint_dir
 
-        directory = self.run_dir / "checkpoints"
+        directory = checkpoint_dir(self.cfg, self.run_dir)
         if not directory.is_dir():
             return None
         with CheckpointManager(directory) as manager:

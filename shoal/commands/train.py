@@ -28,6 +28,18 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--workers", type=int, help="rollout worker processes")
     parser.add_argument("--envs", type=int, help="environments per rollout actor")
     parser.add_argument("--ranks", type=int, help="learner rank processes")
+    parser.add_argument(
+        "--gpus-per-rank",
+        type=int,
+        help="GPUs each learner rank asks the scheduler for (its group is kept on one NVLink "
+        "island when it fits)",
+    )
+    parser.add_argument(
+        "--checkpoint-storage",
+        type=Path,
+        help="a directory every host of the cluster mounts at this path; checkpoints go there "
+        "and the run's tasks need no shared run directory",
+    )
     parser.add_argument("--checkpoint-interval", type=float, help="seconds between checkpoints")
     parser.add_argument("--run-dir", type=Path, help="run directory (reusing one resumes it)")
     parser.add_argument("--no-eval", action="store_true", help="skip the final evaluation")
@@ -90,8 +102,13 @@ def build_config(args: argparse.Namespace) -> Any:
     }
     sections = {
         "rollout": {"workers": args.workers, "num_envs": args.envs},
-        "learner": {"ranks": args.ranks},
-        "checkpoint": {"interval_s": args.checkpoint_interval},
+        "learner": {"ranks": args.ranks, "gpus_per_rank": args.gpus_per_rank},
+        "checkpoint": {
+            "interval_s": args.checkpoint_interval,
+            "storage": None
+            if args.checkpoint_storage is None
+            else str(args.checkpoint_storage.resolve()),
+        },
     }
     changes: dict[str, Any] = {k: v for k, v in top.items() if v is not None}
     for section, values in sections.items():
@@ -111,7 +128,8 @@ def find_coordinators(args: argparse.Namespace) -> Any:
         if args.token_file is None:
             raise ConfigError("--coordinators needs --token-file (the cluster's api-token file)")
         urls = [u.strip() for u in args.coordinators.split(",") if u.strip()]
-        return Coordinators(urls, args.token_file)
+        storage = args.checkpoint_storage
+        return Coordinators(urls, args.token_file, storage=storage and storage.resolve())
     if args.token_file is not None:
         raise ConfigError("--token-file goes with --coordinators; --cluster reads its own token")
     if args.embedded:
@@ -128,6 +146,7 @@ def find_coordinators(args: argparse.Namespace) -> Any:
 
 # flags of the PPO job that the pipeline has no use for: an error, not silently ignored
 NOT_FOR_PIPELINE = ("time_limit", "target_return", "max_env_steps", "workers", "envs", "ranks",
+                    "gpus_per_rank", "checkpoint_storage",
                     "checkpoint_interval", "cluster", "coordinators", "token_file",
                     "max_restarts", "restart_window")  # fmt: skip
 

@@ -116,7 +116,7 @@ def test_collective_before_join_is_refused() -> None:
     [
         ({"world_size": 0}, "world_size = 0"),
         ({"rank": 2, "world_size": 2, "port": 5}, "rank = 2"),
-        ({"world_size": 2, "port": 0}, "port = 0"),
+        ({"world_size": 2, "port": 70000}, "port = 70000"),
         ({"backend": "mpi"}, "backend = 'mpi'"),
         ({"timeout_s": 0.0}, "timeout_s = 0.0"),
     ],

@@ -35,12 +35,15 @@ envs = st.dictionaries(st.sampled_from(["SHOAL_GROUP_RANK", "A", "B"]), st.text(
 
 @given(
     learners=st.lists(st.tuples(words, envs), min_size=1, max_size=4),
-    rollouts=st.lists(words, max_size=5),
+    rollouts=st.lists(st.tuples(words, envs), max_size=5),
+    gpus=st.integers(0, 16),
 )
 def test_job_tasks_one_process_task_per_rank_and_worker(
-    learners: list[tuple[list[str], dict[str, str]]], rollouts: list[list[str]]
+    learners: list[tuple[list[str], dict[str, str]]],
+    rollouts: list[tuple[list[str], dict[str, str]]],
+    gpus: int,
 ) -> None:
-    tasks = job_tasks("job-1", learners, rollouts)
+    tasks = job_tasks("job-1", learners, rollouts, {"cpus": 1.0, "gpus": gpus}, {"cpus": 0.5})
     assert len(tasks) == len(learners) + len(rollouts)
     assert len({t["task_id"] for t in tasks}) == len(tasks)
     ranks, workers = tasks[: len(learners)], tasks[len(learners) :]
@@ -50,12 +53,14 @@ def test_job_tasks_one_process_task_per_rank_and_worker(
             "kind": LEARNER_KIND,
             "actor": LEARNER_ENTRY,
             "args": {"argv": argv, "env": env},
+            "resources": {"cpus": 1.0, "gpus": gpus},
         }
-    for w, (task, argv) in enumerate(zip(workers, rollouts, strict=True)):
+    for w, (task, (argv, env)) in enumerate(zip(workers, rollouts, strict=True)):
         assert task["task_id"] == f"job-1-rollout-{w}"
         assert task["kind"] == ROLLOUT_KIND
         assert task["actor"] == ROLLOUT_ENTRY
-        assert task["args"]["argv"] == argv
+        assert task["args"] == {"argv": argv, "env": env}
+        assert task["resources"] == {"cpus": 0.5}
     json.dumps(tasks)  # the records travel as JSON
 
 
