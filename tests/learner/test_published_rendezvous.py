@@ -1,0 +1,136 @@
+"""A group with no fixed port meets where rank 0 published: two real gloo ranks in two processes,
+with this test in the node daemon's place (it forwards what each rank publishes into the other's
+peers.json, as the agent and the coordinators do between hosts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shoal.errors import ConfigError
+from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
+from shoal.learner.peers import Publication, PublishedRendezvous, learner_address
+from shoal.task_exchange import PEERS, PUBLISHED, read_peers, write_json_atomically
+from tests.shoal.waiting import eventually
+
+_RANK = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import torch.distributed as dist
+    from shoal.learner.group import GroupSpec, LearnerGroup
+    from shoal.learner.peers import Publication, PublishedRendezvous
+
+    spec = GroupSpec.from_env()
+    publication = Publication(role="learner", rank=spec.rank, epoch=spec.epoch)
+    publication.update(address=f"shoal://127.0.0.1:{7000 + spec.rank}")
+    group = LearnerGroup(spec, PublishedRendezvous(publication, spec.epoch))
+    group.join()
+    total = torch.tensor([float(spec.rank + 1)])
+    dist.all_reduce(total)
+    group.leave()
+    print(int(total.item()))
+    """
+)
+
+
+def _relay(dirs: list[Path], generation: int) -> bool:
+    """Copy every rank's published state into every rank's peers.json; True once all published."""
+    tasks = []
+    for rank, directory in enumerate(dirs):
+        path = directory / PUBLISHED
+        if path.exists():
+            published = json.loads(path.read_text())
+            tasks.append(
+                {
+                    "id": f"job-learner-{rank}",
+                    "generation": generation,
+                    "node": "n1",
+                    "state": "running",
+                    "published": published,
+                }
+            )
+    for directory in dirs:
+        write_json_atomically(directory / PEERS, {"tasks": tasks})
+    return len(tasks) == len(dirs)
+
+
+@pytest.mark.timeout(180)
+def test_two_ranks_meet_at_the_port_rank_0_published(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK)
+    dirs = [tmp_path / f"task-{rank}" for rank in range(2)]
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for rank, directory in enumerate(dirs):
+            directory.mkdir()
+            spec = GroupSpec(rank=rank, world_size=2, backend="gloo", timeout_s=120)
+            env = {
+                **os.environ,
+                **spec.to_env(),
+                "SHOAL_TASK_DIR": str(directory),
+                "SHOAL_TASK_GENERATION": "4",
+                "SHOAL_NODE_HOST": "127.0.0.1",
+                "OMP_NUM_THREADS": "1",
+            }
+            assert "SHOAL_GROUP_PORT" not in spec.to_env()
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True
+                )
+            )
+
+        def relayed() -> bool:
+            _relay(dirs, 4)
+            published = [p["published"] for p in read_peers(dirs[1])]
+            return any("rendezvous" in p for p in published)
+
+        eventually(relayed, "rank 0 to publish its rendezvous address")
+        for proc in procs:
+            out, _ = proc.communicate(timeout=150)
+            assert proc.returncode == 0
+            assert out.strip() == "3"  # 1 + 2: both ranks were in one group
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    published = json.loads((dirs[0] / PUBLISHED).read_text())
+    assert published["epoch"] == "4"
+    assert published["rank"] == 0
+    host, port = published["rendezvous"].rsplit(":", 1)
+    assert host == "127.0.0.1"
+    assert int(port) > 0
+
+
+def test_a_rank_waits_for_its_own_epoch_and_names_it_when_none_comes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHOAL_TASK_DIR", str(tmp_path))
+    old = {"role": "learner", "rank": 0, "epoch": "3", "rendezvous": "10.0.0.9:5"}
+    write_json_atomically(
+        tmp_path / PEERS,
+        {"tasks": [{"id": "j-learner-0", "generation": 3, "node": "n1", "published": old}]},
+    )
+    rendezvous = PublishedRendezvous(Publication(), "4")
+    with pytest.raises(GroupError, match="epoch '4' published no rendezvous"):
+        rendezvous.locate(0.2)
+    new = {**old, "epoch": "4", "rendezvous": "10.0.0.2:4242", "address": "shoal://10.0.0.2:1"}
+    write_json_atomically(
+        tmp_path / PEERS,
+        {"tasks": [{"id": "j-learner-0", "generation": 4, "node": "n2", "published": new}]},
+    )
+    assert rendezvous.locate(5.0) == ("10.0.0.2", 4242)
+    assert learner_address(0) == "shoal://10.0.0.2:1"
+    assert learner_address(1) is None
+
+
+def test_a_group_without_a_port_or_a_rendezvous_is_refused() -> None:
+    with pytest.raises(ConfigError, match="needs a rendezvous port"):
+        LearnerGroup(GroupSpec(rank=0, world_size=2, backend="gloo"))
