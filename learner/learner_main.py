@@ -60,7 +60,7 @@ from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
 from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
 from shoal.learner.job import checkpoint_dir
-from shoal.learner.job_metrics import MetricsTarget, post_forever, post_once
+from shoal.learner.job_metrics import MetricsTarget, loss_name, post_forever, post_once
 from shoal.learner.journal import open_learner_journal
 from shoal.learner.peers import LEARNER_ROLE, Publication, PublishedRendezvous
 from shoal.learner.policy import ActorCritic
@@ -331,6 +331,7 @@ class LearnerCore:
             checkpoint=None if complete is None else str(complete.path),
             checkpoint_step=None if complete is None else complete.step,
             final=final,
+            **{k: v for k, v in self.metrics.items() if loss_name(k) and math.isfinite(v)},
         )
 
 

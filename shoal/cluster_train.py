@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import secrets
 import signal
@@ -315,6 +316,7 @@ class ClusterRun:
         self._watch = JobWatch()
         self._recorded: str | None = None
         self._record_tried = 0.0
+        self._metrics_posted = -math.inf
         self._token = secrets.token_hex(32)
         """The job's transport token: every task's links are authenticated with it."""
 
@@ -489,6 +491,21 @@ class ClusterRun:
         published = None if lead is None else lead.get("published")
         if not self.shared and isinstance(published, dict) and published:
             self.status.take_published(published)
+            self._post_metrics()
+
+    def _post_metrics(self) -> None:
+        """Post rank 0's published progress as the dashboard's `job_metrics` event (rank 0
+        posts them itself only where it can read the operator's token, on this host)."""
+        from shoal.learner.job_metrics import METRICS_KIND, POST_EVERY_S, metrics_fields
+
+        now = time.monotonic()
+        if now - self._metrics_posted < POST_EVERY_S:
+            return
+        self._metrics_posted = now
+        fields = metrics_fields(self.job_id, self.status.statuses[0], self.cfg.target_window)
+        what = f"{self.job_id} step {fields['step']}"
+        with contextlib.suppress(TrainError):  # a lost point never ends the run
+            self._call(lambda c: c.add_event(METRICS_KIND, what, fields))
 
     def _record_new_checkpoint(self) -> None:
         """Record rank 0's newest complete checkpoint with the coordinator as it appears: the

@@ -150,6 +150,8 @@ class RunStatus:
         """Rank 0's progress as it published it (learner_main `publish_progress`): the source
         when the ranks run on other hosts and their status files are out of reach. Its window
         of returns stands for the group's (rank 0 sees its own actors' episodes only)."""
+        from shoal.learner.job_metrics import loss_name
+
         count, mean = published.get("returns"), published.get("recent_return")
         returns = (
             [float(mean)] * int(count)
@@ -165,6 +167,7 @@ class RunStatus:
             "checkpoint": published.get("checkpoint"),
             "checkpoint_step": published.get("checkpoint_step"),
             "final": bool(published.get("final")),
+            "metrics": {k: v for k, v in published.items() if loss_name(k)},
         }
 
     def recent_return(self) -> float | None:
