@@ -240,21 +240,32 @@ def parse_pmc_time_status(text: str) -> tuple[float, bool]:
     return float(offset.group(1)), present.group(1) == "true"
 
 
+def ptp_devices(dev: Path = Path("/dev")) -> list[str]:
+    """This host's PTP hardware clocks (`/dev/ptp0`, ...): what ptp4l disciplines with hardware
+    timestamps. None does not rule PTP out (ptp4l also runs on software timestamps)."""
+    try:
+        return sorted(str(p) for p in dev.glob("ptp[0-9]*"))
+    except OSError:
+        return []
+
+
 class PtpCollector:
-    """ptp4l's offset to its grandmaster, read with `pmc` (linuxptp)."""
+    """ptp4l's offset to its grandmaster, read with `pmc` (linuxptp) over ptp4l's Unix socket:
+    its default one, or `uds` (ptp4l's `uds_address`) when ptp4l was configured elsewhere."""
 
     name = "ptp"
 
-    def __init__(self, pmc: str = "pmc", timeout_s: float = 2.0) -> None:
+    def __init__(self, pmc: str = "pmc", timeout_s: float = 2.0, uds: str | None = None) -> None:
         self._pmc = shutil.which(pmc)
         self._timeout = timeout_s
+        self._server = ["-s", uds] if uds else []
 
     def collect(self) -> Report:
         if self._pmc is None:
             return unavailable(self.name, "ptp4l is not running here (no pmc on PATH)")
         try:
             done = subprocess.run(
-                [self._pmc, "-u", "-b", "0", "GET TIME_STATUS_NP"],
+                [self._pmc, "-u", "-b", "0", *self._server, "GET TIME_STATUS_NP"],
                 capture_output=True,
                 text=True,
                 timeout=self._timeout,

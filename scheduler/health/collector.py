@@ -3,13 +3,14 @@
 A collector never raises because hardware is missing: it returns a report with
 `available=False` and a reason a person can act on, so a node without GPUs (or without DCGM,
 or without ptp4l) still reports what it has. `summarise` folds a node's reports into the
-`NodeHealth` record the balancer reads.
+`NodeHealth` record the balancer reads; `merge_gpus` first makes one sample per GPU of the
+samples that several sources (NVML and DCGM) took of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from shoal.scheduler.model import NodeHealth
@@ -103,6 +104,47 @@ class Collector(Protocol):
     def close(self) -> None: ...
 
 
+UTILISATION_SOURCE = "dcgm"
+"""The source whose GPU utilisation wins where two sources measure the same GPU."""
+
+
+def merge_gpus(reports: Iterable[Report]) -> list[GpuSample]:
+    """One sample per GPU index from the available reports, in index order.
+
+    Where NVML and DCGM both see a GPU, NVML's sample is kept (memory, temperature, power,
+    ECC, NVLink, and XIDs counted event by event, where DCGM's field holds only the last XID)
+    with DCGM's utilisation in it when DCGM has a value: the host engine's watch is the number
+    operators read in DCGM's own tools and exporter, so the balancer judges the same number.
+    A GPU only one source sees keeps that source's sample.
+    """
+    kept: dict[int, tuple[str, GpuSample]] = {}
+    preferred: dict[int, float] = {}
+    for report in reports:
+        if not report.available:
+            continue
+        for gpu in report.gpus:
+            if report.source == UTILISATION_SOURCE and gpu.utilisation is not None:
+                preferred[gpu.index] = gpu.utilisation
+            held = kept.get(gpu.index)
+            if held is None or (held[0] == UTILISATION_SOURCE != report.source):
+                kept[gpu.index] = (report.source, gpu)
+    return [
+        replace(gpu, utilisation=preferred.get(index, gpu.utilisation))
+        for index, (_, gpu) in sorted(kept.items())
+    ]
+
+
+def utilisation_source(reports: Iterable[Report]) -> str | None:
+    """The source the node's GPU utilisation comes from (DCGM's where it has values), or None
+    when no source measured any GPU's utilisation."""
+    measured = [
+        r.source for r in reports if r.available and any(g.utilisation is not None for g in r.gpus)
+    ]
+    if UTILISATION_SOURCE in measured:
+        return UTILISATION_SOURCE
+    return measured[0] if measured else None
+
+
 def summarise(node: str, reports: Iterable[Report]) -> NodeHealth:
     """One node's `NodeHealth` from its collectors' reports (unavailable ones are skipped).
 
@@ -110,14 +152,15 @@ def summarise(node: str, reports: Iterable[Report]) -> NodeHealth:
     memory the fullest GPU (one full GPU stalls its rank), XID and new uncorrectable ECC
     errors are summed: any of them on any GPU makes the node faulty. Beside the new ones,
     `xid_total` and `ecc_total` carry the running counts, so a summary seen twice (heartbeats
-    repeat the newest collection) is told apart from a new collection.
+    repeat the newest collection) is told apart from a new collection. A GPU that two
+    sources measured counts once (`merge_gpus`).
     """
     values: dict[str, Any] = {"node": node}
-    gpus: list[GpuSample] = []
+    reports = list(reports)
+    gpus = merge_gpus(reports)
     for report in reports:
         if not report.available:
             continue
-        gpus.extend(report.gpus)
         m = report.metrics
         for key, name in (
             ("cpu_fraction", "cpu"),

@@ -1,10 +1,10 @@
 """GPU field values and health checks from NVIDIA DCGM, where it is installed.
 
 Three ways, best first: DCGM's Python bindings (`pydcgm`, shipped with DCGM under
-/usr/share/datacenter-gpu-manager*/bindings, importable when on PYTHONPATH) against the local
-host engine; else the `dcgmi` command line (`dcgmi dmon -e 203,230 -c 1` for GPU utilisation
-and the last XID, `dcgmi health -c` for the health watches); else an unavailable report that
-says which of the two is missing. The text parsers are pure and tested on output written by
+/usr/share/datacenter-gpu-manager*/bindings, importable when on PYTHONPATH) against the host
+engine (the local one unless `host` names another); else the `dcgmi` command line
+(`dcgmi dmon -e 203,230 -c 1` for GPU utilisation and the last XID, `dcgmi health -c` for the
+health watches); else an unavailable report that says which of the two is missing. The text parsers are pure and tested on output written by
 hand in DCGM's documented format.
 """
 
@@ -24,6 +24,7 @@ from shoal.scheduler.health.xids import XidLedger
 GPU_UTIL = 203  # DCGM_FI_DEV_GPU_UTIL, percent
 XID_ERRORS = 230  # DCGM_FI_DEV_XID_ERRORS, the last XID seen (0 = none)
 FIELDS = (GPU_UTIL, XID_ERRORS)
+DEFAULT_HOST = "127.0.0.1"  # nv-hostengine's default listener (port 5555)
 # DCGM marks "no value" with sentinels from 0x7ffffff0 (DCGM_INT32_BLANK) upwards.
 _BLANK = 0x7FFFFFF0
 
@@ -161,8 +162,11 @@ class DcgmCollector:
     name = "dcgm"
 
     def __init__(
-        self, dcgmi: str = "dcgmi", timeout_s: float = 5.0, host: str = "127.0.0.1"
+        self, dcgmi: str = "dcgmi", timeout_s: float = 5.0, host: str = DEFAULT_HOST
     ) -> None:
+        """`host`: the host engine's address, `IP` (port 5555), `IP:PORT` or `unix://PATH`,
+        as the bindings' `DcgmHandle` and `dcgmi --host` take it."""
+        self._host = host
         self._timeout = timeout_s
         self._bindings: _Bindings | None = None
         self._reason = ""
@@ -190,8 +194,8 @@ class DcgmCollector:
     def _collect_cli(self, dcgmi: str) -> Report:
         fields = ",".join(str(f) for f in FIELDS)
         try:
-            dmon = self._run([dcgmi, "dmon", "-e", fields, "-c", "1"])
-            health_text = self._run([dcgmi, "health", "-c"])
+            dmon = self._run([dcgmi, "dmon", "--host", self._host, "-e", fields, "-c", "1"])
+            health_text = self._run([dcgmi, "health", "--host", self._host, "-c"])
             values = parse_dmon(dmon)
         except (OSError, subprocess.SubprocessError, HealthError) as exc:
             return unavailable(self.name, f"dcgmi failed ({exc})")
@@ -202,13 +206,14 @@ class DcgmCollector:
         return report_from(self.name, values, health, self._xids)
 
     def _run(self, argv: list[str]) -> str:
+        """dcgmi's stdout; a failure names the command and what dcgmi said (it prints its
+        errors, such as an unreachable host engine, on stdout)."""
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=self._timeout, check=False
         )
         if done.returncode != 0:
-            raise HealthError(
-                f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[:200]}"
-            )
+            said = " ".join((done.stderr.strip() or done.stdout.strip()).split())
+            raise HealthError(f"{' '.join(argv)} exited {done.returncode}: {said[-200:]}")
         return done.stdout
 
     def close(self) -> None:

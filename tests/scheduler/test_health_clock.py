@@ -24,8 +24,10 @@ from shoal.scheduler.health.clock import (
     measure,
     offset_delay,
     parse_pmc_time_status,
+    ptp_devices,
     serve_clock,
 )
+from tests.scheduler.fake_sensors import fake_pmc
 
 PMC = """\
 sending: GET TIME_STATUS_NP
@@ -199,3 +201,22 @@ def test_collector_stamps_its_side_with_the_given_clock(tmp_path):
     assert report.available
     m = report.metrics
     assert abs(m["offset_ms"] + 2500.0) <= m["error_ms"] + 1.0
+
+
+def test_ptp_collector_reads_ptp4l_on_the_socket_it_was_given(tmp_path):
+    """pmc as a real child process: `-s` names ptp4l's socket; without a ptp4l answering
+    there, pmc prints only its request and the report says ptp4l is not running."""
+    pmc = fake_pmc(tmp_path, offset_ns=-2500, socket="/run/ptp4l-eth1")
+    report = PtpCollector(pmc=str(pmc), uds="/run/ptp4l-eth1").collect()
+    assert report.available
+    assert report.metrics == {"ptp_offset_ms": -0.0025, "ptp_gm_present": 1.0}
+    default = PtpCollector(pmc=str(pmc)).collect()
+    assert not default.available
+    assert "is ptp4l running?" in default.reason
+
+
+def test_ptp_devices_lists_the_hardware_clocks(tmp_path):
+    for name in ("ptp0", "ptp1", "ptpx", "pts"):
+        (tmp_path / name).touch()
+    assert ptp_devices(tmp_path) == [str(tmp_path / "ptp0"), str(tmp_path / "ptp1")]
+    assert ptp_devices(tmp_path / "missing") == []

@@ -24,6 +24,7 @@ from shoal.scheduler.health.host import (
     parse_proc_stat,
 )
 from shoal.scheduler.health.xids import XidLedger
+from tests.scheduler.fake_sensors import fake_dcgmi, set_dcgm
 
 PROC_STAT = """\
 cpu  4705 356 584 3699 23 23 0 0 0 0
@@ -186,3 +187,25 @@ def test_dcgm_collector_says_dcgm_is_missing():
     assert report.reason == (
         "unavailable: DCGM is not installed (no pydcgm module, no dcgmi on PATH)"
     )
+
+
+def test_dcgmi_is_asked_at_the_host_engine_it_was_given(tmp_path):
+    """The CLI path through a real child process: `--host` reaches dcgmi, its output is parsed
+    as DCGM prints it, and a host engine that does not answer is an unavailable report."""
+    dcgmi = fake_dcgmi(tmp_path, [37, 80], host="10.0.0.7:5555")
+    collector = DcgmCollector(dcgmi=str(dcgmi), host="10.0.0.7:5555")
+    try:
+        report = collector.collect()
+        assert report.available
+        assert [g.utilisation for g in report.gpus] == [0.37, 0.8]
+        assert report.metrics["dcgm_healthy"] == 1.0
+        set_dcgm(tmp_path, utilisation=[5, 6])
+        assert [g.utilisation for g in collector.collect().gpus] == [0.05, 0.06]
+        set_dcgm(tmp_path, up=False)
+        down = collector.collect()
+    finally:
+        collector.close()
+    assert not down.available
+    assert "Unable to connect to host engine" in down.reason
+    elsewhere = DcgmCollector(dcgmi=str(dcgmi)).collect()  # the default, 127.0.0.1
+    assert not elsewhere.available
