@@ -1,6 +1,7 @@
 """The node daemon: one per host. An ActorSystem on uvloop with its transport, health collectors
-(host, GPUs by NVML or simulated, optionally clock), and the agent that registers the node,
-heartbeats and runs the tasks the coordinator assigns (see shoal/agent.py).
+(host, GPUs by NVML or simulated, DCGM and PTP where the host has them, optionally clock), and
+the agent that registers the node, heartbeats and runs the tasks the coordinator assigns (see
+shoal/agent.py).
 
 The data directory holds the node's stable id (`node-id`), a lock so two daemons never share
 it, `node.json` (pid, id, transport address: what tools and tests read), the simulated GPUs'
@@ -21,7 +22,7 @@ import re
 import secrets
 import signal
 import socket
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,21 @@ from shoal.agent import AgentConfig, NodeAgent, Registration
 from shoal.errors import ConfigError
 from shoal.node_faults import NodeFaults
 from shoal.node_metrics import add_xids, node_gauges
-from shoal.scheduler.health.collector import Collector, Report, summarise
+from shoal.scheduler.health.collector import (
+    Collector,
+    Report,
+    merge_gpus,
+    summarise,
+    utilisation_source,
+)
+from shoal.scheduler.health.presence import collector_states
 
 log = logging.getLogger("shoal.node")
 
 NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
 LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+DCGM_HOST_RE = re.compile(r"unix:///[^\s\x00]{1,106}|[A-Za-z0-9.:\[\]-]{1,253}")
+PTP_SOCKET_RE = re.compile(r"/[^\s\x00]{1,106}")
 
 
 def _positive(key: str, value: Any) -> None:
@@ -67,6 +77,11 @@ class NodeConfig:
     labels: dict[str, str] = field(default_factory=dict)
     clock: str | None = None
     """HOST:PORT of a clock responder (shoal.scheduler.health.clock) to measure the offset."""
+    dcgm_host: str = "127.0.0.1"
+    """The DCGM host engine: IP (port 5555), IP:PORT or unix://PATH; the collector is built
+    only when DCGM answers there."""
+    ptp_socket: str | None = None
+    """ptp4l's Unix socket (its uds_address) when not the default /var/run/ptp4l."""
     health_s: float = 2.0
     metrics: str | None = None
     """HOST:PORT of the Prometheus scrape server (`/metrics`); None serves none."""
@@ -111,6 +126,16 @@ class NodeConfig:
                 )
         if self.clock is not None:
             parse_listen(self.clock, "--clock")
+        if not DCGM_HOST_RE.fullmatch(self.dcgm_host):
+            raise ConfigError(
+                f"--dcgm-host={self.dcgm_host!r} is invalid: use IP, IP:PORT or unix://PATH "
+                "of the DCGM host engine (nv-hostengine)"
+            )
+        if self.ptp_socket is not None and not PTP_SOCKET_RE.fullmatch(self.ptp_socket):
+            raise ConfigError(
+                f"--ptp-socket={self.ptp_socket!r} is invalid: use the absolute path of "
+                "ptp4l's uds_address (at most 107 characters)"
+            )
         if self.metrics is not None:
             parse_listen(self.metrics, "--metrics")
         _positive("--health-period", self.health_s)
@@ -152,40 +177,42 @@ def gpu_topology(
     """The GPUs to register, with NVLink island and RDMA domain labels.
 
     Islands are per node (`<node>/nvl<k>`), GPU i in island i // island_size. Simulated GPUs
-    get the node id in their UUID, since every simulated node numbers its GPUs from 0.
+    get the node id in their UUID, since every simulated node numbers its GPUs from 0. A GPU
+    that NVML and DCGM both see is one GPU.
     """
     gpus = []
-    for report in reports:
-        if not report.available:
-            continue
-        for g in report.gpus:
-            uuid = g.uuid or f"GPU-{node_id}-{g.index}"
-            gpus.append(
-                {
-                    "index": g.index,
-                    "uuid": f"{uuid}@{node_id}" if simulated else uuid,
-                    "island": f"{node_id}/nvl{g.index // island_size}",
-                    "domain": domain,
-                }
-            )
-    return sorted(gpus, key=lambda gpu: gpu["index"])
+    for g in merge_gpus(reports):
+        uuid = g.uuid or f"GPU-{node_id}-{g.index}"
+        gpus.append(
+            {
+                "index": g.index,
+                "uuid": f"{uuid}@{node_id}" if simulated else uuid,
+                "island": f"{node_id}/nvl{g.index // island_size}",
+                "domain": domain,
+            }
+        )
+    return gpus
 
 
-def health_summary(node_id: str, reports: Sequence[Report]) -> dict[str, Any]:
+def health_summary(
+    node_id: str, reports: Sequence[Report], absent: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The heartbeat's health object: the balancer's NodeHealth, each GPU on its own (the
-    summary keeps only the mean utilisation; the dashboard's heat map shows every GPU), and
-    why a source is missing."""
+    summary keeps only the mean utilisation; the dashboard's heat map shows every GPU), why a
+    source is missing, every collector's state (up, down or absent, with the reason: what
+    `shoal status` and the dashboard show) and which source the GPU utilisation came from."""
     return {
         "summary": summarise(node_id, reports).to_dict(),
         "gpus": gpu_health(reports),
         "unavailable": {r.source: r.reason for r in reports if not r.available},
+        "collectors": collector_states(reports, absent or {}),
+        "gpu_util_source": utilisation_source(reports),
     }
 
 
 def gpu_health(reports: Sequence[Report]) -> list[dict[str, Any]]:
     """One entry per GPU, by index: fractions, degrees, watts and this collection's errors;
     None where the device cannot say."""
-    samples = sorted((g for r in reports if r.available for g in r.gpus), key=lambda g: g.index)
     return [
         {
             "index": g.index,
@@ -196,7 +223,7 @@ def gpu_health(reports: Sequence[Report]) -> list[dict[str, Any]]:
             "xid_errors": len(g.xid_events),
             "ecc_errors": g.ecc_uncorrected_new,
         }
-        for g in samples
+        for g in merge_gpus(reports)
     ]
 
 
@@ -210,12 +237,22 @@ def host_resources() -> tuple[float, int]:
 # -- health ------------------------------------------------------------------------------------
 
 
+@dataclass
+class Collectors:
+    """What `build_collectors` made: the collectors it built, and for each one it did not
+    build, why (shown beside the built ones in the heartbeat's health)."""
+
+    built: list[Collector]
+    absent: dict[str, str] = field(default_factory=dict)
+
+
 class HealthMonitor:
     """Runs the collectors in a worker thread every period; `latest()` is the newest summary."""
 
-    def __init__(self, node_id: str, collectors: list[Collector]) -> None:
+    def __init__(self, node_id: str, collectors: Collectors) -> None:
         self.node_id = node_id
-        self.collectors = collectors
+        self.collectors = collectors.built
+        self.absent = dict(collectors.absent)
         self._latest: dict[str, Any] = {}
         self.reports: list[Report] = []
         self.xid_totals: dict[int, int] = {}
@@ -229,7 +266,7 @@ class HealthMonitor:
 
     async def collect(self) -> list[Report]:
         reports = await asyncio.to_thread(self._collect_all)
-        self._latest = health_summary(self.node_id, reports)
+        self._latest = health_summary(self.node_id, reports, self.absent)
         self.reports = reports
         add_xids(self.xid_totals, reports)
         return reports
@@ -247,21 +284,71 @@ class HealthMonitor:
             collector.close()
 
 
-def build_collectors(config: NodeConfig) -> list[Collector]:
+def build_collectors(config: NodeConfig) -> Collectors:
+    """Host and GPU (NVML or simulated) always; DCGM and PTP only where a first collection
+    has data (a host engine answers, ptp4l answers), each absent one logged once with why;
+    clock with --clock. Blocking (DCGM may take seconds to refuse): call it from a thread."""
     from shoal.scheduler.health.clock import CHAOS_CLOCK_ENV, ClockCollector, chaos_clock
     from shoal.scheduler.health.host import HostCollector
     from shoal.scheduler.health.simgpu import gpu_collector
 
-    collectors: list[Collector] = [
-        HostCollector(config.data_dir),
-        gpu_collector(config.sim_gpus, config.island_size, _sim_state(config)),
-    ]
+    out = Collectors(
+        [
+            HostCollector(config.data_dir),
+            gpu_collector(config.sim_gpus, config.island_size, _sim_state(config)),
+        ]
+    )
+    _build_if_present(out, "dcgm", _dcgm_maker(config))
+    _build_if_present(out, "ptp", _ptp_maker(config), _ptp_clocks())
     if config.clock is not None:
         host, port = parse_listen(config.clock, "--clock")
         if os.environ.get(CHAOS_CLOCK_ENV):
             log.warning("chaos hook: clock offset read from %s", os.environ[CHAOS_CLOCK_ENV])
-        collectors.append(ClockCollector(host, port, clock=chaos_clock()))
-    return collectors
+        out.built.append(ClockCollector(host, port, clock=chaos_clock()))
+    else:
+        out.absent["clock"] = "no --clock responder given"
+    return out
+
+
+Maker = Callable[[], Collector | str]
+"""Builds a collector, or says in a string why there is none to build."""
+
+
+def _build_if_present(out: Collectors, name: str, make: Maker, note: str = "") -> None:
+    """Build `name` and keep it if its first collection has data; else close it and record why
+    (the report's reason, then `note`), with one log line either way."""
+    made = make()
+    if not isinstance(made, str):
+        first = made.collect()
+        if first.available:
+            out.built.append(made)
+            log.info("%s collector built", name)
+            return
+        made.close()
+        made = first.reason.removeprefix("unavailable: ")
+    out.absent[name] = f"{made}; {note}" if note else made
+    log.info("%s collector absent: %s", name, out.absent[name])
+
+
+def _dcgm_maker(config: NodeConfig) -> Maker:
+    from shoal.scheduler.health.dcgm import DcgmCollector
+
+    if config.sim_gpus:
+        return lambda: "the node simulates its GPUs (--sim-gpus); DCGM would see the real ones"
+    return lambda: DcgmCollector(host=config.dcgm_host)
+
+
+def _ptp_maker(config: NodeConfig) -> Maker:
+    from shoal.scheduler.health.clock import PtpCollector
+
+    return lambda: PtpCollector(uds=config.ptp_socket)
+
+
+def _ptp_clocks() -> str:
+    """Which PTP hardware clocks the host has: says whether an absent ptp4l could run on one."""
+    from shoal.scheduler.health.clock import ptp_devices
+
+    return f"PTP hardware clocks: {', '.join(ptp_devices()) or 'none'}"
 
 
 def _clock_file(config: NodeConfig) -> Path | None:

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from shoal.errors import ConfigError
 from shoal.raft.metrics import Gauges, Labels
-from shoal.scheduler.health.collector import Report
+from shoal.scheduler.health.collector import Report, merge_gpus
 
 MIB = 1024 * 1024
 
@@ -35,6 +35,7 @@ HOST_GAUGES = (
     ("load5", "shoal_node_load5", 1.0, "5-minute load average"),
     ("offset_ms", "shoal_node_clock_offset_seconds", 1e-3, "clock offset to the --clock peer"),
     ("delay_ms", "shoal_node_clock_delay_seconds", 1e-3, "round trip to the --clock peer"),
+    ("ptp_offset_ms", "shoal_node_ptp_offset_seconds", 1e-3, "ptp4l's offset from its master"),
 )
 
 # (GpuSample attribute, gauge name, scale, HELP)
@@ -90,10 +91,10 @@ XID_HELP = (
 
 def add_xids(totals: MutableMapping[int, int], reports: Iterable[Report]) -> None:
     """Count each collection's XID events per GPU: the collector hands each event out once,
-    so the running total has to live here to be a counter."""
-    for report in reports:
-        for gpu in report.gpus:
-            totals[gpu.index] = totals.get(gpu.index, 0) + len(gpu.xid_events)
+    so the running total has to live here to be a counter. A GPU NVML and DCGM both see counts
+    once (`merge_gpus`)."""
+    for gpu in merge_gpus(reports):
+        totals[gpu.index] = totals.get(gpu.index, 0) + len(gpu.xid_events)
 
 
 def node_gauges(
@@ -117,7 +118,7 @@ def node_gauges(
         for key, name, scale, help_text in HOST_GAUGES:
             if key in report.metrics:
                 gauges[name] = (help_text, {node: float(report.metrics[key]) * scale})
-    samples = sorted((g for r in reports if r.available for g in r.gpus), key=lambda g: g.index)
+    samples = merge_gpus(reports)
     for attr, name, scale, help_text in GPU_GAUGES:
         cells = {
             _gpu(g.index, node_id): float(getattr(g, attr)) * scale

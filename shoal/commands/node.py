@@ -47,6 +47,19 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--clock", metavar="HOST:PORT", help="clock responder to measure this host's offset"
     )
     parser.add_argument(
+        "--dcgm-host",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="DCGM host engine (IP, IP:PORT or unix://PATH; default the local one); the DCGM "
+        "collector runs when DCGM answers there",
+    )
+    parser.add_argument(
+        "--ptp-socket",
+        metavar="PATH",
+        help="ptp4l's Unix socket (its uds_address) if not /var/run/ptp4l; the PTP collector "
+        "runs when ptp4l answers",
+    )
+    parser.add_argument(
         "--metrics",
         metavar="HOST:PORT",
         help="serve Prometheus /metrics here (port 0 picks one; node.json names it); default off",
@@ -108,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         domain=args.domain,
         labels=parse_labels(args.label),
         clock=args.clock,
+        dcgm_host=args.dcgm_host,
+        ptp_socket=args.ptp_socket,
         metrics=args.metrics,
         health_s=args.health_period,
         agent=AgentConfig(

@@ -96,6 +96,19 @@ def test_gauges_use_base_units_dcgm_names_and_node_and_gpu_labels() -> None:
     assert "DCGM_FI_DEV_POWER_USAGE" in text
 
 
+def test_a_gpu_nvml_and_dcgm_both_see_is_one_series_with_dcgms_utilisation() -> None:
+    nvml = Report("nvml", True, gpus=(GpuSample(0, utilisation=0.1, xid_events=(79,)),))
+    dcgm = Report("dcgm", True, gpus=(GpuSample(0, utilisation=0.9, xid_events=(79,)),))
+    ptp = Report("ptp", True, metrics={"ptp_offset_ms": -0.5, "ptp_gm_present": 1.0})
+    totals: dict[int, int] = {}
+    add_xids(totals, [nvml, dcgm, ptp])
+    gauges, counted = node_gauges(NODE, [nvml, dcgm, ptp], totals, [], [])
+    found = families(Metrics().render(gauges, counted))
+    assert by_gpu(found["shoal_gpu_utilisation_ratio"]) == {"0": 0.9}
+    assert by_gpu(found["shoal_gpu_xid_errors"]) == {"0": 1.0}
+    assert found["shoal_node_ptp_offset_seconds"][0].value == pytest.approx(-0.0005)
+
+
 @given(st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=4), max_size=5))
 def test_xid_totals_count_every_event_of_every_collection(
     collections: list[list[tuple[int, int]]],

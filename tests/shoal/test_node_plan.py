@@ -132,6 +132,25 @@ def test_health_summary_says_why_a_source_is_missing() -> None:
     assert out["summary"]["cpu"] == 0.25
     assert out["summary"]["node"] == "n1"
     assert out["unavailable"] == {"nvml": "unavailable: no driver"}
+    assert out["collectors"] == {
+        "host": {"state": "up", "reason": ""},
+        "nvml": {"state": "down", "reason": "unavailable: no driver"},
+    }
+    assert out["gpu_util_source"] is None
+    absent = health_summary("n1", [host], {"dcgm": "not installed"})["collectors"]["dcgm"]
+    assert absent == {"state": "absent", "reason": "not installed"}
+
+
+def test_good_dcgm_and_ptp_addresses_are_accepted() -> None:
+    for host in (
+        "127.0.0.1",
+        "10.0.0.2:5555",
+        "[::1]:5555",
+        "gpu-host.example",
+        "unix:///run/dcgm.sock",
+    ):
+        assert config(dcgm_host=host).dcgm_host == host
+    assert config(ptp_socket="/var/run/ptp4l-eth1").ptp_socket == "/var/run/ptp4l-eth1"
 
 
 def config(**overrides: object) -> NodeConfig:
@@ -158,6 +177,10 @@ def config(**overrides: object) -> NodeConfig:
         ({"labels": {"bad key": "v"}}, "--label bad key"),
         ({"clock": "host"}, "--clock='host' is invalid"),
         ({"health_s": 0}, "--health-period=0 is invalid"),
+        ({"dcgm_host": "a host"}, "--dcgm-host='a host' is invalid"),
+        ({"dcgm_host": ""}, "--dcgm-host='' is invalid"),
+        ({"ptp_socket": "relative/ptp4l"}, "--ptp-socket='relative/ptp4l' is invalid"),
+        ({"ptp_socket": "/" + "x" * 200}, "at most 107 characters"),
     ],
 )
 def test_bad_node_config_names_the_option(overrides: dict[str, object], fragment: str) -> None:
