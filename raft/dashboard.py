@@ -25,6 +25,7 @@ from aiohttp import web
 from shoal.raft.context import ApiContext
 from shoal.raft.machine import StateMachine
 from shoal.raft.routes import Call, Param, Route
+from shoal.scheduler.health.presence import read_states, read_util_source
 
 PAGE = Path(__file__).with_name("dashboard.html")
 METRICS_KIND = "job_metrics"
@@ -59,6 +60,12 @@ def node_gpus(node: dict[str, Any]) -> list[dict[str, Any]]:
         }
         for gpu in node["resources"]["gpus"]
     ]
+
+
+def health_sources(health: Any) -> dict[str, Any]:
+    """The node's health collectors (name -> state and reason) and the source of its GPU
+    utilisation, checked and bounded: the page shows them as a node sent them."""
+    return {"collectors": read_states(health), "gpu_util_source": read_util_source(health)}
 
 
 def _fraction(value: Any) -> float | None:
@@ -119,7 +126,10 @@ def _jobs(m: StateMachine) -> list[dict[str, Any]]:
 
 def view(m: StateMachine) -> dict[str, Any]:
     """Everything the page draws, read in one pass under the state's lock (copies only)."""
-    nodes = [{**asdict(n), "tasks": m.tasks_on(n.id)} for n in m.nodes.values()]
+    nodes = [
+        {**asdict(n), "tasks": m.tasks_on(n.id), **health_sources(n.health)}
+        for n in m.nodes.values()
+    ]
     events = [asdict(e) for e in m.events]
     return {
         "applied": m.applied_count,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.errors import ShoalError
+from shoal.scheduler.health.presence import read_states, read_util_source
 
 STOP_GRACE = 5.0
 EMBEDDED_HEARTBEAT_S = 0.2
@@ -396,6 +397,8 @@ def _node_row(node: dict[str, Any]) -> dict[str, Any]:
         "cordoned": node["cordoned"],
         "gpus": sum(islands.values()),
         "islands": dict(sorted(islands.items())),
+        "collectors": read_states(node.get("health")),
+        "gpu_util_source": read_util_source(node.get("health")),
     }
 
 

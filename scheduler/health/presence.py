@@ -58,6 +58,13 @@ def read_states(health: Any) -> dict[str, dict[str, str]]:
     return out
 
 
+def read_util_source(health: Any) -> str | None:
+    """The health object's `gpu_util_source` (which collector the GPU utilisation came from)
+    if it is a valid collector name, else None."""
+    source = health.get("gpu_util_source") if isinstance(health, dict) else None
+    return source if isinstance(source, str) and NAME_RE.fullmatch(source) else None
+
+
 def printable(text: str, limit: int = MAX_REASON) -> str:
     """`text` on one line of printable characters (a node's reason must not move a terminal's
     cursor, forge lines in `shoal status` or reorder text), cut to `limit` with an ellipsis.

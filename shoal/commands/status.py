@@ -1,5 +1,6 @@
 """`shoal status [--json]`: the local cluster's processes, their Raft state and the leader, and
-the registered nodes with their GPUs and NVLink islands."""
+the registered nodes with their GPUs, NVLink islands and health collectors (each up, down or
+absent, with the reason: e.g. whether DCGM and PTP are there)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from shoal.local import LocalCluster, default_run_dir
+    from shoal.scheduler.health.presence import describe
 
     local = LocalCluster(args.run_dir or default_run_dir())
     rows = local.status()
@@ -45,4 +47,8 @@ def run(args: argparse.Namespace) -> int:
             islands = ", ".join(f"{label} ({count})" for label, count in n["islands"].items())
             flag = " cordoned" if n["cordoned"] else ""
             print(f"  {n['id']}  {n['liveness']}{flag}  {n['gpus']} GPUs  {islands or '-'}")
+            source = (
+                f"; GPU utilisation from {n['gpu_util_source']}" if n["gpu_util_source"] else ""
+            )
+            print(f"    health: {describe(n['collectors'])}{source}")
     return 0

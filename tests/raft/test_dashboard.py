@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.raft.dashboard import CSP, MAX_POINTS, METRICS_KIND, islands, job_curves
+from shoal.raft.dashboard import (
+    CSP,
+    MAX_POINTS,
+    METRICS_KIND,
+    health_sources,
+    islands,
+    job_curves,
+)
 
 from .inprocess import InProcessReplica
 
@@ -87,6 +94,29 @@ def events(draw: st.DrawFn) -> list[dict[str, Any]]:
         kind = draw(st.sampled_from([METRICS_KIND, "node_registered"]))
         out.append({"kind": kind, "fields": fields})
     return out
+
+
+def test_health_sources_keep_only_valid_collectors_for_the_page() -> None:
+    """A node's health object is hostile: the page gets only valid names and states."""
+    health = {
+        "collectors": {
+            "dcgm": {"state": "up", "reason": ""},
+            "ptp": {"state": "absent", "reason": "no pmc\x1b[31m"},
+            "<img src=x>": {"state": "up", "reason": ""},
+            "nvml": {"state": "<script>", "reason": ""},
+            "host": "up",
+        },
+        "gpu_util_source": "<b>dcgm</b>",
+    }
+    assert health_sources(health) == {
+        "collectors": {
+            "dcgm": {"state": "up", "reason": ""},
+            "ptp": {"state": "absent", "reason": "no pmc?[31m"},
+        },
+        "gpu_util_source": None,
+    }
+    assert health_sources({"gpu_util_source": "dcgm"})["gpu_util_source"] == "dcgm"
+    assert health_sources(None) == {"collectors": {}, "gpu_util_source": None}
 
 
 @given(events())

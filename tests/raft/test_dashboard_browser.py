@@ -199,6 +199,16 @@ def test_the_page_shows_nodes_jobs_curves_live_and_keeps_the_token_out_of_the_ur
                 ".map(e => e.dataset.node); return n.length >= 2 ? n : null })()"
             )
             assert sorted(shown) == sorted(NODES)
+            sensors = await page.evaluate(
+                f"[...document.querySelectorAll('[data-node=\"{NODES[0]}\"] [data-sensor]')]"
+                ".map(e => [e.dataset.sensor, e.className, e.title])"
+            )
+            by_name = {name: (cls, title) for name, cls, title in sensors}
+            assert by_name["host"][0] == "sensor up"
+            assert by_name["dcgm"] == (
+                "sensor absent",
+                "dcgm absent: the node simulates its GPUs (--sim-gpus); DCGM would see the real ones",
+            )
             assert await page.evaluate("document.querySelectorAll('svg[data-island] rect').length")
             metrics = await page.evaluate(
                 f"[...document.querySelectorAll('[data-job=\"{job_id}\"] [data-metric]')]"
