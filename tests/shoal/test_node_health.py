@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from shoal.node import Collectors, HealthMonitor, NodeConfig, build_collectors, gpu_topology
-from shoal.scheduler.health.clock import serve_clock
+from shoal.scheduler.health.clock import PtpCollector, serve_clock
 from shoal.scheduler.health.nvml import NvmlCollector
 from shoal.scheduler.health.simgpu import SimGpuBackend
 from tests.scheduler.fake_sensors import fake_dcgmi, fake_pmc, set_dcgm
@@ -111,9 +111,10 @@ def names(collectors: Collectors) -> list[str]:
 
 
 @pytest.mark.skipif(
-    any(shutil.which(t) for t in ("dcgmi", "pmc")) or importlib.util.find_spec("pydcgm"),
-    reason="DCGM or linuxptp is installed here",
+    bool(shutil.which("dcgmi") or importlib.util.find_spec("pydcgm")),
+    reason="DCGM is installed here",
 )
+@pytest.mark.skipif(PtpCollector().collect().available, reason="ptp4l runs here")
 def test_without_dcgm_and_ptp_they_are_absent_with_one_log_line_each(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -128,7 +129,11 @@ def test_without_dcgm_and_ptp_they_are_absent_with_one_log_line_each(
         "reason": "DCGM is not installed (no pydcgm module, no dcgmi on PATH)",
     }
     assert states["ptp"]["state"] == "absent"
-    assert states["ptp"]["reason"].startswith("ptp4l is not running here (no pmc on PATH); ")
+    assert states["ptp"]["reason"].startswith(
+        "pmc failed (pmc got no TIME_STATUS_NP response; is ptp4l running?); "
+        if shutil.which("pmc")
+        else "ptp4l is not running here (no pmc on PATH); "
+    )
     assert "PTP hardware clocks: " in states["ptp"]["reason"]
     assert states["clock"] == {"state": "absent", "reason": "no --clock responder given"}
     assert states["host"]["state"] == "up"
