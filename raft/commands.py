@@ -89,6 +89,38 @@ TASK_SPEC: Schema = {
 }
 
 
+GPU_INDICES: Schema = {
+    "type": "array",
+    "maxItems": 1024,
+    "items": {"type": "integer", "minimum": 0, "maximum": 1023},
+    "description": (
+        "GPU indices on the node (absent: the lowest free ones the task asks for); rule: no "
+        "index twice, none with a null node_id; each one the node registered, else 409"
+    ),
+}
+"""The GPUs a placement gives a task on its node; the state machine checks they exist there."""
+
+MAX_PUBLISHED_BYTES = 4096
+MAX_PUBLISHED_KEYS = 32
+MAX_PUBLISHED_KEY_CHARS = 64
+MAX_PUBLISHED_TEXT = 1024
+PUBLISHED_STATE: Schema = {
+    "type": "object",
+    "maxProperties": MAX_PUBLISHED_KEYS,
+    "propertyNames": {"type": "string", "minLength": 1, "maxLength": MAX_PUBLISHED_KEY_CHARS},
+    "additionalProperties": {
+        "type": ["string", "number", "boolean", "null"],
+        "maxLength": MAX_PUBLISHED_TEXT,
+    },
+    "description": (
+        f"a flat object: text (at most {MAX_PUBLISHED_TEXT} chars), numbers, booleans or "
+        f"null; rule: at most {MAX_PUBLISHED_BYTES} bytes as compact JSON"
+    ),
+}
+"""What a task publishes: small and flat, since every heartbeat reply of its job's nodes
+carries it and every replica keeps it in the Raft log."""
+
+
 RESTART_POLICY: Schema = {
     "type": "object",
     "additionalProperties": False,
@@ -230,7 +262,12 @@ ARG_SCHEMAS: dict[str, Schema] = {
     "place_tasks": _obj(
         ["placements"],
         placements=_list_of(
-            _obj(["task_id", "node_id"], task_id=ID, node_id={**ID, "type": ["string", "null"]}),
+            _obj(
+                ["task_id", "node_id"],
+                task_id=ID,
+                node_id={**ID, "type": ["string", "null"]},
+                gpus=GPU_INDICES,
+            ),
             "task_id",
         ),
     ),
@@ -241,7 +278,19 @@ ARG_SCHEMAS: dict[str, Schema] = {
         generation={"type": "integer", "minimum": 0},
         message=TEXT,
     ),
-    "migrate_task": _obj(["task_id", "node_id"], task_id=ID, node_id=ID),
+    "migrate_task": _obj(["task_id", "node_id"], task_id=ID, node_id=ID, gpus=GPU_INDICES),
+    "publish_task_state": _obj(
+        ["task_id", "generation", "state"],
+        task_id=ID,
+        generation={"type": "integer", "minimum": 0},
+        state=PUBLISHED_STATE,
+    ),
+    "set_pending_reason": _obj(
+        ["task_id", "generation", "reason"],
+        task_id=ID,
+        generation={"type": "integer", "minimum": 0},
+        reason={**TEXT, "minLength": 1},
+    ),
     "abandon_incoming": _obj(
         ["task_id", "generation", "reason"],
         task_id=ID,
@@ -305,9 +354,38 @@ def validate_args(op: str, args: Any, field: str = "args") -> None:
         _check_restart_policy(args.get("spec", {}), f"{field}.spec.restart")
     if op == "inject_fault":
         check_fault_params(args, field)
+    if op == "place_tasks":
+        for i, placement in enumerate(args["placements"]):
+            _check_gpus(placement, f"{field}.placements[{i}]")
+    if op == "migrate_task":
+        _check_gpus(args, field)
+    if op == "publish_task_state":
+        check_published_size(args["state"], f"{field}.state")
     if op == "restart_tasks" and args["cause"] not in args["tasks"]:
         raise RuleViolation(
             f"{field}.cause", f"{args['cause']!r} must be one of the tasks it restarts"
+        )
+
+
+def _check_gpus(placement: dict[str, Any], field: str) -> None:
+    gpus = placement.get("gpus")
+    if gpus is None:
+        return
+    if placement.get("node_id", "") is None and gpus:
+        raise RuleViolation(f"{field}.gpus", "a task placed on no node holds no GPUs; drop gpus")
+    if len(set(gpus)) != len(gpus):
+        twice = sorted({g for g in gpus if gpus.count(g) > 1})
+        raise RuleViolation(f"{field}.gpus", f"names GPU {twice[0]} twice; list each GPU once")
+
+
+def check_published_size(state: dict[str, Any], field: str) -> None:
+    """The one limit of a published state its schema cannot state: its compact JSON size."""
+    size = len(json.dumps(state, separators=(",", ":")).encode())
+    if size > MAX_PUBLISHED_BYTES:
+        raise RuleViolation(
+            field,
+            f"is {size} bytes as compact JSON, more than {MAX_PUBLISHED_BYTES}: publish less "
+            "(addresses and a few numbers; write bulk data to the task's files)",
         )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -85,6 +85,9 @@ class StateMachine:
         # every task; it is rebuilt from nothing but placements (current and incoming copies)
         # and left out of the digest.
         self._by_node: dict[str, dict[str, None]] = {}
+        # Derived index job -> ids of its tasks whose current copy published something, so a
+        # heartbeat lists a job's peers without scanning its tasks; left out of the digest.
+        self._published: dict[str, dict[str, None]] = {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickled from a pysyncobj dump, perhaps one an older shoal wrote: attributes it
@@ -95,6 +98,10 @@ class StateMachine:
                 self._index(task.id, task.node)
                 if task.incoming is not None:
                     self._index(task.id, task.incoming.node)
+        if "_published" not in state:
+            for task in self.tasks.values():
+                if task.published:
+                    self._published.setdefault(task.job_id, {})[task.id] = None
 
     # -- the one writer -------------------------------------------------------------------
 
@@ -284,7 +291,7 @@ class StateMachine:
         """Mark a job's active tasks stopped (their nodes stop them) and drop incoming copies."""
         for task in self.tasks.values():
             if task.job_id == job.id and task.state in ("pending", "running"):
-                task.state = "stopped"
+                task.state, task.pending_reason = "stopped", ""
             if task.job_id == job.id and task.incoming is not None:
                 self._abandon(task, task.incoming, at, why)
 
@@ -355,7 +362,7 @@ class StateMachine:
             self._abandon(task, task.incoming, at, f"the task restarts: {why}")
         self._unindex(task.id, task.node)
         task.node, task.state, task.message = None, "pending", f"restarting: {why}"
-        task.generation = self._next_generation(task)
+        self._renew(task, self._next_generation(task), [])
         task.restarts += 1
 
     def _fail_job(self, job: Job, at: float, message: str) -> Result:
@@ -380,6 +387,9 @@ class StateMachine:
                     return refused(
                         "conflict", f"node {node_id!r} takes no tasks", f"placements[{i}].node_id"
                     )
+                missing = _missing_gpus(node, placement.get("gpus", ()))
+                if missing:
+                    return refused("conflict", missing, f"placements[{i}].gpus")
             job_state = self.jobs[task.job_id].state
             if job_state != "running":
                 return refused(
@@ -393,8 +403,9 @@ class StateMachine:
                 task.restarts += 1
             self._unindex(task.id, task.node)
             task.node, task.state = placement["node_id"], "pending"
+            gpus = self._gpus_for(task, task.node, placement.get("gpus"))
             self._index(task.id, task.node)
-            task.generation = self._next_generation(task)
+            self._renew(task, self._next_generation(task), gpus)
             self._event(
                 at,
                 "task_placed",
@@ -402,8 +413,44 @@ class StateMachine:
                 task=task.id,
                 node=task.node,
                 generation=task.generation,
+                gpus=gpus,
             )
         return ok(placed=len(args["placements"]))
+
+    def _gpus_for(self, task: Task, node_id: str | None, given: list[int] | None) -> list[int]:
+        """The GPUs a placement gives `task` on `node_id`: those it names, else (a placement
+        by hand) the lowest indices no other active copy there holds, as many as the task asks
+        for and the node has free. Deterministic: the same on every replica."""
+        if node_id is None:
+            return []
+        if given is not None:
+            return list(given)
+        if task.resources.gpus <= 0:
+            return []
+        held: set[int] = set()
+        for other_id in self._by_node.get(node_id, ()):
+            other = self.tasks[other_id]
+            if other.id == task.id or other.state not in ("pending", "running"):
+                continue
+            if other.node == node_id:
+                held.update(other.gpus)
+            if other.incoming is not None and other.incoming.node == node_id:
+                held.update(other.incoming.gpus)
+        free = sorted(g.index for g in self.nodes[node_id].resources.gpus if g.index not in held)
+        return free[: task.resources.gpus]
+
+    def _renew(self, task: Task, generation: int, gpus: list[int]) -> None:
+        """A new generation of `task` on its (new) GPUs: what the old one published, and why it
+        could not be placed, belong to the old one and are cleared."""
+        task.generation, task.gpus, task.pending_reason = generation, gpus, ""
+        self._set_published(task, {})
+
+    def _set_published(self, task: Task, state: dict[str, Any]) -> None:
+        task.published = state
+        if state:
+            self._published.setdefault(task.job_id, {})[task.id] = None
+        elif task.job_id in self._published:
+            self._published[task.job_id].pop(task.id, None)
 
     def _index(self, task_id: str, node_id: str | None) -> None:
         if node_id is not None:
@@ -446,7 +493,11 @@ class StateMachine:
                 f"task {task.id!r} is already migrating to {task.incoming.node!r}; wait for it",
                 "task_id",
             )
-        task.incoming = Incoming(node.id, self._next_generation(task))
+        missing = _missing_gpus(node, args.get("gpus", ()))
+        if missing:
+            return refused("conflict", missing, "gpus")
+        gpus = self._gpus_for(task, node.id, args.get("gpus"))
+        task.incoming = Incoming(node.id, self._next_generation(task), gpus=gpus)
         self._index(task.id, node.id)
         message = f"started incoming copy on {node.id}"
         self._migration_event(at, task, task.incoming, message, "started")
@@ -476,7 +527,9 @@ class StateMachine:
         message = f"promoted (the copy on {source} stops)"
         self._migration_event(at, task, incoming, message, "promoted")
         self._unindex(task.id, source)
-        task.node, task.generation, task.incoming = incoming.node, incoming.generation, None
+        task.node, task.incoming = incoming.node, None
+        self._renew(task, incoming.generation, incoming.gpus)
+        self._set_published(task, incoming.published)
         task.state, task.message = "running", ""
         self._index(task.id, task.node)
 
@@ -529,6 +582,53 @@ class StateMachine:
             why = args.get("message", "") or "no reason given"
             self._abandon(task, incoming, at, f"the incoming copy {state}: {why}")
         return ok(task=asdict(task))
+
+    def _publish_task_state(self, args: dict[str, Any], at: float) -> Result:
+        """What a copy of a task published replaces what that copy published before; a copy
+        of an older generation is refused, so a stale process never overwrites the state its
+        successor published."""
+        task = self.tasks.get(args["task_id"])
+        if task is None:
+            return refused("not_found", f"no task {args['task_id']!r}", "task_id")
+        generation, state = args["generation"], dict(args["state"])
+        if task.incoming is not None and generation == task.incoming.generation:
+            task.incoming.published = state
+        elif generation == task.generation and task.node is not None:
+            self._set_published(task, state)
+        else:
+            current = f"the task is at generation {task.generation}"
+            if task.node is None:
+                current += " and placed on no node"
+            if task.incoming is not None:
+                current += f" (its incoming copy at {task.incoming.generation})"
+            return refused(
+                "conflict",
+                f"stale publication: generation {generation}, but {current}; only the "
+                "current copy publishes",
+                "generation",
+            )
+        return ok(task_id=task.id, generation=generation, published=state)
+
+    def _set_pending_reason(self, args: dict[str, Any], at: float) -> Result:
+        """The leader could not place this generation of an active task: say why on the task
+        (and once in the event log). The same reason again changes nothing."""
+        task = self.tasks.get(args["task_id"])
+        if task is None:
+            return refused("not_found", f"no task {args['task_id']!r}", "task_id")
+        if task.generation != args["generation"] or task.state not in ("pending", "running"):
+            return refused(
+                "conflict",
+                f"task {task.id!r} is {task.state} at generation {task.generation}, not "
+                f"waiting at {args['generation']}",
+                "generation",
+            )
+        reason = args["reason"]
+        if task.pending_reason == reason:
+            return ok(changed=False)
+        task.pending_reason = reason
+        message = f"{task.id} stays pending: {reason}"
+        self._event(at, "refused", message, task=task.id, job=task.job_id, reason=message)
+        return ok(changed=True)
 
     # -- checkpoints, events, leadership ------------------------------------------------------
 
@@ -728,6 +828,18 @@ class StateMachine:
     def tasks_on(self, node_id: str) -> list[str]:
         return list(self._by_node.get(node_id, ()))
 
+    def peers(self, node_id: str) -> dict[str, list[dict[str, Any]]]:
+        """For each running job with a task on `node_id`, its tasks that published something
+        (current copies): what the node hands its tasks so they find each other. Costs the
+        node's tasks plus the publishers of their jobs, never a scan of all tasks."""
+        jobs = dict.fromkeys(self.tasks[t].job_id for t in self._by_node.get(node_id, ()))
+        out: dict[str, list[dict[str, Any]]] = {}
+        for job_id in jobs:
+            if self.jobs[job_id].state == "running":
+                ids = sorted(self._published.get(job_id, ()))
+                out[job_id] = [_peer(self.tasks[t]) for t in ids]
+        return out
+
     def snapshot(self) -> dict[str, Any]:
         """Everything replicated, as canonical plain data (the digest hashes this)."""
         return {
@@ -749,6 +861,26 @@ class StateMachine:
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
+def _peer(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "generation": task.generation,
+        "node": task.node,
+        "state": task.state,
+        "published": dict(task.published),
+    }
+
+
+def _missing_gpus(node: Node, gpus: Iterable[int]) -> str:
+    """Why `gpus` cannot be given on `node` (an index it did not register), else ''."""
+    have = {g.index for g in node.resources.gpus}
+    absent = [g for g in gpus if g not in have]
+    if not absent:
+        return ""
+    held = f"GPUs {sorted(have)}" if have else "no GPUs"
+    return f"node {node.id!r} registered {held}, not GPU {absent[0]}; name GPUs it has"
 
 
 def command_digest(op: str, args: dict[str, Any]) -> str:
@@ -777,6 +909,8 @@ _HANDLERS: dict[str, Callable[[StateMachine, dict[str, Any], float], Result]] = 
     "place_tasks": StateMachine._place_tasks,
     "set_task_state": StateMachine._set_task_state,
     "migrate_task": StateMachine._migrate_task,
+    "publish_task_state": StateMachine._publish_task_state,
+    "set_pending_reason": StateMachine._set_pending_reason,
     "abandon_incoming": StateMachine._abandon_incoming,
     "record_checkpoint": StateMachine._record_checkpoint,
     "add_event": StateMachine._add_event,

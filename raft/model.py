@@ -86,6 +86,10 @@ class Incoming(Restorable):
     node: str
     generation: int
     state: str = "pending"
+    gpus: list[int] = field(default_factory=list)
+    """The GPU indices on `node` the copy was given (see `Task.gpus`)."""
+    published: dict[str, Any] = field(default_factory=dict)
+    """What this copy published (see `Task.published`); the task's own once it is promoted."""
 
 
 @dataclass
@@ -108,6 +112,15 @@ class Task(Restorable):
     due: float = 0.0
     """When a restarted task may be placed again (its job's restart back-off; the leader's
     clock, carried by the restart command): the scheduler leaves it pending until then."""
+    gpus: list[int] = field(default_factory=list)
+    """The GPU indices on `node` this generation was placed on: replicated, so the node runs
+    the task on exactly these and a new leader reserves the same ones. Empty when unplaced."""
+    published: dict[str, Any] = field(default_factory=dict)
+    """A small flat object the running task published (a learner rank's addresses, rank 0's
+    progress), for its job's other tasks and the submitter: it belongs to this generation and
+    is cleared whenever the task gets a new one, so a stale address is never read."""
+    pending_reason: str = ""
+    """Why the leader cannot place this generation (the refusal's reason), else empty."""
 
 
 @dataclass

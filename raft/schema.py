@@ -1,8 +1,8 @@
 """A small JSON-Schema subset: one schema both validates a body and documents it in OpenAPI.
 
 Supported keywords: type (one or a list), properties, required, additionalProperties,
-items, enum, minimum, maximum, exclusiveMinimum, minLength, maxLength, maxItems, pattern, oneOf
-(and description, which only documents). A pattern is searched for, as in JSON Schema, so
+items, enum, minimum, maximum, exclusiveMinimum, minLength, maxLength, maxItems, maxProperties,
+propertyNames, pattern, oneOf (and description, which only documents). A pattern is searched for, as in JSON Schema, so
 each anchors itself with `^...$`; the check matches it against the whole string all the same. An object schema with neither properties nor
 additionalProperties is free-form JSON (a job spec, task args, a health summary): it is still
 checked to be plain, finite JSON of bounded depth, and so is one that declares properties but
@@ -195,6 +195,17 @@ def check_json(value: Any, field: Field, depth: int = 0) -> None:
 
 
 def _check_object(schema: Schema, value: dict[Any, Any], field: Field) -> None:
+    if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+        raise _invalid(field, f"must have at most {schema['maxProperties']} keys, got {len(value)}")
+    names = schema.get("propertyNames")
+    if names is not None:
+        for key in value:
+            if type(key) is not str:
+                raise _invalid(field, f"keys must be strings, got {key!r}")
+            try:
+                check(names, key, (field, key))
+            except ValidationError as exc:
+                raise _invalid((field, key), f"as a key, {exc.message}") from None
     if "additionalProperties" not in schema:
         check_json(value, field)
         if "properties" not in schema:

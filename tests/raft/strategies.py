@@ -41,6 +41,16 @@ task_spec = st.builds(
     st.sampled_from(["rollout", "learner-rank"]),
     st.integers(0, 2),
 )
+gpu_indices = st.lists(st.integers(0, 8), max_size=3, unique=True)
+published_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+published_state = st.dictionaries(st.text(min_size=1, max_size=8), published_leaf, max_size=4)
+"""A flat object within every limit of `commands.PUBLISHED_STATE`."""
 restart_spec = st.builds(
     lambda n, w: {"placement": "auto", "restart": {"max_restarts": n, "window_s": w}},
     st.integers(0, 3),
@@ -116,7 +126,10 @@ args_by_op: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "place_tasks": st.builds(
         lambda ps: {"placements": _unique(ps, "task_id")},
         st.lists(
-            st.fixed_dictionaries({"task_id": task_ids, "node_id": st.none() | node_ids}),
+            st.fixed_dictionaries({"task_id": task_ids, "node_id": st.none() | node_ids})
+            | st.fixed_dictionaries(
+                {"task_id": task_ids, "node_id": node_ids, "gpus": gpu_indices}
+            ),
             max_size=3,
         ),
     ),
@@ -124,7 +137,19 @@ args_by_op: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         {"task_id": task_ids, "state": st.sampled_from(TASK_STATES)},
         optional={"generation": st.integers(0, 3), "message": st.text(max_size=8)},
     ),
-    "migrate_task": st.fixed_dictionaries({"task_id": task_ids, "node_id": node_ids}),
+    "migrate_task": st.fixed_dictionaries(
+        {"task_id": task_ids, "node_id": node_ids}, optional={"gpus": gpu_indices}
+    ),
+    "publish_task_state": st.fixed_dictionaries(
+        {"task_id": task_ids, "generation": st.integers(0, 4), "state": published_state}
+    ),
+    "set_pending_reason": st.fixed_dictionaries(
+        {
+            "task_id": task_ids,
+            "generation": st.integers(0, 4),
+            "reason": st.sampled_from(["no island", "no room"]),
+        }
+    ),
     "abandon_incoming": st.fixed_dictionaries(
         {"task_id": task_ids, "generation": st.integers(0, 4), "reason": st.text(max_size=8)}
     ),

@@ -123,6 +123,36 @@ def test_derived_assignments_match_task_placements(log: list[dict[str, Any]]) ->
     assert len(set(seqs)) == len(seqs)
 
 
+@FAST
+@given(st.lists(any_command, max_size=25))
+def test_published_state_and_gpus_belong_to_placed_generations(log: list[dict[str, Any]]) -> None:
+    """Whatever the log: only a placed task holds GPUs or a published state, the job index
+    the heartbeat's peers come from lists exactly the tasks that published, and a restored
+    machine rebuilds it."""
+    machine = StateMachine()
+    for entry in log:
+        machine.apply(entry)
+    for task in machine.tasks.values():
+        if task.node is None:
+            assert (task.gpus, task.published) == ([], {})
+    for m in (machine, _without_published_index(machine)):
+        for job_id in machine.jobs:
+            expected = {t.id for t in m.tasks.values() if t.job_id == job_id and t.published}
+            assert set(m._published.get(job_id, ())) == expected
+        for node_id in m.nodes:
+            for job_id, peers in m.peers(node_id).items():
+                assert m.jobs[job_id].state == "running"
+                assert all(m.tasks[p["id"]].published == p["published"] != {} for p in peers)
+
+
+def _without_published_index(m: StateMachine) -> StateMachine:
+    """The machine as a dump from before the index existed restores it."""
+    old = copy.deepcopy(m)
+    del old.__dict__["_published"]
+    restored: StateMachine = pickle.loads(pickle.dumps(old))
+    return restored
+
+
 def _copies(task: Task) -> list[str]:
     """The nodes holding a copy of `task`: its current node and a migration's incoming one."""
     nodes = [] if task.node is None else [task.node]

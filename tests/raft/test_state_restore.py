@@ -1,5 +1,7 @@
 """A coordinator data dir written by an older shoal, whose records lack fields added since
-(a job's restart_times, restarts and message; a task's due; the machine's node index), loads: missing fields take their defaults, and the restored state works on."""
+(a job's restart_times, restarts and message; a task's due, GPUs, published state and pending
+reason; the machine's node and publisher indices), loads: missing fields take their defaults,
+and the restored state works on."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from tests.raft.strategies import any_command
 from tests.raft.test_scheduling import add_node, run
 
 OLD_JOB = ("restart_times", "restarts", "message")
-OLD_TASK = ("due",)
+OLD_TASK = ("due", "gpus", "published", "pending_reason")
 
 
 def populated() -> StateMachine:
@@ -46,6 +48,7 @@ def make_old(m: StateMachine) -> None:
         for name in OLD_TASK:
             del task.__dict__[name]
     del m.__dict__["_by_node"]
+    del m.__dict__["_published"]
 
 
 def test_an_old_shaped_machine_unpickles_with_defaults_and_the_same_digest() -> None:
@@ -56,6 +59,9 @@ def test_an_old_shaped_machine_unpickles_with_defaults_and_the_same_digest() -> 
     job = restored.jobs["j"]
     assert (job.restart_times, job.restarts, job.message) == ([], 0, "")
     assert all(t.due == 0.0 for t in restored.tasks.values())
+    assert all(
+        (t.gpus, t.published, t.pending_reason) == ([], {}, "") for t in restored.tasks.values()
+    )
     assert restored.digest() == digest
     assert restored.assignments() == assignments
     fail = {"task_id": "t0", "state": "failed", "generation": restored.tasks["t0"].generation}
@@ -71,6 +77,9 @@ def test_an_old_shaped_machine_unpickles_with_defaults_and_the_same_digest() -> 
     assert run(restored, "restart_tasks", restart, 5.0)["ok"]
     assert restored.jobs["j"].restart_times == [5.0]
     assert restored.tasks_on("a") == ["t1", "t2"]
+    publish = {"task_id": "t1", "generation": restored.tasks["t1"].generation, "state": {"p": 1}}
+    assert run(restored, "publish_task_state", publish, 6.0)["ok"]
+    assert [p["id"] for p in restored.peers("a")["j"]] == ["t1"]
 
 
 def _replica(tmp_path: Path, addr: str) -> tuple[SyncObj, ClusterState]:
@@ -168,6 +177,7 @@ def test_any_state_whose_defaulted_fields_are_missing_restores_to_the_same_state
     for record in [*old.nodes.values(), *old.jobs.values(), *old.tasks.values()]:
         strip_defaults(record)
     del old.__dict__["_by_node"]
+    del old.__dict__["_published"]
     restored: StateMachine = pickle.loads(pickle.dumps(old))
     assert restored.digest() == digest
     assert restored.assignments() == assignments
