@@ -67,13 +67,13 @@ def _best(fn: Callable[[], object], repeats: int) -> float:
 def run(quick: bool) -> list[Row]:
     nodes, tasks, repeats = (64, 1000, 3) if quick else (512, 8000, 7)
     busy = _state(nodes, tasks, placed=True)
-    read = _best(lambda: read_inputs(busy, {}), repeats)
+    read = _best(lambda: read_inputs(busy), repeats)
     copy = _best(busy.snapshot, repeats)
     fresh = _state(nodes, tasks, placed=False)
-    inputs = read_inputs(fresh, {})
+    inputs = read_inputs(fresh)
     actors = [RolloutActor(t, 1.0) for t in inputs.pending]
     round_ms = _best(
-        lambda: decide(read_inputs(fresh, {}), Memory(), 1000.0, BalancerConfig()), repeats
+        lambda: decide(read_inputs(fresh), Memory(), 1000.0, BalancerConfig()), repeats
     )
     bare = _best(lambda: place(inputs.topology, inputs.placements, (), actors), repeats)
     size = f"{nodes} nodes, {tasks} tasks"

@@ -11,16 +11,18 @@ batch through the same write path the API uses. What it decides:
 - a counted restart waits out its job's back-off: its tasks stay pending until their `due`
   time (replicated, from the restart command's time), then are placed like any other;
 - pending tasks, and the active tasks of dead nodes, are placed: a job's learner ranks as one
-  gang (one NVLink island, else one RDMA domain, else refused with the reason), rollout actors
-  spread; tasks of suspect nodes stay where they are;
+  gang (one NVLink island, else one RDMA domain, else refused with the reason, which is set on
+  each task as its `pending_reason`), rollout actors spread; tasks of suspect nodes stay where
+  they are. A placement names the GPU indices it gives each task, so the replicated `Task.gpus`
+  is what the node runs the task on and what every later round (on any leader) reserves;
 - on each new batch of health summaries the balancer runs; its migrations are committed as
   re-placements (a moved learner rank re-places its whole group), a node with an XID/ECC
   fault is set draining (which cordons it);
 - every decision is posted as an event (placement, replace, refused, migration, cordon,
   balance) with its reason, so /v1/events says why.
 Operation ids derive from the decision (task, generation, target), so a new leader that makes the
-same decision again is applied once. The balancer's state and the GPU indices chosen per task
-live in the leader's memory only (`Memory`); a failover starts them afresh.
+same decision again is applied once. Only the balancer's state and what was already said live in
+the leader's memory (`Memory`); a failover starts them afresh and changes no placement.
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ class TaskInfo:
     """The generation the machine hands out next (to a re-placement or an incoming copy)."""
     due: float = 0.0
     """A restarted task is not placed before this time (its job's restart back-off)."""
+    gpu_ids: tuple[int, ...] = ()
+    """The GPU indices its copy holding the place was given (replicated `Task.gpus`)."""
+    pending_reason: str = ""
+    """Why the leader last said it cannot be placed (replicated), else empty."""
 
 
 @dataclass(frozen=True)
@@ -146,11 +152,9 @@ class Memory:
     """What the leader remembers between rounds (lost on failover, by design)."""
 
     balancer: BalancerState = field(default_factory=BalancerState)
-    gpus: dict[str, tuple[str, int, tuple[int, ...]]] = field(default_factory=dict)
-    """task -> (node, generation, GPU indices) chosen by this leader."""
     said: dict[tuple[str, str, str], str] = field(default_factory=dict)
-    """(what, node or job, task) of a repeating decision (refusal, bad mode, hold, stuck) ->
-    the reason last posted."""
+    """(what, node or job, task) of a repeating decision (bad mode, hold, stuck) -> the reason
+    last posted. A refused placement needs none: its reason is replicated on the task."""
     health_stamp: str = ""
     """The health batch the balancer last ran on: it runs once per batch (once per report)."""
     applied: int = -1
@@ -188,7 +192,7 @@ def op_id(*parts: object) -> str:
 # -- state -> scheduler inputs -----------------------------------------------------------------
 
 
-def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int, ...]]]) -> Inputs:
+def read_inputs(m: StateMachine) -> Inputs:
     """Convert the machine's records (under its lock) into frozen scheduler inputs."""
     nodes = {n.id: n for n in m.nodes.values()}
     running = {
@@ -204,7 +208,7 @@ def read_inputs(m: StateMachine, gpus_memo: dict[str, tuple[str, int, tuple[int,
     held = tuple(t.id for t in tasks.values() if not t.auto and t.node not in live)
     bad = tuple(sorted((j, str(v)) for j, v in running.items() if v not in PLACEMENT_MODES))
     topology = Topology(tuple(_node(nodes[nid]) for nid in sorted(nodes)))
-    placements = _reservations(topology, tasks, live, gpus_memo)
+    placements = _reservations(topology, tasks, live)
     hosts = Counter(_host(n.address) for n in nodes.values())
     health = tuple(
         _health(nodes[nid], hosts[_host(nodes[nid].address)] > 1)
@@ -263,9 +267,9 @@ def _failures_and_ranks(
 def _task_info(t: RaftTask, auto: bool, live: set[str]) -> TaskInfo:
     """A task whose node died while its incoming copy starts on a live node holds its place
     there: that copy is promoted when it runs, so re-placing the task would only undo it."""
-    node = t.node
+    node, gpus = t.node, t.gpus
     if node not in live and t.incoming is not None and t.incoming.node in live:
-        node = t.incoming.node
+        node, gpus = t.incoming.node, t.incoming.gpus
     return TaskInfo(
         t.id,
         t.job_id,
@@ -280,6 +284,8 @@ def _task_info(t: RaftTask, auto: bool, live: set[str]) -> TaskInfo:
         t.incoming is not None,
         max(t.issued, t.generation) + 1,
         t.due,
+        tuple(gpus),
+        t.pending_reason,
     )
 
 
@@ -299,15 +305,14 @@ def _node(n: RaftNode) -> Node:
 
 
 def _reservations(
-    topology: Topology,
-    tasks: dict[str, TaskInfo],
-    live: set[str],
-    memo: dict[str, tuple[str, int, tuple[int, ...]]],
+    topology: Topology, tasks: dict[str, TaskInfo], live: set[str]
 ) -> tuple[Placement, ...]:
-    """The placements of the tasks on live nodes, with the GPU indices this leader chose for
-    them when it knows them, else the lowest free ones. A reservation that no longer fits (a
-    task placed by hand on a full node, a node that re-registered smaller) is cut to what is
-    left, so one bad record never stops scheduling."""
+    """The placements of the tasks on live nodes, with the GPU indices replicated on each task
+    (`Task.gpus`), so every leader reserves the same ones. A task that asks for GPUs but has
+    none recorded (placed before GPUs were replicated) is counted on the lowest free ones. A
+    reservation that no longer fits (a task placed by hand on a full node or on GPUs another
+    holds, a node that re-registered smaller) is cut to what is left, so one bad record never
+    stops scheduling."""
     out = []
     by_node: dict[str, list[TaskInfo]] = {}
     for t in tasks.values():
@@ -319,15 +324,9 @@ def _reservations(
         used: set[int] = set()
         chosen: dict[str, tuple[int, ...]] = {}
         for t in mine:
-            known = memo.get(t.id)
-            if (
-                known
-                and known[:2] == (node.name, t.generation)
-                and len(known[2]) == t.gpus
-                and set(known[2]) <= indices - used
-            ):
-                chosen[t.id] = known[2]
-                used.update(known[2])
+            if t.gpu_ids:
+                chosen[t.id] = tuple(g for g in t.gpu_ids if g in indices and g not in used)
+                used.update(chosen[t.id])
         cpus, memory = node.cpus, node.memory_mb
         for t in mine:
             if t.id not in chosen:
@@ -385,7 +384,7 @@ def decide(inputs: Inputs, memory: Memory, now: float, config: BalancerConfig) -
     restarts, restarting = _restarts(inputs)
     waiting = [inputs.tasks[t].due for t in inputs.pending if inputs.tasks[t].due > now]
     memory.wake = min(waiting, default=0.0)
-    placed = _place_pending(inputs, memory, restarting, now)
+    placed = _place_pending(inputs, restarting, now)
     commands = _bad_modes(inputs, memory) + restarts + placed
     if not commands and inputs.health_stamp != memory.health_stamp:
         memory.health_stamp = inputs.health_stamp
@@ -501,7 +500,7 @@ def _requests(
     return groups, actors, names
 
 
-def _place_pending(inputs: Inputs, memory: Memory, skip: set[str], now: float) -> list[Command]:
+def _place_pending(inputs: Inputs, skip: set[str], now: float) -> list[Command]:
     groups, actors, names = _requests(inputs, skip, now)
     if not groups and not actors:
         return []
@@ -514,12 +513,9 @@ def _place_pending(inputs: Inputs, memory: Memory, skip: set[str], now: float) -
     domains = {n.name: n.domain for n in inputs.topology.nodes}
     for members in by_group.values():
         tasks = [inputs.tasks[names[p.task]] for p in members]
-        placements = [{"task_id": t.id, "node_id": p.node} for t, p in zip(tasks, members)]
-        place_id = op_id([(t.id, t.generation, p.node) for t, p in zip(tasks, members)])
+        placements = [_placement(t.id, p.node, p.gpus) for t, p in zip(tasks, members)]
+        place_id = op_id([(t.id, t.generation, p.node, p.gpus) for t, p in zip(tasks, members)])
         commands.append(Command("place_tasks", {"placements": placements}, place_id))
-        for t, p in zip(tasks, members):
-            memory.gpus[t.id] = (p.node, t.generation + 1, p.gpus)
-            memory.said.pop(("refused", "", t.id), None)
         where = _where(members, islands, domains)
         for t, p in zip(tasks, members):
             kind, reason = _placement_reason(t, p, where)
@@ -528,15 +524,23 @@ def _place_pending(inputs: Inputs, memory: Memory, skip: set[str], now: float) -
     for refusal in plan.refused:
         members_ids = [task_id for n, task_id in names.items() if _rank_of(n, refusal.task)]
         for task_id in members_ids or [names.get(refusal.task, refusal.task)]:
-            if memory.said.get(("refused", "", task_id)) == refusal.reason:
-                continue
-            memory.said[("refused", "", task_id)] = refusal.reason
-            info = inputs.tasks[task_id]
-            fields = {"task": task_id, "job": info.job}
-            reason = f"{task_id} stays pending: {refusal.reason}"
-            key = ("refused", task_id, info.generation, reason)
-            commands.append(_event("refused", reason, key, fields))
+            commands += _refuse(inputs.tasks[task_id], refusal.reason)
     return commands
+
+
+def _placement(task_id: str, node: str, gpus: tuple[int, ...]) -> dict[str, Any]:
+    return {"task_id": task_id, "node_id": node, "gpus": list(gpus)}
+
+
+def _refuse(t: TaskInfo, reason: str) -> list[Command]:
+    """Record why `t` stays pending on the task (the machine posts the `refused` event), unless
+    that is already its reason: a refusal repeated every round writes nothing."""
+    reason = reason[:4096]
+    if t.pending_reason == reason:
+        return []
+    args = {"task_id": t.id, "generation": t.generation, "reason": reason}
+    key = op_id("refused", t.id, t.generation, t.pending_reason, reason)
+    return [Command("set_pending_reason", args, key)]
 
 
 def _rank_of(name: str, group: str) -> bool:
@@ -610,18 +614,17 @@ def _balance(inputs: Inputs, memory: Memory, now: float, config: BalancerConfig)
         if t.learner:
             gangs.setdefault(t.job, []).append(mig)
             continue
-        move_id, move = _move(t, mig.target)
+        move_id, move = _move(t, mig.target, mig.gpus)
         commands.append(move)
-        memory.gpus[mig.task] = (mig.target, t.next_generation, mig.gpus)
         fields = {"task": mig.task, "source": mig.source, "target": mig.target}
         event_key = ("migration", mig.task, t.generation)
         commands.append(_event("migration", mig.reason, event_key, fields, move_id))
     for job, migs in gangs.items():
-        commands += _move_group(inputs, memory, job, migs)
+        commands += _move_group(inputs, job, migs)
     return commands
 
 
-def _move_group(inputs: Inputs, memory: Memory, job: str, migs: list[Migration]) -> list[Command]:
+def _move_group(inputs: Inputs, job: str, migs: list[Migration]) -> list[Command]:
     """Learner ranks move only as their whole group: the moved ranks go to their targets and
     the others are placed again where they are, all at new generations in one command, so
     the group restarts as one from its checkpoint (a lone rank cannot rejoin a group)."""
@@ -632,9 +635,11 @@ def _move_group(inputs: Inputs, memory: Memory, job: str, migs: list[Migration])
     for r in members:
         node = targets[r].target if r in targets else where[r].node
         gpus = targets[r].gpus if r in targets else where[r].gpus
-        placements.append({"task_id": r, "node_id": node})
-        memory.gpus[r] = (node, inputs.tasks[r].next_generation, gpus)
-    key = [(r, inputs.tasks[r].generation, p["node_id"]) for r, p in zip(members, placements)]
+        placements.append(_placement(r, node, gpus))
+    key = [
+        (r, inputs.tasks[r].generation, p["node_id"], p["gpus"])
+        for r, p in zip(members, placements)
+    ]
     move_id = op_id(key)
     commands = [Command("place_tasks", {"placements": placements}, move_id)]
     for m in migs:
@@ -650,15 +655,16 @@ def _move_group(inputs: Inputs, memory: Memory, job: str, migs: list[Migration])
     return commands
 
 
-def _move(t: TaskInfo, target: str) -> tuple[str, Command]:
+def _move(t: TaskInfo, target: str, gpus: tuple[int, ...]) -> tuple[str, Command]:
     """A running rollout actor moves make-before-break (an incoming copy starts on `target`
     and the current one stops once it runs); a learner rank, or a task not yet running, is
     re-placed outright (a rank only moves at a checkpoint boundary, so it resumes from it)."""
     if t.running and not t.learner:
-        move_id = op_id("migrate", t.id, t.next_generation, target)
-        return move_id, Command("migrate_task", {"task_id": t.id, "node_id": target}, move_id)
-    move_id = op_id(t.id, t.generation, target)
-    placements = [{"task_id": t.id, "node_id": target}]
+        move_id = op_id("migrate", t.id, t.next_generation, target, gpus)
+        args = {"task_id": t.id, "node_id": target, "gpus": list(gpus)}
+        return move_id, Command("migrate_task", args, move_id)
+    move_id = op_id(t.id, t.generation, target, gpus)
+    placements = [_placement(t.id, target, gpus)]
     return move_id, Command("place_tasks", {"placements": placements}, move_id)
 
 
@@ -692,8 +698,7 @@ class SchedulerLoop:
         waking = 0.0 < self.memory.wake <= now
         if ctx.read(lambda m: m.applied_count) == self.memory.applied and not waking:
             return Round(())
-        gpus = dict(self.memory.gpus)
-        self.memory.applied, inputs = ctx.read(lambda m: (m.applied_count, read_inputs(m, gpus)))
+        self.memory.applied, inputs = ctx.read(lambda m: (m.applied_count, read_inputs(m)))
         self._forget(inputs)
         decision = decide(inputs, self.memory, now, ctx.config.scheduling.balancer)
         if decision.commands:
@@ -702,8 +707,6 @@ class SchedulerLoop:
 
     def _forget(self, inputs: Inputs) -> None:
         """Drop the memory of tasks that ended, so it does not grow without bound."""
-        for task_id in set(self.memory.gpus) - set(inputs.tasks):
-            del self.memory.gpus[task_id]
         bad = {job for job, _ in inputs.bad_modes}
         for key in list(self.memory.said):
             what, where, task = key
@@ -719,8 +722,6 @@ class SchedulerLoop:
                 applied.add(command.op_id)
                 continue
             log.warning("scheduler %s refused: %s", command.op, outcome["message"])
-            for p in command.args.get("placements", [command.args]):
-                self.memory.gpus.pop(p.get("task_id", ""), None)
         await self._batch([c for c in commands if c.op == "add_event" and c.needs in applied])
 
     async def _batch(self, commands: list[Command]) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 Pure: the inputs are records, the output is a plan; nothing is mutated. A learner group goes
 onto ONE NVLink island when one has room (best fit: the fullest island that still fits, so
 large empty islands stay whole for large groups), else inside ONE RDMA domain, else it is
-refused with what it needs and what is free. Rollout actors go to the least-loaded ready node
+refused with what it needs and what is free (and, when even empty nodes could not hold it,
+that waiting will not help). Rollout actors go to the least-loaded ready node
 (reserved CPU/memory fraction), ties broken by node name, so the same input gives the same plan.
 """
 
@@ -16,7 +17,14 @@ from dataclasses import dataclass
 
 from shoal.scheduler.errors import PlacementRefused, TopologyError
 from shoal.scheduler.ledger import CPU_EPSILON, Ledger, NodeUsage
-from shoal.scheduler.model import LearnerGroup, Placement, PlacementPlan, Refusal, RolloutActor
+from shoal.scheduler.model import (
+    LearnerGroup,
+    Node,
+    Placement,
+    PlacementPlan,
+    Refusal,
+    RolloutActor,
+)
 from shoal.scheduler.topology import Topology
 
 
@@ -183,8 +191,46 @@ def _refusal(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> str:
     if by_domain:
         d = max(sorted(by_domain), key=lambda k: by_domain[k])
         parts.append(f"one RDMA domain fits at most {by_domain[d]} of {group.ranks} ranks ({d})")
-    parts.append("free resources, add nodes or shrink the group")
+    never = _never_fits(ledger, shape, group)
+    if never:
+        parts += [never, "ask for fewer GPUs (ranks × GPUs per rank) or add larger nodes"]
+    else:
+        parts.append("free resources, add nodes or shrink the group")
     return "; ".join(parts)
+
+
+def _never_fits(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> str:
+    """Why no RDMA domain could hold `group` even with every live node empty (what it asks
+    for exceeds the hardware, so waiting will not help), else ''."""
+    nodes = [u.node for u in ledger.usage.values() if u.node.state != "dead"]
+    slots = {n.name: _empty_slots(n, group) for n in nodes}
+    if any(
+        sum(slots.get(n, 0) for n in names) >= group.ranks for names, _ in shape.domains.values()
+    ):
+        return ""
+    islands: dict[str, int] = {}
+    for node in nodes:
+        for gpu in node.gpus:
+            islands[gpu.island] = islands.get(gpu.island, 0) + 1
+    largest = max(sorted(islands), key=lambda k: islands[k]) if islands else ""
+    island = f"{islands[largest]} GPUs ({largest})" if largest else "none (no live node has GPUs)"
+    most = max((len(n.gpus) for n in nodes), default=0)
+    return (
+        f"no RDMA domain of the live nodes could hold it even if they were empty: the largest "
+        f"NVLink island holds {island}, the most GPUs on one node is {most}"
+    )
+
+
+def _empty_slots(node: Node, group: LearnerGroup) -> int:
+    """How many ranks of `group` `node` could take with nothing else on it."""
+    limits = [group.ranks]
+    if group.gpus_per_rank:
+        limits.append(len(node.gpus) // group.gpus_per_rank)
+    if group.cpus_per_rank:
+        limits.append(math.floor((node.cpus + CPU_EPSILON) / group.cpus_per_rank))
+    if group.memory_mb_per_rank:
+        limits.append(node.memory_mb // group.memory_mb_per_rank)
+    return max(0, min(limits))
 
 
 def _spread_actors(

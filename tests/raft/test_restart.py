@@ -47,7 +47,7 @@ def submit(m: StateMachine, job: str, restart: dict[str, Any] | None, at: float 
 def settle(m: StateMachine, now: float) -> None:
     """Rounds until nothing is decided; every placed copy reports running (as agents do)."""
     for _ in range(5):
-        rnd = decide(read_inputs(m, {}), Memory(), now, BalancerConfig())
+        rnd = decide(read_inputs(m), Memory(), now, BalancerConfig())
         apply_round(m, rnd, now)
         for t in m.tasks.values():
             if t.state == "pending" and t.node is not None:
@@ -161,7 +161,7 @@ def test_restarts_outside_the_window_do_not_count() -> None:
 def test_a_new_leader_repeating_a_restart_applies_it_once() -> None:
     m = cluster()
     fail(m, "job-l0", 10.0)
-    stale = read_inputs(m, {})
+    stale = read_inputs(m)
     first = decide(stale, Memory(), 10.0, BalancerConfig())
     second = decide(stale, Memory(), 10.0, BalancerConfig())
     assert [c.op_id for c in first.commands] == [c.op_id for c in second.commands]
@@ -245,7 +245,7 @@ def test_each_failure_restarts_once_groups_together_and_the_job_fails_exactly_pa
         for task_id in sorted(failing):
             fail(m, task_id, now)
         seen = len(restarts(m))
-        inputs = read_inputs(m, {})
+        inputs = read_inputs(m)
         rnd = decide(inputs, Memory(), now, BalancerConfig())
         apply_round(m, rnd, now)
         if replay:
@@ -351,7 +351,7 @@ def test_a_rank_moved_off_a_faulty_node_restarts_its_whole_group() -> None:
     ]
     assert run(m, "report_health", {"reports": reports}, 2.0)["ok"]
     memory = Memory()
-    rnd = decide(read_inputs(m, {}), memory, 2.0, BalancerConfig())
+    rnd = decide(read_inputs(m), memory, 2.0, BalancerConfig())
     places = [c for c in rnd.commands if c.op == "place_tasks"]
     assert len(places) == 1  # one command for the whole group
     apply_round(m, rnd, 2.0)
@@ -480,7 +480,7 @@ def test_every_task_that_stops_while_its_job_runs_runs_again_counted_only_on_its
         for task_id in quits:
             stop(m, task_id, now, "exited with status 0")
         seen = len(restarts(m))
-        apply_round(m, decide(read_inputs(m, {}), Memory(), now, BalancerConfig()), now)
+        apply_round(m, decide(read_inputs(m), Memory(), now, BalancerConfig()), now)
         ended = set(gone) | set(quits)
         ranks = [f"job-l{i}" for i in range(RANKS)]
         group = any(r in ended for r in ranks)
@@ -502,7 +502,7 @@ def test_every_task_that_stops_while_its_job_runs_runs_again_counted_only_on_its
 
 def placed_now(m: StateMachine, task_id: str, now: float) -> bool:
     """Whether a round at `now` places the pending task (applied, as the loop commits it)."""
-    apply_round(m, decide(read_inputs(m, {}), Memory(), now, BalancerConfig()), now)
+    apply_round(m, decide(read_inputs(m), Memory(), now, BalancerConfig()), now)
     return m.tasks[task_id].node is not None
 
 
@@ -550,7 +550,7 @@ def test_each_counted_restart_is_due_after_its_back_off_and_placed_only_then(
     for gap in gaps:
         now += gap
         fail(m, task_id, now)
-        inputs = read_inputs(m, {})
+        inputs = read_inputs(m)
         rnd = decide(inputs, Memory(), now, BalancerConfig())
         again = decide(inputs, Memory(), now, BalancerConfig())  # a new leader, same state
         assert [c.op_id for c in rnd.commands] == [c.op_id for c in again.commands]
@@ -563,7 +563,7 @@ def test_each_counted_restart_is_due_after_its_back_off_and_placed_only_then(
         memory = Memory()
         if delay > 0:
             assert not placed_now(m, task_id, now + delay / 2)
-            decide(read_inputs(m, {}), memory, now, BalancerConfig())
+            decide(read_inputs(m), memory, now, BalancerConfig())
             assert memory.wake == now + delay  # the loop re-reads then, with no other change
         now += delay
         assert placed_now(m, task_id, now)

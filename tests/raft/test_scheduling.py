@@ -25,15 +25,23 @@ def run(m: StateMachine, op: str, args: dict[str, Any], at: float = 1000.0) -> d
 
 
 def apply_round(m: StateMachine, rnd: Round, at: float = 1000.0) -> list[dict[str, Any]]:
-    """What SchedulerLoop._commit does: actions, then the events of the applied ones."""
+    """What SchedulerLoop._commit does: actions, then the events of the applied ones. Returns
+    the events posted, the `refused` ones the machine posts for a new pending reason last."""
     applied = {""}
+    refusals = []
     for c in rnd.commands:
-        if c.op != "add_event" and m.apply(make_command(c.op, c.args, c.op_id, at))["ok"]:
+        if c.op == "add_event":
+            continue
+        result = m.apply(make_command(c.op, c.args, c.op_id, at))
+        if result["ok"]:
             applied.add(c.op_id)
+        if c.op == "set_pending_reason" and result.get("changed"):
+            e = m.events[-1]
+            refusals.append({"kind": e.kind, "message": e.message, "fields": e.fields})
     events = [c for c in rnd.commands if c.op == "add_event" and c.needs in applied]
     for c in events:
         m.apply(make_command(c.op, c.args, c.op_id, at))
-    return [c.args for c in events]
+    return [c.args for c in events] + refusals
 
 
 def add_node(
@@ -87,7 +95,7 @@ def submit(
 
 
 def one_round(m: StateMachine, memory: Memory, now: float = 1000.0) -> list[dict[str, Any]]:
-    rnd = decide(read_inputs(m, memory.gpus), memory, now, BalancerConfig())
+    rnd = decide(read_inputs(m), memory, now, BalancerConfig())
     return apply_round(m, rnd, now)
 
 
@@ -147,7 +155,7 @@ def build(
 @given(st.lists(node_st, min_size=1, max_size=5), st.lists(task_st, max_size=12))
 def test_every_active_task_is_placed_or_pending_exactly_once(nodes: Any, tasks: Any) -> None:
     m = build(nodes, tasks)
-    inputs = read_inputs(m, {})
+    inputs = read_inputs(m)
     placed = [p.task for p in inputs.placements]
     active = {t.id for t in m.tasks.values() if t.state in ACTIVE}
     assert sorted(placed + list(inputs.pending) + list(inputs.held)) == sorted(active)
@@ -164,9 +172,9 @@ def test_every_active_task_is_placed_or_pending_exactly_once(nodes: Any, tasks: 
 def test_a_round_places_each_pending_task_once_and_loses_none(nodes: Any, tasks: Any) -> None:
     m = build(nodes, tasks)
     before = {t.id: (t.generation, t.state) for t in m.tasks.values()}
-    inputs = read_inputs(m, {})
+    inputs = read_inputs(m)
     events = one_round(m, Memory())
-    after = read_inputs(m, {})
+    after = read_inputs(m)
     restarted = {t for e in m.events if e.kind == "restart" for t in e.fields["tasks"]}
     gave_up = {t.id for t in m.tasks.values() if m.jobs[t.job_id].state == "failed"}
     # every failure of an auto job restarts, unless its job ran out of restarts
@@ -213,6 +221,62 @@ def test_group_too_big_is_refused_once_with_the_reason_and_stays_pending() -> No
     assert "stays pending" in events[0]["message"]
     assert all(t.state == "pending" and t.node is None for t in m.tasks.values())
     assert one_round(m, memory) == []  # same reason: not posted again
+    assert one_round(m, Memory()) == []  # nor by a new leader: the reason is replicated
+    reasons = {t.pending_reason for t in m.tasks.values()}
+    assert len(reasons) == 1
+    assert f"big-l0 stays pending: {reasons.pop()}" == events[0]["message"]
+
+
+def test_a_group_no_island_or_domain_could_ever_hold_says_so_and_what_is_largest() -> None:
+    m = StateMachine()
+    add_node(m, "a", gpus=8, island_size=4)
+    add_node(m, "b", gpus=8, island_size=8)
+    submit(m, "huge", ranks=1, gpus=16)
+    one_round(m, Memory())
+    reason = m.tasks["huge-l0"].pending_reason
+    assert "learner group 'huge' needs 16 GPUs (1 ranks × 16" in reason
+    assert "the largest NVLink island holds 8 GPUs (b/nvl0)" in reason
+    assert "the most GPUs on one node is 8" in reason
+    assert reason.endswith("ask for fewer GPUs (ranks × GPUs per rank) or add larger nodes")
+    add_node(m, "c", gpus=16, island_size=16)  # hardware that can hold it: placed, reason gone
+    one_round(m, Memory())
+    task = m.tasks["huge-l0"]
+    assert (task.node, task.gpus, task.pending_reason) == ("c", list(range(16)), "")
+
+
+def test_a_full_cluster_says_to_free_resources_not_that_it_never_fits() -> None:
+    m = StateMachine()
+    add_node(m, "a", gpus=4, island_size=4)
+    submit(m, "first", ranks=1, gpus=4)
+    one_round(m, Memory())
+    submit(m, "second", ranks=1, gpus=4)
+    one_round(m, Memory())
+    reason = m.tasks["second-l0"].pending_reason
+    assert reason.endswith("free resources, add nodes or shrink the group")
+    run(m, "stop_job", {"job_id": "first"})
+    one_round(m, Memory())
+    assert m.tasks["second-l0"].gpus == [0, 1, 2, 3]
+
+
+def test_placements_carry_their_gpus_and_a_new_leader_reserves_the_same_ones() -> None:
+    """GPUs are replicated on the task: a leader that never chose them (a failover) still
+    counts them held, so a later placement cannot be given the same GPUs."""
+    m = StateMachine()
+    add_node(m, "a", gpus=4, island_size=4)
+    submit(m, "one", ranks=1, gpus=2)
+    submit(m, "two", ranks=1, gpus=2)
+    one_round(m, Memory())
+    one_gpus, two_gpus = m.tasks["one-l0"].gpus, m.tasks["two-l0"].gpus
+    assert sorted(one_gpus + two_gpus) == [0, 1, 2, 3]
+    placed = [e for e in m.events if e.kind == "task_placed"]
+    assert sorted(e.fields["gpus"] for e in placed) == sorted([one_gpus, two_gpus])
+    held = next(p for p in read_inputs(m).placements if p.task == "two-l0")
+    assert list(held.gpus) == two_gpus
+    run(m, "stop_job", {"job_id": "one"})
+    submit(m, "three", ranks=1, gpus=2)
+    one_round(m, Memory())  # a fresh leader's memory
+    assert m.tasks["three-l0"].gpus == one_gpus
+    assert m.tasks["two-l0"].gpus == two_gpus
 
 
 def test_dead_nodes_tasks_are_replaced_elsewhere_and_suspect_ones_wait() -> None:
@@ -238,7 +302,7 @@ def test_a_new_leader_deciding_from_the_same_state_does_not_place_twice() -> Non
     add_node(m, "a")
     add_node(m, "b")
     submit(m, "job", rollouts=2, ranks=1, gpus=1)
-    stale = read_inputs(m, {})
+    stale = read_inputs(m)
     first = decide(stale, Memory(), 1000.0, BalancerConfig())
     second = decide(stale, Memory(), 1000.0, BalancerConfig())
     assert [c.op_id for c in first.commands] == [c.op_id for c in second.commands]
@@ -321,7 +385,7 @@ def test_nodes_sharing_a_host_are_judged_on_their_own_signals_not_the_hosts_cpu(
     add_node(m, "c")
     hot = {"cpu": 1.0, "memory": 0.9, "gpu_util": 0.2}
     health(m, 1001.0, a=hot, b=hot, c=hot)
-    by_node = {h.node: h for h in read_inputs(m, {}).health}
+    by_node = {h.node: h for h in read_inputs(m).health}
     assert (by_node["a"].cpu, by_node["a"].memory, by_node["a"].gpu_util) == (0.0, 0.0, 0.2)
     assert by_node["b"].cpu == 0.0
     assert by_node["c"].cpu == 1.0  # alone on its host: the host's CPU is its own
