@@ -9,6 +9,11 @@ Layout of a run directory (deleting it leaves nothing behind once `stop` ran):
   logs/NAME.log         each process's stdout and stderr
   pids/NAME.pid         each process's pid
   data/NAME/            each replica's Raft journal and dump, each node's data directory
+With `shoal up --hosts N` (each node daemon a host of its own, shoal/hosts.py) also:
+  tls/                  the cluster's CA, certificate and key ($SHOAL_TLS_DIR of every process)
+  storage/              stands for the file system every host mounts (checkpoints go there)
+and cluster.json records the network (bridge, namespaces, addresses) so `down`, or the next
+`up` after a crash, removes it.
 A process is recognised by its pid AND its command line naming the run directory, so a reused
 pid is never signalled.
 """
@@ -23,6 +28,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -33,7 +39,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from shoal import hosts
+from shoal.boundedjson import JsonRefused, loads
 from shoal.errors import ShoalError
+from shoal.runtime.tls import CA_FILE, TLS_DIR_ENV, TlsFiles
 from shoal.scheduler.health.presence import read_states, read_util_source
 
 STOP_GRACE = 5.0
@@ -54,6 +63,9 @@ min_timeout = 0.07
 max_timeout = 0.1
 """
 _PR_SET_PDEATHSIG = 1
+MAX_CLUSTER_JSON = 4 << 20
+"""cluster.json of 9 replicas and 64 nodes is a few tens of KiB; anything larger was not written
+by `shoal up`."""
 
 
 class LocalClusterError(ShoalError):
@@ -64,9 +76,9 @@ def default_run_dir() -> Path:
     return Path(os.environ.get("SHOAL_RUN_DIR", Path.home() / ".shoal" / "run"))
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -95,14 +107,21 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def coordinator_specs(
-    run_dir: Path, replicas: int, extra_args: tuple[str, ...] = (), raft_bind: bool = False
+    run_dir: Path,
+    replicas: int,
+    extra_args: tuple[str, ...] = (),
+    raft_bind: bool = False,
+    api_host: str = "127.0.0.1",
+    tls_dir: Path | None = None,
 ) -> list[ProcessSpec]:
     """Specs for `replicas` coordinator replicas on free loopback ports. With `raft_bind`, each
     replica binds Raft on a port of its own and advertises another, where the caller must put
-    something that forwards to it (chaos puts a fault proxy there)."""
+    something that forwards to it (chaos puts a fault proxy there). `api_host` is where the
+    admin API listens (Raft stays on loopback); with `tls_dir` it serves HTTPS."""
     rafts = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
     binds = [f"127.0.0.1:{free_port()}" if raft_bind else None for _ in range(replicas)]
-    apis = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
+    apis = [f"{api_host}:{free_port(api_host)}" for _ in range(replicas)]
+    scheme = "https" if tls_dir else "http"
     specs = []
     for i in range(replicas):
         name = f"c{i + 1}"
@@ -122,13 +141,18 @@ def coordinator_specs(
                 name,
                 argv,
                 "coordinator",
-                f"http://{apis[i]}/healthz",
-                f"http://{apis[i]}",
+                f"{scheme}://{apis[i]}/healthz",
+                f"{scheme}://{apis[i]}",
                 rafts[i],
                 binds[i],
+                _tls_env(tls_dir),
             )
         )
     return specs
+
+
+def _tls_env(tls_dir: Path | None) -> dict[str, str] | None:
+    return {TLS_DIR_ENV: str(tls_dir)} if tls_dir else None
 
 
 def node_specs(
@@ -138,19 +162,25 @@ def node_specs(
     sim_gpus: int,
     island_size: int = 16,
     extra_args: tuple[str, ...] = (),
+    network: hosts.Network | None = None,
+    tls_dir: Path | None = None,
 ) -> list[ProcessSpec]:
-    """Specs for `nodes` node daemons `n1..nN`, each with `sim_gpus` simulated GPUs."""
+    """Specs for `nodes` node daemons `n1..nN`, each with `sim_gpus` simulated GPUs. With a
+    `network`, node n<i> runs inside host h<i>'s namespace and listens on its address."""
     specs = []
     for i in range(nodes):
         name = f"n{i + 1}"
+        host = network.host(name) if network else None
         argv = [
+            *(hosts.exec_prefix(host) if host else ()),
             sys.executable, "-m", "shoal", "node",
             "--coordinators", ",".join(api_urls), "--node-id", name,
             "--data-dir", str(run_dir / "data" / name), "--token-file", str(run_dir / "node-token"),
             "--sim-gpus", str(sim_gpus), "--island-size", str(island_size),
+            *(("--listen", f"{host.address}:0") if host else ()),
             *extra_args,
         ]  # fmt: skip
-        specs.append(ProcessSpec(name, argv, "node"))
+        specs.append(ProcessSpec(name, argv, "node", env=_tls_env(tls_dir)))
     return specs
 
 
@@ -160,6 +190,7 @@ class LocalCluster:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir.resolve()
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._ssl_context: ssl.SSLContext | None = None
 
     # -- files -----------------------------------------------------------------------------
 
@@ -167,11 +198,44 @@ class LocalCluster:
     def token(self) -> str:
         return (self.run_dir / "api-token").read_text().strip()
 
-    def specs(self) -> list[ProcessSpec]:
+    def _record(self) -> dict[str, Any]:
+        """cluster.json, read as a file anyone may have edited: bounded, then checked."""
         path = self.run_dir / "cluster.json"
-        if not path.exists():
-            raise LocalClusterError(f"no cluster in {self.run_dir}; start one with `shoal up`")
-        return [ProcessSpec(**item) for item in json.loads(path.read_text())["processes"]]
+        try:
+            with path.open("rb") as handle:
+                data = loads(handle.read(MAX_CLUSTER_JSON + 1), max_bytes=MAX_CLUSTER_JSON)
+        except FileNotFoundError:
+            raise LocalClusterError(
+                f"no cluster in {self.run_dir}; start one with `shoal up`"
+            ) from None
+        except (OSError, JsonRefused) as exc:
+            raise LocalClusterError(
+                f"cannot read {path} ({exc}); `shoal down` cannot stop what it does not name: "
+                "stop the processes by hand and delete the run directory"
+            ) from None
+        if not isinstance(data, dict) or not isinstance(data.get("processes"), list):
+            raise LocalClusterError(f"{path} lists no processes; delete the run directory")
+        return data
+
+    def specs(self) -> list[ProcessSpec]:
+        try:
+            return [ProcessSpec(**item) for item in self._record()["processes"]]
+        except TypeError as exc:
+            raise LocalClusterError(
+                f"{self.run_dir / 'cluster.json'} has a process entry `shoal up` does not "
+                f"write ({exc}); delete the run directory"
+            ) from None
+
+    def network(self) -> hosts.Network | None:
+        """The hosts' network `shoal up --hosts` recorded, or None for a one-host cluster."""
+        record = self._record().get("network")
+        return None if record is None else hosts.Network.from_record(record)
+
+    @property
+    def tls_dir(self) -> Path | None:
+        """The cluster's TLS directory (`shoal up --hosts` makes one), or None."""
+        directory = self.run_dir / "tls"
+        return directory if (directory / CA_FILE).is_file() else None
 
     def spec(self, name: str) -> ProcessSpec:
         for spec in self.specs():
@@ -187,22 +251,29 @@ class LocalCluster:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def create(self, specs: list[ProcessSpec]) -> None:
-        """Write the secrets and cluster.json; refuses a run dir whose processes still run."""
+    def check_not_running(self) -> None:
+        """Refuses a run dir whose processes still run (before anything in it is replaced)."""
         if (self.run_dir / "cluster.json").exists() and any(self.pid(s.name) for s in self.specs()):
             raise LocalClusterError(
                 f"a cluster is already running in {self.run_dir}; `shoal down` first"
             )
+
+    def create(self, specs: list[ProcessSpec], network: hosts.Network | None = None) -> None:
+        """Write the secrets and cluster.json; refuses a run dir whose processes still run.
+        With a `network` (hosts of their own) cluster.json records it and the storage every
+        host mounts, which is created."""
+        self.check_not_running()
+        record: dict[str, Any] = {"processes": [asdict(s) for s in specs]}
+        if network is not None:
+            record |= {"network": network.to_record(), "storage": str(self.run_dir / "storage")}
         try:
-            for sub in ("logs", "pids", "data"):
+            for sub in ("logs", "pids", "data", *(("storage",) if network else ())):
                 (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(self.run_dir, 0o700)
             for name in ("secret", "api-token", "node-token", "read-token"):
                 if not (self.run_dir / name).exists():
                     _write_private(self.run_dir / name, secrets.token_urlsafe(32))
-            (self.run_dir / "cluster.json").write_text(
-                json.dumps({"processes": [asdict(s) for s in specs]}, indent=1)
-            )
+            (self.run_dir / "cluster.json").write_text(json.dumps(record, indent=1))
         except OSError as exc:
             raise LocalClusterError(
                 f"cannot lay out the run directory {self.run_dir}: {exc.strerror or exc}; "
@@ -302,9 +373,15 @@ class LocalCluster:
     # -- probing -----------------------------------------------------------------------------
 
     def get(self, url: str, timeout: float = 2.0) -> Any:
+        """GET an admin API URL with the operator token (https: checked against the cluster CA)."""
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.token}"})
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout, context=self._ssl()) as resp:
             return json.loads(resp.read())
+
+    def _ssl(self) -> ssl.SSLContext | None:
+        if self._ssl_context is None and self.tls_dir is not None:
+            self._ssl_context = TlsFiles(self.tls_dir).client_context()
+        return self._ssl_context
 
     def cluster_view(self, name: str, digest: bool = False) -> dict[str, Any] | None:
         """The replica's `/v1/cluster`, or None if it does not answer."""
@@ -359,6 +436,16 @@ class LocalCluster:
                     )
             time.sleep(0.1)
         raise LocalClusterError(f"fewer than {count} nodes registered within {timeout:g} s")
+
+    def remove_network(self) -> list[str]:
+        """Remove the hosts' network this run dir recorded, and whatever a crashed `shoal up`
+        here left under this run dir's names; the names removed (none for a one-host cluster)."""
+        network = self.network() if (self.run_dir / "cluster.json").exists() else None
+        if network is None and not hosts.can_manage():
+            return []  # nothing recorded, and nothing this user could have made
+        hosts.check_can_create()  # a recorded network takes root to remove
+        tags = {hosts.run_tag(self.run_dir), *((network.tag,) if network else ())}
+        return [name for tag in sorted(tags) for name in hosts.remove_tagged(tag)]
 
     def tail(self, name: str, lines: int = 50) -> str:
         try:
@@ -449,3 +536,74 @@ def embedded_cluster(run_dir: Path) -> Iterator[LocalCluster]:
         yield local
     finally:
         local.stop_all()
+
+
+def cluster_names(network: hosts.Network) -> list[str]:
+    """What the cluster's certificate must name: the bridge (coordinators), every host (node
+    daemons and their tasks) and loopback (Raft, and tools on this host)."""
+    from shoal.runtime.local_ca import LOCAL_NAMES
+
+    return [network.bridge_address, *(h.address for h in network.hosts), *LOCAL_NAMES]
+
+
+def create_hosts_cluster(
+    local: LocalCluster,
+    count: int,
+    replicas: int,
+    sim_gpus: int = 0,
+    island_size: int = 16,
+    coordinator_args: tuple[str, ...] = (),
+    node_args: tuple[str, ...] = (),
+) -> hosts.Network:
+    """Lay out a new cluster whose `count` nodes are hosts of their own (`shoal up --hosts`):
+    what a crashed earlier one left is removed, the network made, the cluster's CA and
+    certificate written to `run_dir/tls`, then cluster.json. Nothing is started; on a failure
+    the network is removed again."""
+    hosts.check_can_create()
+    local.check_not_running()
+    local.remove_network()
+    tag = hosts.run_tag(local.run_dir)
+    network = hosts.plan(tag, hosts.choose_prefix(tag, hosts.machine_networks()), count)
+    hosts.create(network)
+    try:
+        tls = _cluster_tls(local.run_dir / "tls", network)
+        specs = coordinator_specs(
+            local.run_dir, replicas, coordinator_args, api_host=network.bridge_address, tls_dir=tls
+        )
+        urls = [s.api_url for s in specs if s.api_url]
+        specs += node_specs(
+            local.run_dir, urls, count, sim_gpus, island_size, node_args, network, tls
+        )
+        local.create(specs, network)
+    except BaseException:
+        hosts.remove(network)
+        raise
+    return network
+
+
+def restore_network(local: LocalCluster) -> hosts.Network | None:
+    """Before an existing cluster starts again: its recorded network, made afresh (after
+    removing what a crash left of it), or None for a one-host cluster."""
+    network = local.network()
+    if network is not None:
+        hosts.check_can_create()
+        local.check_not_running()
+        local.remove_network()
+        hosts.create(network)
+    return network
+
+
+def _cluster_tls(directory: Path, network: hosts.Network) -> Path:
+    """The CA and certificate for the cluster's addresses; a fresh one unless the directory
+    already holds one (the same cluster again: same addresses, and every process trusts it)."""
+    from shoal.runtime.local_ca import make_local_ca
+
+    if not (directory / CA_FILE).is_file():
+        try:
+            make_local_ca(directory, cluster_names(network))
+        except OSError as exc:
+            raise LocalClusterError(
+                f"cannot write the cluster's TLS files to {directory}: {exc.strerror or exc}; "
+                "choose a writable --run-dir"
+            ) from None
+    return directory

@@ -1,4 +1,5 @@
-"""`shoal down`: stop every process of the local cluster (SIGTERM, then SIGKILL)."""
+"""`shoal down`: stop every process of the local cluster (SIGTERM, then SIGKILL), then remove
+its hosts' network (`shoal up --hosts`): namespaces, veths and bridge."""
 
 from __future__ import annotations
 
@@ -22,4 +23,7 @@ def run(args: argparse.Namespace) -> int:
     if left:
         raise LocalClusterError(f"still running after SIGKILL: {left}")
     print(f"shoal: stopped {', '.join(stopped) if stopped else 'nothing (no process was running)'}")
+    removed = local.remove_network()
+    if removed:
+        print(f"shoal: removed the hosts' network ({', '.join(removed)})")
     return 0

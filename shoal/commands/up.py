@@ -1,10 +1,14 @@
 """`shoal up`: start a local cluster of coordinator replicas (and node daemons with simulated
-GPUs) in the background."""
+GPUs) in the background; with `--hosts N` each node daemon is a host of its own (shoal/hosts.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shoal.local import LocalCluster
 
 
 def add_run_dir(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +26,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--replicas", type=int, default=3, help="coordinator replicas (odd: 1, 3, 5)"
     )
     parser.add_argument("--nodes", type=int, default=0, help="node daemons to start beside them")
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="run N node daemons, each a host of its own: a network namespace with its own "
+        "address on a private bridge, TLS between them (root only)",
+    )
     parser.add_argument("--sim-gpus", type=int, default=0, help="simulated GPUs per node")
     parser.add_argument("--island-size", type=int, default=16, help="GPUs per NVLink island")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a leader")
@@ -45,59 +56,99 @@ def check_options(args: argparse.Namespace) -> None:
             f"--replicas={args.replicas} must be odd, between 1 and 9 (a majority must survive)"
         )
     check_int("--nodes", args.nodes, 0, 64)
+    check_int("--hosts", args.hosts, 0, 64)
+    if args.hosts and args.nodes not in (0, args.hosts):
+        raise ConfigError(
+            f"--nodes={args.nodes} with --hosts={args.hosts}: every host runs one node daemon; "
+            "leave out --nodes"
+        )
     check_int("--sim-gpus", args.sim_gpus, 0, 1024)
     check_int("--island-size", args.island_size, 1, 1024)
     check_number("--timeout", args.timeout, above=0, unit="seconds")
 
 
 def run(args: argparse.Namespace) -> int:
-    from shoal.errors import ConfigError
-    from shoal.local import (
-        LocalCluster,
-        LocalClusterError,
-        coordinator_specs,
-        default_run_dir,
-        node_specs,
-    )
+    from shoal.local import LocalCluster, LocalClusterError, default_run_dir
 
     check_options(args)
+    nodes = args.hosts or args.nodes
     local = LocalCluster(args.run_dir or default_run_dir())
     if (local.run_dir / "cluster.json").exists():  # bring the same cluster back, data and all
-        specs = local.specs()
-        counts = (sum(s.kind == "coordinator" for s in specs), sum(s.kind == "node" for s in specs))
-        if counts != (args.replicas, args.nodes):
-            raise ConfigError(
-                f"--replicas={args.replicas} --nodes={args.nodes} differ from the cluster in "
-                f"{local.run_dir} ({counts[0]} replicas, {counts[1]} nodes); "
-                "use another --run-dir or delete that one"
-            )
-        given = args.coordinator_config
-        if given is not None and str(given.resolve()) not in specs[0].argv:
-            raise ConfigError(
-                f"--coordinator-config={given}: the cluster in {local.run_dir} re-reads the file "
-                "it was created with at each start; edit that one, or use another --run-dir"
-            )
+        _check_same_cluster(local, args, nodes)
     else:
-        config_args: tuple[str, ...] = ()
-        if args.coordinator_config is not None:
-            from shoal.commands.coordinator import load_settings
-
-            load_settings(args.coordinator_config)  # a mistake stops here, before any process
-            config_args = ("--config", str(args.coordinator_config.resolve()))
-        specs = coordinator_specs(local.run_dir, args.replicas, config_args)
-        urls = [s.api_url for s in specs if s.api_url]
-        specs += node_specs(local.run_dir, urls, args.nodes, args.sim_gpus, args.island_size)
-    local.create(specs)
+        _lay_out(local, args, nodes)
     try:
         local.start_all()
         leader = local.wait_ready(timeout=args.timeout)
-        nodes = local.wait_nodes(args.nodes, timeout=args.timeout)
+        found = local.wait_nodes(nodes, timeout=args.timeout)
     except LocalClusterError:
         local.stop_all()
+        local.remove_network()
         raise
+    _print_cluster(local, leader, found)
+    return 0
+
+
+def _check_same_cluster(local: LocalCluster, args: argparse.Namespace, nodes: int) -> None:
+    """The options must describe the cluster the run dir holds; its network (with --hosts) is
+    made again, after removing what a crash left of it."""
+    from shoal.errors import ConfigError
+    from shoal.local import restore_network
+
+    specs, network = local.specs(), local.network()
+    had = (
+        sum(s.kind == "coordinator" for s in specs),
+        sum(s.kind == "node" for s in specs),
+        len(network.hosts) if network else 0,
+    )
+    if had != (args.replicas, nodes, args.hosts):
+        raise ConfigError(
+            f"--replicas={args.replicas} --nodes={nodes} --hosts={args.hosts} differ from the "
+            f"cluster in {local.run_dir} ({had[0]} replicas, {had[1]} nodes, {had[2]} hosts); "
+            "use another --run-dir or delete that one"
+        )
+    given = args.coordinator_config
+    if given is not None and str(given.resolve()) not in specs[0].argv:
+        raise ConfigError(
+            f"--coordinator-config={given}: the cluster in {local.run_dir} re-reads the file "
+            "it was created with at each start; edit that one, or use another --run-dir"
+        )
+    local.create(specs, network)
+    restore_network(local)
+
+
+def _lay_out(local: LocalCluster, args: argparse.Namespace, nodes: int) -> None:
+    from shoal.local import coordinator_specs, create_hosts_cluster, node_specs
+
+    config_args: tuple[str, ...] = ()
+    if args.coordinator_config is not None:
+        from shoal.commands.coordinator import load_settings
+
+        load_settings(args.coordinator_config)  # a mistake stops here, before any process
+        config_args = ("--config", str(args.coordinator_config.resolve()))
+    if args.hosts:
+        create_hosts_cluster(
+            local, args.hosts, args.replicas, args.sim_gpus, args.island_size, config_args
+        )
+        return
+    specs = coordinator_specs(local.run_dir, args.replicas, config_args)
+    urls = [s.api_url for s in specs if s.api_url]
+    local.create(specs + node_specs(local.run_dir, urls, nodes, args.sim_gpus, args.island_size))
+
+
+def _print_cluster(local: LocalCluster, leader: str, nodes: list[dict[str, Any]]) -> None:
+    """What runs where; with --hosts each node's host, its address and namespace (`shoal
+    status` lists the processes again later)."""
+    network = local.network()
     print(f"shoal: local cluster up in {local.run_dir}")
     for spec in local.specs():
-        if spec.kind == "node":
+        if spec.kind == "node" and network:
+            host = network.host(spec.name)
+            print(
+                f"  {spec.name}  pid {local.pid(spec.name)}  node  host {host.name} "
+                f"{host.address} (netns {host.netns})"
+            )
+        elif spec.kind == "node":
             print(f"  {spec.name}  pid {local.pid(spec.name)}  node")
         else:
             print(
@@ -107,5 +158,10 @@ def run(args: argparse.Namespace) -> int:
         gpus = sum(n["gpus"] for n in nodes)
         islands = sum(len(n["islands"]) for n in nodes)
         print(f"  {len(nodes)} nodes, {gpus} GPUs in {islands} NVLink islands")
+    if network:
+        print(
+            f"  hosts on bridge {network.bridge} {network.bridge_address}/24; "
+            f"storage {local.run_dir / 'storage'}"
+        )
+        print(f"  TLS: tools on this host need SHOAL_TLS_DIR={local.tls_dir}")
     print(f"  leader {leader}; API token in {local.run_dir / 'api-token'}")
-    return 0
