@@ -298,9 +298,28 @@ class CoordinatorClient:
             body["generation"] = generation
         return dict(await self.request("PUT", f"/v1/tasks/{task_id}/state", body))
 
-    async def place_tasks(self, placements: dict[str, str | None]) -> dict[str, Any]:
-        body = {"placements": [{"task_id": t, "node_id": n} for t, n in placements.items()]}
-        return dict(await self.request("POST", "/v1/placements", body))
+    async def publish_task_state(
+        self, task_id: str, generation: int, state: dict[str, Any], op_id: str | None = None
+    ) -> dict[str, Any]:
+        """Replace what `generation` of the task published (a flat object of at most 4 KiB:
+        `commands.PUBLISHED_STATE`); `Conflict` when that generation is no longer the task's."""
+        body = {"generation": generation, "state": state}
+        return dict(await self.request("PUT", f"/v1/tasks/{task_id}/published", body, op_id=op_id))
+
+    async def place_tasks(
+        self,
+        placements: dict[str, str | None],
+        gpus: dict[str, list[int]] | None = None,
+    ) -> dict[str, Any]:
+        """Place (or, with None, unplace) tasks by hand; `gpus` names a task's GPU indices
+        on its node (else it gets the lowest free ones it asks for)."""
+        rows = []
+        for task_id, node_id in placements.items():
+            row: dict[str, Any] = {"task_id": task_id, "node_id": node_id}
+            if gpus and task_id in gpus:
+                row["gpus"] = list(gpus[task_id])
+            rows.append(row)
+        return dict(await self.request("POST", "/v1/placements", {"placements": rows}))
 
     # -- checkpoints and events ---------------------------------------------------------------
 

@@ -28,6 +28,10 @@ from shoal.raft.routes import Call, Param
 
 MAX_EVENTS_PER_READ = 1000
 POLL_PERIOD = 0.05
+SECRET_WORDS = ("TOKEN", "SECRET")
+"""A task's `args.env` variable whose name holds one of these is shown to the read role as
+REDACTED: a dashboard or scraper needs to see that it is set, not what it is."""
+REDACTED = "<redacted>"
 
 
 def reply(data: Any, status: int = 200) -> web.Response:
@@ -153,10 +157,11 @@ async def heartbeat(ctx: ApiContext, call: Call) -> web.StreamResponse:
     view = ctx.read(lambda m: _node_view(m, node_id))
     ctx.liveness.heartbeat(node_id, time.time(), call.body.get("health"))
     ctx.metrics.inc("shoal_heartbeats_total", "heartbeats received by the leader")
-    tasks, faults = ctx.read(
+    tasks, faults, peers = ctx.read(
         lambda m: (
             [asdict(m.tasks[t]) for t in view["tasks"]],
             [asdict(f) for f in m.faults_for(node_id)],
+            m.peers(node_id),
         )
     )
     return reply(
@@ -166,6 +171,7 @@ async def heartbeat(ctx: ApiContext, call: Call) -> web.StreamResponse:
             "cordoned": view["cordoned"],
             "tasks": tasks,
             "faults": faults,
+            "peers": peers,
         }
     )
 
@@ -207,16 +213,29 @@ async def submit_job(ctx: ApiContext, call: Call) -> web.Response:
     return reply(result["job"], 201)
 
 
-def _job_view(m: StateMachine, job_id: str) -> dict[str, Any]:
+def for_role(task: dict[str, Any], role: str) -> dict[str, Any]:
+    """A task record as `role` may see it: for the read role, the values of its `args.env`
+    variables named like a secret (TOKEN, SECRET) replaced by REDACTED; else unchanged."""
+    env = task.get("args", {}).get("env")
+    if role != "read" or not isinstance(env, dict):
+        return task
+    shown = {
+        name: REDACTED if any(w in str(name).upper() for w in SECRET_WORDS) else value
+        for name, value in env.items()
+    }
+    return {**task, "args": {**task["args"], "env": shown}}
+
+
+def _job_view(m: StateMachine, job_id: str, role: str) -> dict[str, Any]:
     job = _find(m.jobs, job_id, "job", "/v1/jobs")
-    tasks = [asdict(t) for t in m.tasks.values() if t.job_id == job_id]
+    tasks = [for_role(asdict(t), role) for t in m.tasks.values() if t.job_id == job_id]
     cps = [asdict(c) for c in m.checkpoints.values() if c.job_id == job_id]
     return {**asdict(job), "tasks": tasks, "checkpoints": cps}
 
 
 async def get_job(ctx: ApiContext, call: Call) -> web.Response:
     await _maybe_consistent(ctx, call)
-    return reply(ctx.read(lambda m: _job_view(m, call.path["job_id"])))
+    return reply(ctx.read(lambda m: _job_view(m, call.path["job_id"], call.role)))
 
 
 async def stop_job(ctx: ApiContext, call: Call) -> web.Response:
@@ -235,7 +254,7 @@ async def list_tasks(ctx: ApiContext, call: Call) -> web.Response:
 
     def pick(m: StateMachine) -> list[dict[str, Any]]:
         return [
-            asdict(t)
+            for_role(asdict(t), call.role)
             for t in m.tasks.values()
             if q.get("node") in (None, t.node)
             and q.get("job") in (None, t.job_id)
@@ -247,9 +266,8 @@ async def list_tasks(ctx: ApiContext, call: Call) -> web.Response:
 
 async def get_task(ctx: ApiContext, call: Call) -> web.Response:
     await _maybe_consistent(ctx, call)
-    return reply(
-        ctx.read(lambda m: asdict(_find(m.tasks, call.path["task_id"], "task", "/v1/tasks")))
-    )
+    task = ctx.read(lambda m: asdict(_find(m.tasks, call.path["task_id"], "task", "/v1/tasks")))
+    return reply(for_role(task, call.role))
 
 
 async def set_task_state(ctx: ApiContext, call: Call) -> web.Response:
@@ -257,6 +275,14 @@ async def set_task_state(ctx: ApiContext, call: Call) -> web.Response:
         "set_task_state", {"task_id": call.path["task_id"], **call.body}, call.op_id
     )
     return reply(result["task"])
+
+
+async def publish_task_state(ctx: ApiContext, call: Call) -> web.Response:
+    cmd.check_published_size(call.body["state"], "body.state")  # the rule its schema names
+    result = await ctx.write(
+        "publish_task_state", {"task_id": call.path["task_id"], **call.body}, call.op_id
+    )
+    return reply({k: result[k] for k in ("task_id", "generation", "published")})
 
 
 async def place_tasks(ctx: ApiContext, call: Call) -> web.Response:

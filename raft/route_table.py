@@ -29,6 +29,7 @@ from shoal.raft.handlers import (
     list_tasks,
     metrics,
     place_tasks,
+    publish_task_state,
     record_checkpoint,
     register_node,
     set_task_state,
@@ -50,10 +51,18 @@ def _body(op: str, drop: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -
 
 
 NOT_BATCHED = frozenset(
-    {"announce_leader", "set_liveness", "report_health", "inject_fault", "report_fault"}
+    {
+        "announce_leader",
+        "set_liveness",
+        "report_health",
+        "set_pending_reason",
+        "inject_fault",
+        "report_fault",
+    }
 )
 """Commands a client may not send in a batch: those only the leader proposes (its leadership,
-which followers forward by, and the liveness and health it decides) and the chaos commands,
+which followers forward by, the liveness and health it decides, why its scheduler cannot
+place a task) and the chaos commands,
 whose own routes answer only where `[chaos] enabled` is set."""
 BATCH_OPS = sorted(set(cmd.ARG_SCHEMAS) - NOT_BATCHED)
 BATCH_BODY: Schema = {
@@ -278,6 +287,17 @@ ROUTES: tuple[Route, ...] = (
         set_task_state,
         "report a task's state (node daemons)",
         body=_body("set_task_state", drop=("task_id",)),
+        write=True,
+        tag="tasks",
+        role="node",
+    ),
+    Route(
+        "PUT",
+        "/v1/tasks/{task_id}/published",
+        publish_task_state,
+        "publish a small flat state for the task's generation (node daemons, for their tasks); "
+        "its job's nodes get it in their heartbeat replies (`peers`), readers in the task",
+        body=_body("publish_task_state", drop=("task_id",)),
         write=True,
         tag="tasks",
         role="node",
