@@ -91,8 +91,9 @@ def token_role(config: CoordinatorConfig, given: str) -> str | None:
     return role
 
 
-def _check_token(request: web.Request, config: CoordinatorConfig, route: Route) -> None:
-    """Admit a token whose role includes the route's; 403 otherwise, naming the role needed."""
+def _check_token(request: web.Request, config: CoordinatorConfig, route: Route) -> str:
+    """The role of the request's token when it includes the route's; 403 otherwise, naming
+    the role needed."""
     role = token_role(config, _bearer(request))
     if role is None:
         raise Forbidden("wrong bearer token; use a token the coordinator was started with")
@@ -101,6 +102,7 @@ def _check_token(request: web.Request, config: CoordinatorConfig, route: Route) 
             f"{route.method} {route.path} needs the {route.role} role and this is the {role} "
             f"token; use {ROLE_TOKEN[route.role]}"
         )
+    return role
 
 
 def _parse_query(params: tuple[Param, ...], request: web.Request) -> dict[str, Any]:
@@ -200,21 +202,14 @@ def _wrap(ctx: ApiContext, route: Route) -> Any:
         started = time.perf_counter()
         commit = ctx.bridge.last_applied()
         try:
-            if route.auth:
-                _check_token(request, ctx.config, route)
+            role = _check_token(request, ctx.config, route) if route.auth else "none"
             path = dict(request.match_info)
             for name, value in path.items():
                 check(ID, value, f"path.{name}")
             query = _parse_query(route.query, request)
             body = await _parse_body(route, request)
             check_entry_points(body, ctx.config.task_entry_points)
-            call = Call(
-                path,
-                query,
-                body,
-                _op_id(route, request),
-                request,
-            )
+            call = Call(path, query, body, _op_id(route, request), request, role)
             response = await route.handler(ctx, call)
         except RaftError as exc:
             if exc.field == "op_id" and route.write:  # the machine's name for the header

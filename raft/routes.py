@@ -35,6 +35,8 @@ class Call:
     body: Any
     op_id: str
     raw: web.Request
+    role: str
+    """The role of the caller's token ("none" on routes that need none): what a view may show."""
 
     def derived_id(self, what: str, length: int = 12) -> str:
         """An id the server makes up for this request (a job id, a batch member's op id),

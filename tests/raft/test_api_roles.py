@@ -78,6 +78,20 @@ def test_the_operator_token_does_everything(replica: InProcessReplica) -> None:
     assert replica.request("POST", "/v1/jobs/by-operator/stop", {})[0] == 200
 
 
+def test_the_read_role_sees_secret_environment_values_redacted(replica: InProcessReplica) -> None:
+    env = {"SHOAL_NODE_TOKEN": "n0de", "hf_secret_key": "hf", "PATH": "/bin", "SEED": "3"}
+    spec = {"task_id": "env-t", "kind": "x", "actor": "shoal.tasks:main", "args": {"env": env}}
+    assert replica.request("POST", "/v1/jobs", {"job_id": "env", "tasks": [spec]})[0] == 201
+    shown = {**env, "SHOAL_NODE_TOKEN": "<redacted>", "hf_secret_key": "<redacted>"}
+    for who, expected in ((READ, shown), (NODE, env), (TOKEN, env)):
+        views = [
+            replica.request("GET", "/v1/jobs/env", token=who)[1]["tasks"][0],
+            replica.request("GET", "/v1/tasks?job=env", token=who)[1]["tasks"][0],
+            replica.request("GET", "/v1/tasks/env-t", token=who)[1],
+        ]
+        assert [v["args"]["env"] for v in views] == [expected] * 3
+
+
 @pytest.mark.parametrize("token", ["wrong-token-0123456789", "", TOKEN + "x", NODE[:-1]])
 def test_a_wrong_token_is_refused_and_the_replica_still_serves(
     replica: InProcessReplica, token: str
