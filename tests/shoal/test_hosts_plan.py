@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from shoal import hosts
 from shoal.cli import main
 from shoal.hosts import Fault, HostNetworkError, Network
+from shoal.local import LocalCluster
 
 TAGS = st.text(alphabet="0123456789abcdef", min_size=6, max_size=6)
 PREFIXES = st.tuples(st.integers(0, 255), st.integers(0, 255)).map(lambda p: f"10.{p[0]}.{p[1]}")
@@ -230,3 +231,31 @@ def test_up_hosts_without_root_is_one_line(
     assert err.count("\n") == 1
     assert "--hosts needs root" in err
     assert not (tmp_path / "run" / "cluster.json").exists()
+
+
+def _edited_cluster(tmp_path: Path, edit: Any) -> Path:
+    run_dir = tmp_path / "run"
+    LocalCluster(run_dir).create([], hosts.plan("abcdef", "10.1.2", 2))
+    path = run_dir / "cluster.json"
+    path.write_bytes(edit(path.read_bytes()))
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda b: b.replace(b'"shb-abcdef"', b'"eth0"'), "differs from the names"),
+        (lambda b: b.replace(b'"tag": "abcdef"', b'"tag": "-rf /"'), "is not 6 hex digits"),
+        (lambda b: b"[" * 100_000, "nests arrays and objects deeper"),
+        (lambda b: b" " * (5 << 20), "more than the limit"),
+        (lambda b: b'{"processes": [{"name": 1}]}', "a process entry `shoal up` does not write"),
+    ],
+)
+def test_down_refuses_an_edited_cluster_json_in_one_line(
+    edit: Any, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _edited_cluster(tmp_path, edit)
+    assert main(["down", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert words in err
