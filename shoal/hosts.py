@@ -12,7 +12,7 @@ uplink, shoal sends nothing off the /24, and shoal never turns on the root names
 Faults between hosts need only `ip`: a cut makes each side's neighbour entry for the other point
 at a MAC address no interface has, so frames are sent and silently lost, as on a pulled cable
 (connections time out; nothing is refused). That works where `nft`, `iptables` and tc's `gact`
-action are missing (they are on this project's CI machine). A host's fault is kept in the kernel
+action are all missing, as on the machine shoal is developed on. A host's fault is kept in the kernel
 beside it, as the alias of its bridge-side veth, so any process can cut, and another heal, and
 the record goes with the network. Delay uses tc's netem qdisc, where the kernel has it.
 
