@@ -12,6 +12,7 @@ uses limits too short to solve: for smoke tests of the table's shape only.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -56,6 +57,55 @@ def _acrobot_rows(root: Path, limit: float) -> list[Row]:
             ours.solve_s if ours.solve_s is not None else float("nan"),
             base["solved_at_s"],
             CLEANRL,
+            higher_is_better=False,
+        )
+    ]
+
+
+def _hosts_rows(root: Path, limit: float) -> list[Row]:
+    """CartPole-v1 to 475 with the learner on one host and 2 rollout workers on another
+    (`shoal up --hosts 2`: network namespaces, TLS between them, checkpoints in the cluster's
+    storage) beside the same job on one host (the embedded cluster). Each task asks for a share
+    of a host's CPUs that keeps the learner and the workers apart. Needs root (else no row)."""
+    from shoal import hosts
+    from shoal.cluster_train import find_cluster
+    from shoal.errors import ShoalError
+    from shoal.learner.config import LearnerConfig, RolloutConfig, TrainConfig
+    from shoal.local import LocalCluster, create_hosts_cluster
+    from shoal.train import train
+
+    try:
+        hosts.check_can_create()
+    except ShoalError:
+        return []
+    cpus = float(os.cpu_count() or 1)
+    cfg = dataclasses.replace(
+        TrainConfig(),
+        seed=1,
+        time_limit_s=limit,
+        learner=LearnerConfig(cpus_per_rank=cpus * 0.75),
+        rollout=RolloutConfig(workers=2, cpus_per_worker=cpus * 0.375),
+    )
+    one_host = train(cfg, runs_root=root, evaluate_at_end=False)
+    local = LocalCluster(root / "hosts-cluster")
+    try:
+        create_hosts_cluster(local, 2, 1)
+        local.start_all()
+        local.wait_ready(timeout=120)
+        local.wait_nodes(2, timeout=120)
+        two_hosts = train(
+            cfg, runs_root=root, evaluate_at_end=False, coordinators=find_cluster(local.run_dir)
+        )
+    finally:
+        local.stop_all()
+        local.remove_network()
+    return [
+        Row(
+            "CartPole-v1 time to 475, learner and 2 workers on 2 hosts",
+            "s",
+            two_hosts.solve_s if two_hosts.solve_s is not None else float("nan"),
+            one_host.solve_s,
+            "the same job on 1 host",
             higher_is_better=False,
         )
     ]
@@ -109,6 +159,7 @@ def run(quick: bool) -> list[Row]:
             ),
         ]
         rows.extend(_acrobot_rows(root, limit))
+        rows.extend(_hosts_rows(root, limit))
         seconds = 5.0 if quick else 20.0
         for workers in (1, 2, 4):
             cfg_t = _throughput_config(workers, seconds)

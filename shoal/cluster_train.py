@@ -55,6 +55,7 @@ MOST_RESTARTS = 1_000_000
 LONGEST_WINDOW_S = 1e9
 UNREACHABLE_S = 60.0
 REMOTE_POLL_S = 0.25
+REFUSED_PATIENCE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,9 @@ def find_cluster(run_dir: Path) -> Coordinators | None:
     if not alive:
         return None
     urls = [s.api_url for s in specs if s.api_url]
+    tls = local.run_dir / "tls"
+    if tls.is_dir():  # a `shoal up --hosts` cluster: its API is https under its own CA
+        os.environ.setdefault("SHOAL_TLS_DIR", str(tls))
     return Coordinators(urls, local.run_dir / "api-token", storage=cluster_storage(local.run_dir))
 
 
@@ -317,6 +321,7 @@ class ClusterRun:
         self._recorded: str | None = None
         self._record_tried = 0.0
         self._metrics_posted = -math.inf
+        self._refused_since: float | None = None
         self._token = secrets.token_hex(32)
         """The job's transport token: every task's links are authenticated with it."""
 
@@ -476,11 +481,18 @@ class ClusterRun:
 
     def _take(self, job: dict[str, Any]) -> None:
         """What the job's record says beyond its state: a task the leader cannot place (more
-        GPUs than any island holds, say) ends the run with the leader's reason; rank 0's
+        GPUs than any island holds, say) ends the run with the leader's reason once that has
+        stood for REFUSED_PATIENCE_S (nodes still registering leave a first round with
+        none to place on); rank 0's
         published progress is the run's status when its files are out of reach."""
         tasks = [t for t in job.get("tasks", []) if isinstance(t, dict)]
         refused = [t for t in tasks if t.get("state") == "pending" and t.get("pending_reason")]
-        if refused:
+        now = time.monotonic()
+        if not refused:
+            self._refused_since = None
+        elif self._refused_since is None:
+            self._refused_since = now
+        if refused and now - (self._refused_since or now) >= REFUSED_PATIENCE_S:
             first = refused[0]
             raise TrainError(
                 f"the coordinators cannot place task {first.get('id')}: "
@@ -599,7 +611,8 @@ class ClusterRun:
             published = lead.get("published") or {}
             if published:
                 self.status.take_published(published)
-            return bool(published.get("final")) or lead.get("state") == "failed"
+            never_ran = not published and lead.get("state") not in ACTIVE
+            return bool(published.get("final")) or lead.get("state") == "failed" or never_ran
         events = self.run_dir / "events.jsonl"
         lines = events.read_text().splitlines() if events.exists() else []
         return not any(_alive(pid) for pid in started_pids(lines, self.job_id))
