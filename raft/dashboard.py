@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from shoal.raft.context import ApiContext
+from shoal.raft.handlers import for_role
 from shoal.raft.machine import StateMachine
 from shoal.raft.routes import Call, Param, Route
 from shoal.scheduler.health.presence import read_states, read_util_source
@@ -115,17 +116,18 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def _jobs(m: StateMachine) -> list[dict[str, Any]]:
+def _jobs(m: StateMachine, role: str) -> list[dict[str, Any]]:
     out = []
     for job in m.jobs.values():
-        tasks = [asdict(t) for t in m.tasks.values() if t.job_id == job.id]
+        tasks = [for_role(asdict(t), role) for t in m.tasks.values() if t.job_id == job.id]
         cps = [asdict(c) for c in m.checkpoints.values() if c.job_id == job.id]
         out.append({**asdict(job), "tasks": tasks, "checkpoints": cps})
     return sorted(out, key=lambda j: -j["submitted_at"])
 
 
-def view(m: StateMachine) -> dict[str, Any]:
-    """Everything the page draws, read in one pass under the state's lock (copies only)."""
+def view(m: StateMachine, role: str = "read") -> dict[str, Any]:
+    """Everything the page draws, read in one pass under the state's lock (copies only); the
+    read role's copy has its tasks' secret environment values redacted."""
     nodes = [
         {**asdict(n), "tasks": m.tasks_on(n.id), **health_sources(n.health)}
         for n in m.nodes.values()
@@ -135,7 +137,7 @@ def view(m: StateMachine) -> dict[str, Any]:
         "applied": m.applied_count,
         "nodes": sorted(nodes, key=lambda n: n["id"]),
         "islands": islands(nodes),
-        "jobs": _jobs(m),
+        "jobs": _jobs(m, role),
         "curves": job_curves(events),
         "events": [e for e in events if e["kind"] != METRICS_KIND][-RECENT_EVENTS:],
         "last_seq": m.event_seq,
@@ -162,7 +164,7 @@ async def _wait_for_change(ctx: ApiContext, after: int, wait: float) -> None:
 
 async def dashboard_view(ctx: ApiContext, call: Call) -> web.Response:
     await _wait_for_change(ctx, call.query.get("after", -1), call.query.get("wait", 0.0))
-    data = ctx.read(view)
+    data = ctx.read(lambda m: view(m, call.role))
     status = ctx.bridge.status()
     leader = ctx.state.leader_record()
     known = leader is not None and leader["raft"] == status["leader"]

@@ -88,8 +88,14 @@ def test_the_read_role_sees_secret_environment_values_redacted(replica: InProces
             replica.request("GET", "/v1/jobs/env", token=who)[1]["tasks"][0],
             replica.request("GET", "/v1/tasks?job=env", token=who)[1]["tasks"][0],
             replica.request("GET", "/v1/tasks/env-t", token=who)[1],
+            next(
+                t
+                for j in replica.request("GET", "/v1/dashboard", token=who)[1]["jobs"]
+                for t in j["tasks"]
+                if t["id"] == "env-t"
+            ),
         ]
-        assert [v["args"]["env"] for v in views] == [expected] * 3
+        assert [v["args"]["env"] for v in views] == [expected] * 4
 
 
 @pytest.mark.parametrize("token", ["wrong-token-0123456789", "", TOKEN + "x", NODE[:-1]])
