@@ -28,7 +28,7 @@ from shoal.raft.errors import (
     Unavailable,
     ValidationError,
 )
-from shoal.runtime.tls import tls_from_env
+from shoal.runtime.tls import TlsFiles, tls_from_env
 
 RETRYABLE = (NotLeader, NoQuorum, Busy, RaftTimeout, Unavailable)
 BACKOFF = 0.05
@@ -73,7 +73,9 @@ class CoordinatorClient:
         token: str,
         timeout: float = 10.0,
         request_timeout: float = 3.0,
+        tls: TlsFiles | None = None,
     ) -> None:
+        """`tls`: the CA to check https replicas against (default: `$SHOAL_TLS_DIR`'s)."""
         if not urls:
             raise ValueError("CoordinatorClient needs at least one replica URL")
         self.urls = [u.rstrip("/") for u in urls]
@@ -82,6 +84,7 @@ class CoordinatorClient:
         self._request_timeout = aiohttp.ClientTimeout(total=request_timeout)
         self._session: aiohttp.ClientSession | None = None
         self._preferred = self.urls[0]
+        self._tls = tls
 
     async def __aenter__(self) -> CoordinatorClient:
         return self
@@ -102,9 +105,9 @@ class CoordinatorClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            # https:// replicas are checked against the cluster CA when $SHOAL_TLS_DIR names
-            # one (a certificate from shoal's own CA), else against the system's CAs.
-            tls = tls_from_env()
+            # https:// replicas are checked against the cluster CA given, or the one
+            # $SHOAL_TLS_DIR names (a certificate from shoal's own CA), else the system's CAs.
+            tls = self._tls or tls_from_env()
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
                 timeout=self._request_timeout,

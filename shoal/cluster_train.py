@@ -68,6 +68,16 @@ class Coordinators:
     storage: Path | None = None
     """Where checkpoints go when the cluster's nodes do not share this host's file system (a
     path every host mounts); None: they do, and the run directory is shared by every task."""
+    tls_dir: Path | None = None
+    """The CA (a `shoal up --hosts` cluster's tls/) its https API is checked against; None:
+    `$SHOAL_TLS_DIR`'s, or the system's."""
+
+    def client(self, timeout: float) -> CoordinatorClient:
+        from shoal.raft.client import CoordinatorClient
+        from shoal.runtime.tls import TlsFiles
+
+        tls = None if self.tls_dir is None else TlsFiles(self.tls_dir)
+        return CoordinatorClient(self.urls, self.token, timeout=timeout, tls=tls)
 
     def __post_init__(self) -> None:
         from shoal.errors import ConfigError
@@ -188,10 +198,12 @@ def find_cluster(run_dir: Path) -> Coordinators | None:
     if not alive:
         return None
     urls = [s.api_url for s in specs if s.api_url]
-    tls = local.run_dir / "tls"
-    if tls.is_dir():  # a `shoal up --hosts` cluster: its API is https under its own CA
-        os.environ.setdefault("SHOAL_TLS_DIR", str(tls))
-    return Coordinators(urls, local.run_dir / "api-token", storage=cluster_storage(local.run_dir))
+    return Coordinators(
+        urls,
+        local.run_dir / "api-token",
+        storage=cluster_storage(local.run_dir),
+        tls_dir=local.tls_dir,
+    )
 
 
 def cluster_storage(run_dir: Path) -> Path | None:
@@ -329,11 +341,9 @@ class ClusterRun:
 
     def _call(self, fn: Callable[[CoordinatorClient], Awaitable[T]]) -> T:
         from shoal.errors import ShoalError
-        from shoal.raft.client import CoordinatorClient
 
         async def once() -> T:
-            urls, token = self.coordinators.urls, self.coordinators.token
-            async with CoordinatorClient(urls, token, timeout=CLIENT_TIMEOUT_S) as c:
+            async with self.coordinators.client(CLIENT_TIMEOUT_S) as c:
                 return await fn(c)
 
         try:
@@ -551,12 +561,11 @@ class ClusterRun:
         """The job through a consistent read (None: it does not exist). Retryable trouble is
         raised as itself; anything else (a bad token) ends the run as a TrainError."""
         from shoal.errors import ShoalError
-        from shoal.raft.client import RETRYABLE, CoordinatorClient
+        from shoal.raft.client import RETRYABLE
         from shoal.raft.errors import NotFound
 
         async def once() -> dict[str, Any] | None:
-            urls, token = self.coordinators.urls, self.coordinators.token
-            async with CoordinatorClient(urls, token, timeout=CLIENT_TIMEOUT_S) as c:
+            async with self.coordinators.client(CLIENT_TIMEOUT_S) as c:
                 path = f"/v1/jobs/{self.job_id}"
                 try:
                     return dict(await c.request("GET", path, params={"consistent": True}))

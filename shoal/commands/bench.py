@@ -9,6 +9,7 @@ import importlib
 SUITES: dict[str, str] = {
     "chaos": "chaos",
     "envs": "envs",
+    "hosts": "hosts",
     "raft": "raft",
     "runtime": "runtime",
     "sandbox": "sandbox",

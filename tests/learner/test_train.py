@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import stat
 from pathlib import Path
 
 import pytest
@@ -71,8 +70,9 @@ def test_train_cli_reaches_a_small_target_and_cleans_up(
     assert Path(summary["report"]).is_file()
     assert Path(summary["report_html"]).is_file()
     assert f"checkpoint: {summary['checkpoint']}" in out
-    token = run_dir / "cluster.token"
-    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    # The job's transport token travels in its tasks' records, never in a file of the run.
+    assert not (run_dir / "cluster.token").exists()
+    assert "SHOAL_JOB_TOKEN" not in (run_dir / "job.json").read_text()
     # It ran as a job on an embedded cluster in the run directory, logs and all.
     cluster = summary["cluster"]
     assert cluster["embedded"] is True

@@ -107,7 +107,8 @@ def test_a_new_generation_starts_with_nothing_published_and_sees_known_peers(
     assert env["SHOAL_JOB_DIR"] == str(tmp_path / "jobs" / "job")
     assert publish({"rank": 0, "address": "shoal://10.0.0.2:1"}, directory)
     data = exchange.fresh("job-learner-0", 1, directory)
-    assert data is not None and parse_published(data)["rank"] == 0
+    assert data is not None
+    assert parse_published(data)["rank"] == 0
     assert exchange.fresh("job-learner-0", 1, directory) is None  # taken once
     exchange.retry("job-learner-0", 1)
     assert exchange.fresh("job-learner-0", 1, directory) == data  # not forwarded: again
