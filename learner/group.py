@@ -135,6 +135,42 @@ class Rendezvous(Protocol):
         """Other ranks: rank 0's store of this epoch (blocks; GroupError after `timeout_s`)."""
 
 
+SIOCGIFADDR = 0x8915
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this host's network interface whose IPv4 address is `address`, if any."""
+    import fcntl
+    import struct
+
+    try:
+        wanted = socket.inet_aton(address)
+    except OSError:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)
+            except OSError:
+                continue
+            if answer[20:24] == wanted:
+                return name
+    return None
+
+
+def bind_collectives_to(address: str) -> None:
+    """Make gloo's and NCCL's own sockets use the interface that holds `address` (where this
+    node is reached), unless the operator chose one (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME).
+    Left to themselves they resolve the host name, which on a host with several networks (or
+    none in DNS) names an address the peers cannot reach, or waits out a resolver first."""
+    name = interface_of(address)
+    if name is None:
+        return
+    for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        os.environ.setdefault(variable, name)
+
+
 def resolve_backend(backend: Backend) -> Literal["gloo", "nccl"]:
     """NCCL where CUDA is there, gloo on CPUs; an explicit choice is checked, not overridden."""
     if backend == "auto":
@@ -193,6 +229,7 @@ class LearnerGroup:
             return
         timeout = timedelta(seconds=self.spec.timeout_s)
         store = self._store(timeout)
+        bind_collectives_to(self.spec.addr)
         try:
             dist.init_process_group(
                 backend=self.backend,

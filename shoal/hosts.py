@@ -45,6 +45,15 @@ IFACE = "eth0"
 LOST_MAC = "02:73:68:6f:61:6c"
 """Where a cut host's frames go: a locally administered address no interface has."""
 FAULT_ALIAS = "shoal-fault:"
+NETNS_ETC = Path("/etc/netns")
+"""`ip netns exec NS` bind-mounts /etc/netns/NS/resolv.conf over /etc/resolv.conf."""
+RESOLV_CONF = """\
+# shoal host namespace: no name server reachable from here, so a lookup (torch's reverse
+# lookup of a peer's address, say) fails at once instead of waiting out the host's resolver
+# through the bridge.
+nameserver 127.0.0.1
+options timeout:1 attempts:1
+"""
 SUPERNET = ipaddress.IPv4Network("10.0.0.0/8")
 _TAG = re.compile(rf"[0-9a-f]{{{TAG_LENGTH}}}")
 _PREFIX = re.compile(r"10\.(\d{1,3})\.(\d{1,3})")
@@ -339,9 +348,17 @@ def create(network: Network) -> None:
     try:
         for args in create_commands(network):
             _run("ip", args, f"removing what was made and giving up on {network.bridge}")
-    except HostNetworkError:
+        for host in network.hosts:
+            _write_resolv_conf(host.netns)
+    except (HostNetworkError, OSError):
         remove(network)
         raise
+
+
+def _write_resolv_conf(netns: str) -> None:
+    directory = NETNS_ETC / netns
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "resolv.conf").write_text(RESOLV_CONF)
 
 
 def remove(network: Network) -> None:
@@ -365,6 +382,9 @@ def remove_tagged(tag: str) -> list[str]:
     for name in (n for n in _namespaces() if spaces.fullmatch(n)):
         _delete(["netns", "del", name], name, lambda n: n in _namespaces(), what)
         gone.append(name)
+    for directory in NETNS_ETC.glob(f"shoal-{tag}-h*") if NETNS_ETC.is_dir() else ():
+        if spaces.fullmatch(directory.name):
+            shutil.rmtree(directory, ignore_errors=True)
     return gone
 
 

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from shoal.errors import ConfigError
-from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
+from shoal.learner.group import (
+    GroupError,
+    GroupSpec,
+    LearnerGroup,
+    bind_collectives_to,
+    interface_of,
+)
 from shoal.learner.peers import Publication, PublishedRendezvous, learner_address
 from shoal.task_exchange import PEERS, PUBLISHED, read_peers, write_json_atomically
 from tests.shoal.waiting import eventually
@@ -134,3 +140,16 @@ def test_a_rank_waits_for_its_own_epoch_and_names_it_when_none_comes(
 def test_a_group_without_a_port_or_a_rendezvous_is_refused() -> None:
     with pytest.raises(ConfigError, match="needs a rendezvous port"):
         LearnerGroup(GroupSpec(rank=0, world_size=2, backend="gloo"))
+
+
+def test_collectives_are_bound_to_the_interface_holding_the_nodes_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "chosen-by-the-operator")
+    assert interface_of("127.0.0.1") == "lo"
+    assert interface_of("203.0.113.9") is None
+    assert interface_of("not an address") is None
+    bind_collectives_to("127.0.0.1")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "chosen-by-the-operator"
