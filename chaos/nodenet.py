@@ -7,20 +7,24 @@ the node's spec is written (the node's `--coordinators` list names the proxies).
 node's untouched, with no need to tell nodes apart by their sockets as the Raft mesh must.
 
 The proxies start before the node daemons (whose first registration would otherwise be
-refused) and forward to the replicas' real API addresses.
+refused) and forward to the replicas' real API addresses. They listen on 127.0.0.1, or on the
+bridge address when the nodes are hosts of their own (network namespaces, which cannot reach
+this host's loopback); an https API's TLS passes through them untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
+from urllib.parse import urlsplit
 
 from shoal.chaos.cluster import ProcessSpec
 from shoal.chaos.errors import ChaosError, FaultError
 from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.proxy import FaultProxy
 
-# node name -> replica name -> the port on 127.0.0.1 where that node reaches that replica
+# node name -> replica name -> the port (on the mesh's listen host) where that node reaches
+# that replica
 NodeLinks = dict[str, dict[str, int]]
 
 
@@ -29,16 +33,28 @@ def plan_links(nodes: Iterable[str], replicas: Sequence[str], port: Callable[[],
     return {node: {replica: port() for replica in replicas} for node in nodes}
 
 
-def coordinator_urls(links: NodeLinks, node: str) -> str:
-    """The `--coordinators` value of `node`: its proxies, in the replicas' order."""
-    return ",".join(f"http://127.0.0.1:{port}" for port in links[node].values())
+def coordinator_urls(
+    links: NodeLinks, node: str, host: str = "127.0.0.1", scheme: str = "http"
+) -> str:
+    """The `--coordinators` value of `node`: its proxies on `host`, in the replicas' order
+    (`scheme` https where the replicas' API is)."""
+    return ",".join(f"{scheme}://{host}:{port}" for port in links[node].values())
+
+
+def api_address(url: str) -> tuple[str, int]:
+    """(host, port) of a replica's API URL (http or https)."""
+    parts = urlsplit(url)
+    if parts.hostname is None or parts.port is None:
+        raise ChaosError(f"API URL {url!r} names no host and port to put a proxy before")
+    return parts.hostname, parts.port
 
 
 class NodeMesh:
     """The proxies of every node's coordinator links, faulted node by node."""
 
-    def __init__(self, links: NodeLinks) -> None:
+    def __init__(self, links: NodeLinks, listen_host: str = "127.0.0.1") -> None:
         self.links = links
+        self.listen_host = listen_host
         self.proxies: dict[str, dict[str, FaultProxy]] = {}
 
     async def start(self, coordinators: Sequence[ProcessSpec]) -> list[int]:
@@ -55,8 +71,8 @@ class NodeMesh:
                 url = apis[replica]
                 if url is None:
                     raise ChaosError(f"{replica} has no API address for {node} to reach")
-                host, api_port = url.removeprefix("http://").rsplit(":", 1)
-                proxy = await FaultProxy((host, int(api_port)), listen_port=port).start()
+                proxy = FaultProxy(api_address(url), listen_port=port, listen_host=self.listen_host)
+                await proxy.start()
                 self.proxies[node][replica] = proxy
                 ports.append(proxy.port)
         return ports

@@ -1,5 +1,6 @@
-"""A TCP fault proxy on 127.0.0.1: clients connect to it instead of the real server, and the
-faults set on it (see `NetFaults`) apply to the real byte stream between two real processes.
+"""A TCP fault proxy (on 127.0.0.1 unless told otherwise): clients connect to it instead of the
+real server, and the faults set on it (see `NetFaults`) apply to the real byte stream between
+two real processes.
 
 Each accepted connection gets an upstream connection and two directions; each direction is a
 reader task and a writer task joined by a bounded queue of (due time, chunk), so delay, jitter,
@@ -81,10 +82,17 @@ class FaultProxy:
     """`async with FaultProxy(("127.0.0.1", port)) as proxy:` then connect to `proxy.port`."""
 
     def __init__(
-        self, target: tuple[str, int], listen_port: int = 0, seed: int | None = None
+        self,
+        target: tuple[str, int],
+        listen_port: int = 0,
+        seed: int | None = None,
+        listen_host: str = "127.0.0.1",
     ) -> None:
+        """`listen_host`: where clients reach the proxy (a hosts' bridge address, so that
+        processes in network namespaces can)."""
         self.target = target
         self._listen_port = listen_port
+        self.listen_host = listen_host
         self.faults = NetFaults()
         self.stats = ProxyStats()
         self._random = random.Random(seed)
@@ -108,10 +116,13 @@ class FaultProxy:
 
     async def start(self) -> FaultProxy:
         try:
-            self._server = await asyncio.start_server(self._accept, "127.0.0.1", self._listen_port)
+            self._server = await asyncio.start_server(
+                self._accept, self.listen_host, self._listen_port
+            )
         except OSError as exc:
             raise ProxyError(
-                f"cannot listen on 127.0.0.1:{self._listen_port} ({exc}); pick a free port or 0"
+                f"cannot listen on {self.listen_host}:{self._listen_port} ({exc}); pick a free "
+                "port or 0"
             ) from exc
         self._listen_port = self.port
         return self

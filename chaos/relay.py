@@ -1,12 +1,15 @@
-"""The link relay: one HTTP proxy on 127.0.0.1 that every rollout<->learner link dials through
-(processes started with `$SHOAL_LINK_RELAY`, see runtime/tunnel.py), so link faults land on
-the real TCP path between two processes although their stream ports are ephemeral.
+"""The link relay: one HTTP proxy (on 127.0.0.1, or a hosts' bridge address) that every
+rollout<->learner link dials through (processes started with `$SHOAL_LINK_RELAY`, see
+runtime/tunnel.py), so link faults land on the real TCP path between two processes although
+their stream ports are ephemeral.
 
 Each connection names its destination in its first request (`CONNECT host:port` for a frame
 stream, an absolute-form GET for a websocket); the relay connects there and splices the bytes.
 Faults are chosen per connection by the processes at its ends: `inject(name, faults, pids)`
 hits the links a process in `pids` dialled (the kernel says who holds the client socket,
-sockets.py) and the links dialled to a port one of them listens on; pids=None hits every link.
+sockets.py) and the links dialled to a port one of them listens on; pids=None hits every link;
+`addresses` hits the links with an end at one of them (every link of a host, wherever its
+processes run and whenever they started: a cut between hosts).
 When several injected faults match a link, the latest wins. Every fault a `NetFaults` can say
 applies per link: partition (refuse: RST now and at every redial; blackhole: nothing flows
 until healed), delay with jitter, loss (drop or stall) and bandwidth (per link and direction);
@@ -18,9 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -65,7 +69,10 @@ class RelayStats:
 class LinkFault:
     faults: NetFaults
     pids: frozenset[int] | None
-    """The processes whose links it hits; None for every link."""
+    """The processes whose links it hits; None for every link (unless `addresses` says)."""
+    addresses: frozenset[str] | None = None
+    """The hosts whose links it hits: a link whose client or destination has one of these
+    addresses. Set, it replaces `pids`."""
 
 
 @dataclass(eq=False)
@@ -97,9 +104,19 @@ class LinkRelay:
     `SHOAL_LINK_RELAY=relay.address`."""
 
     def __init__(
-        self, listen_port: int = 0, seed: int | None = None, owner: LinkOwner = link_of
+        self,
+        listen_port: int = 0,
+        seed: int | None = None,
+        owner: LinkOwner = link_of,
+        listen_host: str = "127.0.0.1",
+        reach: Sequence[ipaddress.IPv4Network] = (),
     ) -> None:
+        """`listen_host`: where the processes reach the relay (a hosts' bridge address when
+        they run in network namespaces of their own); `reach`: the networks it forwards to
+        besides loopback (those hosts' network)."""
         self._listen_port = listen_port
+        self.listen_host = listen_host
+        self.reach = tuple(reach)
         self._random = random.Random(seed)
         self._owner = owner
         self.stats = RelayStats()
@@ -120,14 +137,17 @@ class LinkRelay:
     @property
     def address(self) -> str:
         """What `$SHOAL_LINK_RELAY` is set to."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.listen_host}:{self.port}"
 
     async def start(self) -> LinkRelay:
         try:
-            self._server = await asyncio.start_server(self._accept, "127.0.0.1", self._listen_port)
+            self._server = await asyncio.start_server(
+                self._accept, self.listen_host, self._listen_port
+            )
         except OSError as exc:
             raise ProxyError(
-                f"cannot listen on 127.0.0.1:{self._listen_port} ({exc}); pick a free port or 0"
+                f"cannot listen on {self.listen_host}:{self._listen_port} ({exc}); pick a free "
+                "port or 0"
             ) from exc
         self._listen_port = self.port
         return self
@@ -150,15 +170,26 @@ class LinkRelay:
 
     # -- control -----------------------------------------------------------------------------
 
-    def inject(self, name: str, faults: NetFaults, pids: Iterable[int] | None = None) -> int:
-        """Put `faults` on the links of `pids` (None: all links), open ones now and new ones as
-        they come, until `heal(name)`; re-injecting a name replaces it. Returns how many open
-        links it hits."""
+    def inject(
+        self,
+        name: str,
+        faults: NetFaults,
+        pids: Iterable[int] | None = None,
+        addresses: Iterable[str] | None = None,
+    ) -> int:
+        """Put `faults` on the links of `pids` (None: all links), or with `addresses` on the
+        links with an end at one of those hosts, open ones now and new ones as they come,
+        until `heal(name)`; re-injecting a name replaces it. Returns how many open links it
+        hits."""
         self._faults.pop(name, None)
-        chosen = None if pids is None else frozenset(pids)
-        self._faults[name] = LinkFault(faults, chosen)
+        fault = LinkFault(
+            faults,
+            None if pids is None else frozenset(pids),
+            None if addresses is None else frozenset(addresses),
+        )
+        self._faults[name] = fault
         self._apply_all()
-        return sum(self._matches(tunnel, chosen) for tunnel in self._tunnels)
+        return sum(self._hits(tunnel, fault) for tunnel in self._tunnels)
 
     def heal(self, name: str) -> None:
         """Lift the fault injected as `name`; links it blackholed flow again."""
@@ -192,6 +223,13 @@ class LinkRelay:
             if t.target is not None and self._matches(t, chosen)
         ]
 
+    def _hits(self, tunnel: _Tunnel, fault: LinkFault) -> bool:
+        if fault.addresses is None:
+            return self._matches(tunnel, fault.pids)
+        if tunnel.target is None:
+            return False
+        return bool({tunnel.ends[0][0], tunnel.target[0]} & fault.addresses)
+
     def _matches(self, tunnel: _Tunnel, pids: frozenset[int] | None) -> bool:
         if tunnel.target is None:
             return False
@@ -213,7 +251,7 @@ class LinkRelay:
     def _apply(self, tunnel: _Tunnel) -> None:
         faults = HEALTHY
         for fault in self._faults.values():
-            if self._matches(tunnel, fault.pids):
+            if self._hits(tunnel, fault):
                 faults = fault.faults
         if faults != tunnel.faults:
             tunnel.buckets.clear()
@@ -290,7 +328,7 @@ class LinkRelay:
         try:
             async with asyncio.timeout(HEAD_TIMEOUT):
                 head = await reader.readuntil(b"\r\n\r\n")
-            return parse_request(head)
+            return parse_request(head, self.reach)
         except RelayRequestError as exc:
             error = exc
         except asyncio.LimitOverrunError:

@@ -98,9 +98,11 @@ def listening_inode(endpoint: Endpoint, table: dict[tuple[Endpoint, Endpoint], i
 
 def link_of(pid: int, client: Endpoint, server: Endpoint, target: Endpoint) -> bool:
     """Whether a relayed connection is one of process `pid`'s links: `pid` dialled it (holds
-    the client end of client -> server) or listens on the `target` it is relayed to."""
+    the client end of client -> server) or listens on the `target` it is relayed to. The
+    sockets are looked up in `pid`'s own network namespace (/proc/PID/net/tcp), so a process
+    on a host of its own (`shoal chaos run --hosts`) is found as well as one on this one."""
     proc = Path("/proc")
-    table = tcp_table(proc)
+    table = tcp_table(proc / str(pid))
     for inode in (table.get((client, server)), listening_inode(target, table)):
         if inode is not None and holds_socket(pid, inode, proc):
             return True
