@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -161,6 +162,34 @@ class JobFaults:
             what = f"rollout worker {index}"
         self._killed[id(spec)] = pid
         return await asyncio.to_thread(self.job.kill, pid, what)
+
+    async def stop_group(self) -> str:
+        """Every learner process of the job gets SIGTERM (ranks still joining their group
+        too): the group stops in order (rank 0 writes a final checkpoint) and the leader
+        starts it again where it may, as for a group whose node is being drained."""
+        pids = await asyncio.to_thread(self.job.live_learners)
+        if not pids:
+            return "no learner process runs now: the drain alone moves the group"
+        said = []
+        for pid in pids:
+            with contextlib.suppress(FaultError):  # it ended on its own meanwhile
+                said.append(await asyncio.to_thread(self.job.kill, pid, "learner", signal.SIGTERM))
+        return ", ".join(said) or "every learner process ended before its SIGTERM"
+
+    async def placed_off(self, node: str, within_s: float) -> str:
+        """Wait (up to `within_s`) until every learner rank is placed on a node other than
+        `node`; what became of them, in words."""
+        deadline = time.monotonic() + within_s
+        where: list[str] = []
+        async with self._client() as client:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(RaftError, OSError, TimeoutError, FaultError):
+                    ranks = [t for t in await self.tasks(client) if "-learner-" in str(t["id"])]
+                    where = sorted({str(t.get("node")) for t in ranks})
+                    if ranks and all(t.get("node") and t["node"] != node for t in ranks):
+                        return f"learner group placed on {where}"
+                await asyncio.sleep(0.2)
+        return f"learner group not placed off {node} within {within_s:g} s (on {where})"
 
     async def task_back(self, spec: FaultSpec) -> str:
         """Heal of a task kill is the cluster's: wait (within the bound) for the new process."""

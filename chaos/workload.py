@@ -28,6 +28,7 @@ from shoal.raft.errors import (
     Unauthorized,
     ValidationError,
 )
+from shoal.runtime.tls import TlsFiles
 
 # The server answered and refused: the call certainly had no effect.
 REFUSED = (ValidationError, Conflict, Unauthorized, Forbidden)
@@ -51,9 +52,10 @@ class WorkloadStats:
             self.errors.append(f"{type(exc).__name__}: {exc}")
 
 
-def make_client(urls: Sequence[str], token: str) -> CoordinatorClient:
-    """Short timeouts: a call gives up (pending) after 4 s of retrying, so clients keep going."""
-    return CoordinatorClient(urls, token, timeout=4.0, request_timeout=1.5)
+def make_client(urls: Sequence[str], token: str, tls: TlsFiles | None = None) -> CoordinatorClient:
+    """Short timeouts: a call gives up (pending) after 4 s of retrying, so clients keep going.
+    `tls`: the cluster's CA, for an https API."""
+    return CoordinatorClient(urls, token, timeout=4.0, request_timeout=1.5, tls=tls)
 
 
 async def run_client(
