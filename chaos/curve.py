@@ -76,9 +76,11 @@ def thin(samples: Sequence[Sample], every: float) -> list[Sample]:
 
 def recovery_stats(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """p50 and max of the measured recovery times per fault kind and overall ("all"); a fault
-    that never recovered counts in `unrecovered`, not in the times."""
-    groups: dict[str, list[dict[str, Any]]] = {"all": list(records)}
-    for record in records:
+    that never recovered counts in `unrecovered`, not in the times; one this machine could not
+    make (`unsupported`) in neither."""
+    made = [r for r in records if not r.get("unsupported")]
+    groups: dict[str, list[dict[str, Any]]] = {"all": made}
+    for record in made:
         groups.setdefault(str(record["kind"]), []).append(record)
     out = {}
     for kind, members in groups.items():

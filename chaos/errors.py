@@ -21,3 +21,8 @@ class ProxyError(ChaosError):
 
 class FaultError(ChaosError):
     """A fault could not be injected or healed (no such process, not root for a mount, ...)."""
+
+
+class FaultUnsupported(FaultError):
+    """This machine cannot make the fault at all (a kernel without netem, a cluster whose nodes
+    share one network): the run reports it as unsupported rather than pretending it happened."""

@@ -31,6 +31,9 @@ class FaultRecord:
     running on another node (None: nothing moved, e.g. the node was back before it was
     declared dead; `detail` says why)."""
     tasks_elsewhere_target_s: float | None = None
+    unsupported: str | None = None
+    """Why this machine could not make the fault at all (a kernel without netem, no hosts):
+    nothing was injected, so no recovery is due; shown, never counted as recovered."""
 
 
 @dataclass
@@ -68,6 +71,8 @@ def render_text(report: RunReport) -> str:
     lines.append("  faults:")
     for f in report.faults:
         took = "not recovered" if f.recovery_s is None else f"recovered in {f.recovery_s:.2f} s"
+        if f.unsupported is not None:
+            took = f"UNSUPPORTED here: {f.unsupported}"
         at = "-" if f.injected_at is None else f"{f.injected_at:.1f}"
         trained = "" if f.progress_s is None else f"; training again after {f.progress_s:.2f} s"
         moved = (

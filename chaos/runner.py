@@ -13,6 +13,14 @@ read off the curve of rank 0's status. The fault counts as recovered if that cam
 `duration + recover_within_s`. For node faults the run also records the node's liveness and
 when its tasks ran elsewhere (chaos/nodefate.py). For the event loop; signals, file reads of
 the run and the blocking local-cluster calls run in worker threads.
+
+With `hosts` (`shoal chaos run --hosts N`) each node daemon is a host of its own, a network
+namespace that reaches this one only through the bridge: the nodes' proxies, the reference
+clock and the link relay listen on the bridge address instead of loopback, the API is https
+under the cluster's CA (so is every proxied client's), the job's checkpoints go to the storage
+every host mounts, and the host-* faults (chaos/hostfaults.py) cut, kill and delay whole hosts.
+A fault this machine cannot make (host-delay without netem, any host fault without hosts) is
+recorded as unsupported, with why, and counts neither as recovered nor as a failure.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,21 +37,24 @@ from pathlib import Path
 from typing import Any
 
 from shoal.chaos import invariants, nodefate
-from shoal.chaos.cluster import Cluster, ProcessSpec
-from shoal.chaos.errors import ChaosError, FaultError
+from shoal.chaos.cluster import Cluster, Hosts, ProcessSpec
+from shoal.chaos.errors import ChaosError, FaultError, FaultUnsupported
 from shoal.chaos.faults import ClockSkew, Fault, GpuXid, KillProcess, PauseProcess, XidStorm
 from shoal.chaos.history import HistoryRecorder
+from shoal.chaos.hostfaults import HostFaults
 from shoal.chaos.jobfaults import SAMPLE_PERIOD, JobFaults
 from shoal.chaos.linkfaults import LinkFaults
-from shoal.chaos.nodenet import NodeLinks, NodeMesh
+from shoal.chaos.nodenet import NodeLinks, NodeMesh, api_address
 from shoal.chaos.proxy import FaultProxy
 from shoal.chaos.raftnet import RaftMesh
 from shoal.chaos.relay import LinkRelay
 from shoal.chaos.report import FaultRecord, RunReport
 from shoal.chaos.scenario import (
     COORD_KINDS,
+    HOST_KINDS,
     LEARNERS,
     LINK_KINDS,
+    MOVE_KINDS,
     NET_KINDS,
     RAFT_KINDS,
     TRAINING_KINDS,
@@ -65,6 +77,7 @@ from shoal.chaos.workload import (
 from shoal.errors import ShoalError
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.errors import RaftError
+from shoal.runtime.tls import TlsFiles
 from shoal.scheduler.health.clock import ClockServer, serve_clock
 
 PROBE_PERIOD = 0.05
@@ -73,13 +86,17 @@ XID_CLEAR_TIMEOUT = 30.0
 DEFAULT_SKEW_S = 2.5
 SKEW_TOLERANCE = 0.25
 # Faults on the learners' node: their recovery is the job's too.
-LEARNER_NODE_KINDS = ("node-kill", "gpu-xid", *COORD_KINDS)
+LEARNER_NODE_KINDS = ("node-kill", "gpu-xid", "host-kill", *COORD_KINDS, *MOVE_KINDS)
 # Faults after which the run watches what becomes of the node and its tasks.
-FATE_KINDS = ("node-kill", *COORD_KINDS)
+FATE_KINDS = ("node-kill", "host-kill", *COORD_KINDS)
 # Faults after which training must come from a new learner incarnation (the old one is dead).
-GROUP_RESTARTING = ("learner-kill", "node-kill")
+GROUP_RESTARTING = ("learner-kill", "node-kill", "host-kill", *MOVE_KINDS)
 # Faults on the training job itself: their recovery is training again, read off the curve.
 JOB_KINDS = TRAINING_KINDS + LINK_KINDS
+# Faults on a host's network: the node stays alive; their recovery is training again too.
+HOST_NET_KINDS = ("host-cut", "host-delay")
+# How often the job's newest checkpoint in its storage is read (checkpoints_forward).
+CHECKPOINT_PERIOD = 1.0
 
 
 class ChaosRun:
@@ -95,6 +112,7 @@ class ChaosRun:
         clock_port: int | None = None,
         node_links: NodeLinks | None = None,
         relay_port: int | None = None,
+        hosts: Hosts | None = None,
     ) -> None:
         """`clock_port`: the UDP port on 127.0.0.1 the node daemons measure their clock
         against (`shoal node --clock`); the run serves the reference clock there.
@@ -102,8 +120,14 @@ class ChaosRun:
         nodes' `--coordinators` name them, see chaos/nodenet.py); without it coord-* faults
         are refused. `relay_port`: where the link relay listens, the address the node daemons
         have in `$SHOAL_LINK_RELAY` (their tasks' links dial through it); without it link-*
-        faults are refused."""
+        faults are refused. `hosts`: the hosts the nodes run on, when each is one of its own
+        (then the clock, the nodes' proxies and the relay are on its bridge address, not
+        127.0.0.1); without it host-* faults are unsupported."""
         self.scenario = scenario
+        self.hosts = hosts
+        self.listen_host = "127.0.0.1" if hosts is None else hosts.bridge_address
+        self.hostfaults = HostFaults(hosts, cluster)
+        self._tls = None if cluster.tls_dir is None else TlsFiles(cluster.tls_dir)
         self.relay_port = relay_port
         self.links: LinkFaults | None = None
         self.clock_port = clock_port
@@ -113,7 +137,7 @@ class ChaosRun:
         self.cluster = cluster
         self.proxies: dict[str, FaultProxy] = {}
         self.mesh = RaftMesh(cluster)
-        self.node_mesh = NodeMesh(node_links or {})
+        self.node_mesh = NodeMesh(node_links or {}, self.listen_host)
         self.history = HistoryRecorder()
         self.stats = WorkloadStats()
         self.checkpoints = CheckpointLog()
@@ -124,16 +148,25 @@ class ChaosRun:
         self.job = (
             None
             if scenario.training is None
-            else ClusterJob(scenario.training, cluster.run_dir, scenario.duration_s + 600.0)
+            else ClusterJob(
+                scenario.training,
+                cluster.run_dir,
+                scenario.duration_s + 600.0,
+                None if hosts is None else hosts.storage,
+                cluster.tls_dir,
+            )
         )
         self.jobfaults = (
             None if self.job is None else JobFaults(self.job, self._client, self._nodes)
         )
         self._hits_group: set[int] = set()
+        self._moved_to: dict[int, list[str]] = {}
+        self._stored_steps: list[int] = []
+        """The job's newest complete checkpoint in its storage, as sampled during the run."""
 
     async def run(self) -> RunReport:
         results: dict[str, invariants.Verdict] = {}
-        ports: list[int] = []
+        ports: list[tuple[str, int]] = []
         try:
             ports = await self._start()
             await self._drive()
@@ -146,12 +179,17 @@ class ChaosRun:
             await self._stop()
         if "no_leaks" in self.scenario.invariants:
             processes = invariants.leaked_processes(self.run_dir)
-            results["no_leaks"] = invariants.no_leaks(processes, invariants.busy_ports(ports))
+            busy = [
+                port
+                for host in dict.fromkeys(h for h, _ in ports)
+                for port in invariants.busy_ports([p for h, p in ports if h == host], host)
+            ]
+            results["no_leaks"] = invariants.no_leaks(processes, busy)
         return self._report(results)
 
     # -- set-up and tear-down ----------------------------------------------------------------
 
-    async def _start(self) -> list[int]:
+    async def _start(self) -> list[tuple[str, int]]:
         specs = self._coordinators()
         shape = (len(specs), len(self._nodes()))
         if shape != (self.scenario.replicas, self.scenario.nodes):
@@ -159,29 +197,31 @@ class ChaosRun:
                 f"scenario {self.scenario.name} wants {self.scenario.replicas} replicas and "
                 f"{self.scenario.nodes} nodes, the cluster in {self.run_dir} has {shape}"
             )
-        ports = []
+        ports: list[tuple[str, int]] = []
+        loopback, here = "127.0.0.1", self.listen_host
         if any(s.raft_bind is not None for s in specs):
-            ports += await self.mesh.start(specs)
+            ports += [(loopback, p) for p in await self.mesh.start(specs)]
         elif any(f.kind in RAFT_KINDS for f in self.scenario.faults):
             raise ChaosError(
                 f"scenario {self.scenario.name} partitions Raft links, but the replicas in "
                 f"{self.run_dir} bind their advertised Raft addresses; make the specs with "
                 "coordinator_specs(..., raft_bind=True)"
             )
-        ports += await self._start_node_mesh(specs)
-        ports += await self._start_relay()
-        self._log(f"starting {shape[0]} replicas and {shape[1]} nodes in {self.run_dir}")
+        ports += [(here, p) for p in await self._start_node_mesh(specs)]
+        ports += [(here, p) for p in await self._start_relay()]
+        where = "" if self.hosts is None else f", each node a host of its own on {here}"
+        self._log(f"starting {shape[0]} replicas and {shape[1]} nodes in {self.run_dir}{where}")
         if self.clock_port is not None:
-            self._clock = await serve_clock(port=self.clock_port)
+            self._clock = await serve_clock(host=here, port=self.clock_port)
         await asyncio.to_thread(self.cluster.start_all)
         await asyncio.to_thread(self.cluster.wait_ready, None, 60.0)
         for spec in specs:
             if spec.api_url is None or spec.raft is None:
                 raise ChaosError(f"{spec.name} has no API or Raft address to put a proxy before")
-            host, port = spec.api_url.removeprefix("http://").rsplit(":", 1)
-            proxy = await FaultProxy((host, int(port))).start()
+            api = api_address(spec.api_url)
+            proxy = await FaultProxy(api).start()
             self.proxies[spec.name] = proxy
-            ports += [int(port), int(spec.raft.rsplit(":", 1)[1]), proxy.port]
+            ports += [api, (loopback, int(spec.raft.rsplit(":", 1)[1])), (loopback, proxy.port)]
         nodes = await self._nodes_alive(60.0)
         if not nodes.held:
             raise ChaosError(f"{nodes.detail}; see the node logs in {self.run_dir / 'logs'}")
@@ -192,7 +232,8 @@ class ChaosRun:
             # Straight to the replicas, never through a faulted proxy: `shoal train` reads its
             # job through consistent reads and rides out a killed or replaying replica itself.
             urls = [s.api_url for s in specs if s.api_url]
-            await asyncio.to_thread(self.job.start, urls, self.run_dir / "api-token")
+            cpus = await self._host_cpus() if self.job.cfg.spread else None
+            await asyncio.to_thread(self.job.start, urls, self.run_dir / "api-token", cpus)
             try:
                 await asyncio.to_thread(self.job.wait_training)
             except FaultError as exc:
@@ -217,6 +258,13 @@ class ChaosRun:
             )
         return await self.node_mesh.start(specs)
 
+    async def _host_cpus(self) -> float | None:
+        """The smallest node's CPUs, as the nodes registered them (what `spread` shares)."""
+        async with self._client() as client:
+            nodes = await client.nodes()
+        cpus = [float(n.get("resources", {}).get("cpus", 0)) for n in nodes]
+        return min(cpus) if cpus and min(cpus) > 0 else None
+
     async def _start_relay(self) -> list[int]:
         """The link relay, before the nodes: their tasks' first links dial through it."""
         if self.relay_port is None:
@@ -227,9 +275,12 @@ class ChaosRun:
                     "SHOAL_LINK_RELAY=127.0.0.1:PORT in its environment"
                 )
             return []
-        relay = await LinkRelay(self.relay_port).start()
+        reach = () if self.hosts is None else (ipaddress.IPv4Network(self.hosts.subnet),)
+        relay = LinkRelay(self.relay_port, listen_host=self.listen_host, reach=reach)
+        await relay.start()
         if self.job is not None:
             self.links = LinkFaults(relay, self.job)
+            self.hostfaults.relay = relay
         else:
             await relay.close()
         return [self.relay_port]
@@ -273,10 +324,13 @@ class ChaosRun:
                 self._clock.close()
 
     def _urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{p.port}" for p in self.proxies.values()]
+        """The replicas' API through their proxies (https where the API is: the proxies pass
+        TLS through, and the cluster's certificate names 127.0.0.1)."""
+        schemes = {s.name: (s.api_url or "http:").split(":", 1)[0] for s in self._coordinators()}
+        return [f"{schemes[name]}://127.0.0.1:{p.port}" for name, p in self.proxies.items()]
 
     def _client(self) -> CoordinatorClient:
-        return make_client(self._urls(), self.cluster.token)
+        return make_client(self._urls(), self.cluster.token, self._tls)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -299,6 +353,7 @@ class ChaosRun:
             [
                 asyncio.create_task(self.jobfaults.sample_curve(watching, self._t0)),
                 asyncio.create_task(self.jobfaults.count_restarts(watching)),
+                asyncio.create_task(self._watch_stored_checkpoints(watching)),
             ]
             if self.jobfaults is not None
             else []
@@ -313,6 +368,18 @@ class ChaosRun:
             await asyncio.gather(*watchers, return_exceptions=True)
             for client in clients:
                 await client.close()
+
+    async def _watch_stored_checkpoints(self, done: asyncio.Event) -> None:
+        """The job's newest complete checkpoint in its storage, every CHECKPOINT_PERIOD, until
+        `done` (a changed step is recorded; checkpoints_forward checks it never went back)."""
+        if self.job is None:
+            return
+        while not done.is_set():
+            step = await asyncio.to_thread(self.job.newest_checkpoint)
+            if not self._stored_steps or self._stored_steps[-1] != step:
+                self._stored_steps.append(step)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), CHECKPOINT_PERIOD)
 
     async def _await_progress(self) -> None:
         """Keep sampling after the workload until training progressed after every fault, or
@@ -347,6 +414,8 @@ class ChaosRun:
         except ShoalError as exc:
             self._faulted.subtract(record.processes)
             record.detail = f"not injected: {exc}"
+            if isinstance(exc, FaultUnsupported):
+                self._unsupported(record, exc)
             return
         injected = time.monotonic()
         record.injected_at = round(injected - self._t0, 3)
@@ -355,9 +424,13 @@ class ChaosRun:
         probe = asyncio.create_task(self._probe(injected, deadline, check))
         healed_event = asyncio.Event()
         watch = asyncio.create_task(self._watch(fates, injected, deadline, healed_event))
+        unsupported: FaultUnsupported | None = None
         try:
             try:
                 record.detail = "; ".join([await f() for f in faults["inject"]])
+            except FaultUnsupported as exc:
+                unsupported = exc
+                return
             except FaultError as exc:
                 record.detail = f"injection failed: {exc}"
             self._log(
@@ -365,17 +438,50 @@ class ChaosRun:
             )
             await asyncio.sleep(spec.duration)
         finally:
-            healed = [await f() for f in faults["heal"]]
-            self._faulted.subtract(record.processes)
-            self._healed_wall[id(spec)] = time.time()
-            record.healed_at = round(time.monotonic() - self._t0, 3)
-            record.detail += "; healed: " + "; ".join(healed)
-            healed_event.set()
-            record.recovery_s = await probe
-            await watch
-            self._fate_into(record, fates)
-            bound = spec.duration + spec.recover_within_s
-            record.recovered = record.recovery_s is not None and record.recovery_s <= bound
+            if unsupported is not None:
+                for task in (probe, watch):
+                    task.cancel()
+                await asyncio.gather(probe, watch, return_exceptions=True)
+                self._faulted.subtract(record.processes)
+                self._unsupported(record, unsupported)
+            else:
+                await self._heal(spec, record, faults["heal"], healed_event)
+                record.recovery_s = await probe
+                await watch
+                self._fate_into(record, fates)
+                self._moved_into(spec, record)
+                bound = spec.duration + spec.recover_within_s
+                record.recovered = record.recovery_s is not None and record.recovery_s <= bound
+
+    async def _heal(
+        self,
+        spec: FaultSpec,
+        record: FaultRecord,
+        heals: list[Callable[[], Any]],
+        healed_event: asyncio.Event,
+    ) -> None:
+        healed = [await f() for f in heals]
+        self._faulted.subtract(record.processes)
+        self._healed_wall[id(spec)] = time.time()
+        record.healed_at = round(time.monotonic() - self._t0, 3)
+        record.detail += "; healed: " + "; ".join(healed)
+        healed_event.set()
+
+    def _unsupported(self, record: FaultRecord, exc: FaultUnsupported) -> None:
+        """Nothing was done: the record says why, and no recovery is measured."""
+        record.unsupported = str(exc)
+        record.detail = f"unsupported here: {exc}"
+        record.injected_at = None
+        self._log(f"{record.kind} {record.target}: unsupported here: {exc}")
+
+    def _moved_into(self, spec: FaultSpec, record: FaultRecord) -> None:
+        if spec.kind in MOVE_KINDS:
+            where = self._moved_to.get(id(spec))
+            record.detail += (
+                f"; learner group running on {where}"
+                if where
+                else "; the learner group never ran on another node"
+            )
 
     async def _fates(self, spec: FaultSpec, nodes: list[str]) -> list[nodefate.NodeFate]:
         """For a node fault, each node and the job's tasks it runs now (read before the
@@ -413,6 +519,13 @@ class ChaosRun:
 
     def _faults(self, spec: FaultSpec, names: list[str]) -> dict[str, list[Callable[[], Any]]]:
         """Coroutine functions that inject and heal `spec` on the processes `names`."""
+        if spec.kind in HOST_KINDS:
+            return self._host_faults(spec, names[0])
+        if spec.kind in MOVE_KINDS:
+            return {
+                "inject": [functools.partial(self._drain, names[0])],
+                "heal": [functools.partial(self._undrain, spec, names[0])],
+            }
         if spec.kind == "gpu-xid":
             storm = XidStorm(self._gpu_fault(spec, names[0]))
             uncordon = functools.partial(self._uncordon, names[0])
@@ -459,6 +572,47 @@ class ChaosRun:
             "inject": [functools.partial(asyncio.to_thread, f.inject) for f in made],
             "heal": [functools.partial(asyncio.to_thread, f.heal) for f in made],
         }
+
+    def _host_faults(self, spec: FaultSpec, node: str) -> dict[str, list[Callable[[], Any]]]:
+        if self.hosts is None:
+            raise FaultUnsupported(
+                "the cluster's nodes share this host's network; run the scenario with "
+                "`shoal chaos run SCENARIO --hosts N` (root) to fault hosts"
+            )
+        faults = self.hostfaults
+        if spec.kind == "host-cut":
+            return {
+                "inject": [functools.partial(faults.cut, spec, node)],
+                "heal": [functools.partial(faults.uncut, spec, node)],
+            }
+        if spec.kind == "host-kill":
+            return {
+                "inject": [functools.partial(faults.kill, node)],
+                "heal": [functools.partial(faults.revive, node)],
+            }
+        return {
+            "inject": [functools.partial(faults.delay, spec, node)],
+            "heal": [functools.partial(faults.undelay, node)],
+        }
+
+    async def _drain(self, node: str) -> str:
+        """Move the learner group off its node as an operator does: drain the node through
+        the API (cordoned: nothing new lands there; the restarts it causes are not counted
+        against the job), then stop the group in order (SIGTERM to every rank; rank 0 writes
+        its final checkpoint). The leader starts the group again on another node's GPUs,
+        from that checkpoint. (The balancer would move a group off a draining node by itself
+        at a checkpoint boundary, but not while it sees every other node busy, as every host
+        on one shared machine is under a chaos run's load.)"""
+        async with self._client() as client:
+            await client.drain(node)
+        return f"{node} drained through the API; " + await self._jobfaults().stop_group()
+
+    async def _undrain(self, spec: FaultSpec, node: str) -> str:
+        """Back into service once the group is placed elsewhere (or the bound passed)."""
+        placed = await self._jobfaults().placed_off(node, spec.recover_within_s)
+        async with self._client() as client:
+            await client.uncordon(node)
+        return f"{placed}; {node} uncordoned"
 
     async def _coord(self, spec: FaultSpec, nodes: list[str]) -> str:
         if spec.kind == "coord-reset":
@@ -519,7 +673,25 @@ class ChaosRun:
             wanted = -1000.0 * float(spec.params.get("offset_s", DEFAULT_SKEW_S))
             return offset_ms is not None and abs(offset_ms - wanted) <= SKEW_TOLERANCE * abs(wanted)
 
-        checks = {"node-kill": node_back, "gpu-xid": xid_seen, "clock-skew": skew_seen}
+        async def group_moved(client: CoordinatorClient) -> bool:
+            ranks = [
+                t for t in await self._jobfaults().tasks(client) if "-learner-" in str(t["id"])
+            ]
+            where = sorted({str(t.get("node")) for t in ranks})
+            if not ranks or any(t["state"] != "running" for t in ranks):
+                return False
+            if set(where) & set(record.processes):
+                return False
+            self._moved_to[id(spec)] = where
+            return True
+
+        checks = {
+            "node-kill": node_back,
+            "host-kill": node_back,
+            "gpu-xid": xid_seen,
+            "clock-skew": skew_seen,
+            "learner-move": group_moved,
+        }
         checks.update({kind: node_back for kind in COORD_KINDS})
         return checks.get(spec.kind, writable)
 
@@ -585,7 +757,7 @@ class ChaosRun:
         self, start: float, deadline: float, check: Callable[[CoordinatorClient], Any]
     ) -> float | None:
         """Seconds from `start` until `check` (through the proxies) is true, or None."""
-        async with make_client(self._urls(), self.cluster.token) as client:
+        async with self._client() as client:
             while time.monotonic() < deadline:
                 try:
                     if await check(client):
@@ -647,7 +819,7 @@ class ChaosRun:
         for i, record in enumerate(self.records):
             if record.injected_at is None:
                 continue
-            if record.kind in JOB_KINDS or i in self._hits_group:
+            if record.kind in JOB_KINDS + HOST_NET_KINDS or i in self._hits_group:
                 probe = record.recovery_s if record.kind not in JOB_KINDS else 0.0
                 record.recovery_s = (
                     None
@@ -708,6 +880,11 @@ class ChaosRun:
             results["checkpoints_forward"] = invariants.checkpoints_forward(
                 self.checkpoints.acknowledged, self.checkpoints.observed, final
             )
+            if self.job is not None:
+                stored = await asyncio.to_thread(self.job.checkpoints_forward, self._stored_steps)
+                results["checkpoints_forward"] = invariants.both(
+                    results["checkpoints_forward"], stored, "the training job's"
+                )
         if "nodes_alive" in wanted:
             results["nodes_alive"] = await self._nodes_alive(30.0)
         if "recovered" in wanted:
@@ -786,6 +963,8 @@ def run_scenario(
     clock_port: int | None = None,
     node_links: NodeLinks | None = None,
     relay_port: int | None = None,
+    hosts: Hosts | None = None,
 ) -> RunReport:
     """Blocking entry point (CLI, tests): one run in a fresh event loop."""
-    return asyncio.run(ChaosRun(scenario, cluster, log, clock_port, node_links, relay_port).run())
+    run = ChaosRun(scenario, cluster, log, clock_port, node_links, relay_port, hosts)
+    return asyncio.run(run.run())

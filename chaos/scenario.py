@@ -13,15 +13,21 @@ would be valid.
     invariants = ["linearizable", "digests_equal", "checkpoints_forward", "no_leaks", "recovered"]
 
     [training]              # one training job through the cluster for the whole scenario
-    env = "acrobot"         # ranks, workers, checkpoint_interval_s, seed, start_within_s too
+    env = "acrobot"         # ranks, workers, checkpoint_interval_s, seed, start_within_s too;
+                            # gpus_per_rank; spread = true: no two rollout workers on one host
 
     [[faults]]
     kind = "kill"           # see FAULT_KINDS; raft-partition cuts a replica's Raft links;
                             # learner-kill / rollout-kill SIGKILL a task process of the job;
-                            # coord-* fault one node's links to every replica's API
+                            # coord-* fault one node's links to every replica's API;
+                            # host-* fault a host (`shoal chaos run --hosts N`: each node in a
+                            # network namespace): host-cut cuts it off the other hosts,
+                            # host-kill SIGKILLs everything on it (its node comes back at the
+                            # heal), host-delay delays its links by delay_ms (netem);
+                            # learner-move drains the learners' node so the group moves
     target = "leader"       # leader | follower | c1..cN | all (api-* kinds) | n1..nN (node and
                             # coord-* kinds; also "learners": the node running learner rank 0;
-                            # coord-* also "all": every node) |
+                            # coord-* also "all": every node; learner-move only "learners") |
                             # rank0.. (learner-kill) | w0.. (rollout-kill) |
                             # all | rank0.. | w0.. (link-* kinds: every rollout<->learner link,
                             # or those of one learner rank or rollout worker, via the link relay)
@@ -51,8 +57,20 @@ RAFT_KINDS = ("raft-partition", "raft-delay", "raft-loss")
 TRAINING_KINDS = ("learner-kill", "rollout-kill", "disk-full")
 # The same faults on the job's rollout<->learner links, through the link relay (chaos/relay.py).
 LINK_KINDS = ("link-partition", "link-delay", "link-loss", "link-bandwidth", "link-reset")
+# Faults on a whole host, where the nodes are hosts of their own (chaos/hostfaults.py).
+HOST_KINDS = ("host-cut", "host-kill", "host-delay")
+# The learner group moved off its node: the node is drained through the API.
+MOVE_KINDS = ("learner-move",)
 FAULT_KINDS = (
-    PROCESS_KINDS + NET_KINDS + COORD_KINDS + NODE_KINDS + RAFT_KINDS + TRAINING_KINDS + LINK_KINDS
+    PROCESS_KINDS
+    + NET_KINDS
+    + COORD_KINDS
+    + NODE_KINDS
+    + RAFT_KINDS
+    + TRAINING_KINDS
+    + LINK_KINDS
+    + HOST_KINDS
+    + MOVE_KINDS
 )
 BASE_INVARIANTS = (
     "linearizable",
@@ -97,6 +115,9 @@ NODE_PARAMS: dict[str, tuple[str, ...]] = {
     "clock-skew": ("offset_s",),
 }
 TRAINING_PARAMS: dict[str, tuple[str, ...]] = {"disk-full": ("limit_bytes",)}
+HOST_PARAMS: dict[str, tuple[str, ...]] = {"host-delay": ("delay_ms",)}
+DEFAULT_DELAY_MS = 100.0
+MAX_DELAY_MS = 60_000.0
 _FAULT_KEYS = ("kind", "target", "at", "duration", "recover_within_s")
 _TOP_KEYS = (
     "name",
@@ -112,7 +133,16 @@ _TOP_KEYS = (
     "sim_gpus",
     "training",
 )
-_TRAINING_KEYS = ("env", "ranks", "workers", "checkpoint_interval_s", "seed", "start_within_s")
+_TRAINING_KEYS = (
+    "env",
+    "ranks",
+    "workers",
+    "checkpoint_interval_s",
+    "seed",
+    "start_within_s",
+    "gpus_per_rank",
+    "spread",
+)
 
 
 @dataclass(frozen=True)
@@ -232,9 +262,11 @@ def _training(table: Any, source: str) -> JobConfig | None:
     _no_unknown(table, _TRAINING_KEYS, where)
     if not isinstance(table.get("env", ""), str):
         raise ScenarioError(f"{where}.env={table['env']!r} must be an environment id string")
-    for key in ("ranks", "workers", "seed"):
+    for key in ("ranks", "workers", "seed", "gpus_per_rank"):
         if key in table:
             _int(table, key, 0, 0, 2**31, where)
+    if not isinstance(table.get("spread", False), bool):
+        raise ScenarioError(f"{where}.spread={table['spread']!r} must be true or false")
     for key in ("checkpoint_interval_s", "start_within_s"):
         if key in table:
             _number(table, key, None, 0.1, 3600.0, where)
@@ -265,10 +297,13 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
         + RAFT_PARAMS.get(kind, ())
         + NODE_PARAMS.get(kind, ())
         + TRAINING_PARAMS.get(kind, ())
+        + HOST_PARAMS.get(kind, ())
     )
     _no_unknown(item, _FAULT_KEYS + params, where)
     target = item.get("target")
-    if kind in NODE_KINDS or kind in COORD_KINDS:
+    if kind in HOST_KINDS + MOVE_KINDS:
+        targets = _host_targets(kind, where, shape)
+    elif kind in NODE_KINDS or kind in COORD_KINDS:
         if shape.nodes == 0:
             raise ScenarioError(f"{where}.kind={kind!r} needs nodes >= 1 in the scenario")
         targets = [f"n{i + 1}" for i in range(shape.nodes)]
@@ -320,6 +355,8 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
         _int(item, "xid", 79, 1, 1000, where)
     if kind == "disk-full":
         _int(item, "limit_bytes", DISK_LIMIT_BYTES, 0, 1 << 30, where)
+    if kind == "host-delay":
+        _number(item, "delay_ms", DEFAULT_DELAY_MS, 1.0, MAX_DELAY_MS, where)
     if kind == "clock-skew":
         offset = _number(item, "offset_s", 2.5, -3600.0, 3600.0, where)
         if abs(offset) < MIN_SKEW_S:
@@ -328,6 +365,20 @@ def _fault(item: Any, where: str, shape: _Shape, duration: float, bound: float) 
                 f"use at least {MIN_SKEW_S:g} s either way"
             )
     return spec
+
+
+def _host_targets(kind: str, where: str, shape: _Shape) -> list[str]:
+    """A host fault names a node (its host) or the learners' one; moving the learner group
+    names the learners. Both need another host to matter: a cut needs someone to be cut
+    from, a killed or drained node's tasks somewhere else to run."""
+    if shape.nodes < 2:
+        raise ScenarioError(f"{where}.kind={kind!r} needs nodes >= 2 in the scenario")
+    if kind in MOVE_KINDS:
+        if shape.training is None:
+            raise ScenarioError(f"{where}.kind={kind!r} moves the training job: add [training]")
+        return [LEARNERS]
+    targets = [f"n{i + 1}" for i in range(shape.nodes)]
+    return targets + ([LEARNERS] if shape.training is not None else [])
 
 
 def _no_unknown(data: dict[str, Any], known: tuple[str, ...], where: str) -> None:
