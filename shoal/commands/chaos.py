@@ -37,6 +37,14 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     run.add_argument("--run-dir", type=Path, default=None, help="default: a fresh temporary dir")
     run.add_argument("--keep", action="store_true", help="keep the run directory afterwards")
     run.add_argument(
+        "--hosts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the scenario's N nodes as hosts of their own (network namespaces on a "
+        "private bridge, as `shoal up --hosts`; root only): host-* faults need it",
+    )
+    run.add_argument(
         "--report-file",
         type=Path,
         default=None,
@@ -48,6 +56,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     soak.add_argument("--hours", type=float, default=1.0, help="how long to keep going")
     soak.add_argument("--scenario", default="stress", help="file or shipped name (stress)")
     soak.add_argument("--json", action="store_true", help="print one JSON report per run")
+    soak.add_argument(
+        "--hosts", type=int, default=None, metavar="N", help="as for `shoal chaos run`"
+    )
     soak.set_defaults(func=_soak)
 
     add_inject(sub)
@@ -67,39 +78,36 @@ def _once(
     keep: bool,
     quiet: bool,
     report_file: Path | None = None,
+    hosts: int | None = None,
 ) -> dict[str, Any]:
     import shutil
     import sys
     import tempfile
 
-    from shoal.chaos.nodenet import plan_links
     from shoal.chaos.report import render_text
-    from shoal.chaos.runner import clock_file, find_scenario, run_scenario
-    from shoal.local import LocalCluster, coordinator_specs, free_port
+    from shoal.chaos.runner import find_scenario, run_scenario
+    from shoal.local import LocalCluster
     from shoal.progress import ProgressLine, Ticker, stderr_is_tty
 
     scenario = find_scenario(scenario_arg)
+    if hosts is not None:
+        _check_hosts(hosts)
     own = run_dir is None
     cluster = LocalCluster(run_dir or Path(tempfile.mkdtemp(prefix="shoal-chaos-")))
-    liveness = ("--suspect-after", str(SUSPECT_AFTER_S), "--dead-after", str(DEAD_AFTER_S))
-    specs = coordinator_specs(cluster.run_dir, scenario.replicas, liveness, raft_bind=True)
-    clock = _free_udp_port()
-    names = [f"n{i + 1}" for i in range(scenario.nodes)]
-    links = plan_links(names, [s.name for s in specs], free_port)
-    relay = _relay_port(scenario, free_port)
-    nodes = _node_specs(cluster.run_dir, links, scenario.sim_gpus, clock, relay)
-    cluster.create(specs + nodes)  # checks the run dir is writable, with a one-line error
-    for node in nodes:
-        clock_file(cluster.run_dir, node.name).parent.mkdir(parents=True, exist_ok=True)
-    if quiet or not stderr_is_tty():
-        log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
-        report = run_scenario(scenario, cluster, log, clock, links, relay)
-    else:
-        expected = STARTUP_ESTIMATE_S + scenario.duration_s
-        with Ticker(
-            ProgressLine(), lambda t, msg: _chaos_line(scenario.name, t, expected, msg)
-        ) as ticker:
-            report = run_scenario(scenario, cluster, ticker.note, clock, links, relay)
+    try:
+        made = _lay_out(cluster, scenario, hosts)
+        if quiet or not stderr_is_tty():
+            log = None if quiet else (lambda line: print(f"shoal chaos: {line}", file=sys.stderr))
+            report = run_scenario(scenario, cluster, log, *made)
+        else:
+            expected = STARTUP_ESTIMATE_S + scenario.duration_s
+            with Ticker(
+                ProgressLine(), lambda t, msg: _chaos_line(scenario.name, t, expected, msg)
+            ) as ticker:
+                report = run_scenario(scenario, cluster, ticker.note, *made)
+    finally:
+        if hosts is not None:
+            cluster.remove_network()
     if own and report.ok and not keep:
         shutil.rmtree(cluster.run_dir, ignore_errors=True)
     text = render_text(report)
@@ -110,6 +118,51 @@ def _once(
     return report.to_dict()
 
 
+def _check_hosts(count: int) -> None:
+    from shoal.errors import ConfigError
+    from shoal.hosts import MAX_HOSTS, check_can_create
+
+    if not 2 <= count <= MAX_HOSTS:
+        raise ConfigError(f"--hosts={count} is invalid: use 2 to {MAX_HOSTS} hosts")
+    check_can_create()  # one line for a user who is not root
+
+
+def _lay_out(cluster: Any, scenario: Any, hosts: int | None) -> tuple[Any, ...]:
+    """Write the run's cluster: 3 replicas behind Raft proxies, the scenario's nodes each with
+    a fault proxy to each replica, the reference clock and (for link faults) the link relay;
+    with `hosts`, each node a host of its own (network namespaces; on loopback otherwise).
+    Returns the rest of run_scenario's arguments: clock port, node links, relay port, hosts."""
+    from shoal.chaos.nodenet import plan_links
+    from shoal.chaos.runner import clock_file
+    from shoal.local import coordinator_specs, free_port
+
+    liveness = ("--suspect-after", str(SUSPECT_AFTER_S), "--dead-after", str(DEAD_AFTER_S))
+    made = None
+    if hosts is not None:
+        from shoal.commands.chaos_hosts import make_hosts
+
+        made = make_hosts(cluster, scenario, hosts)
+    listen = "127.0.0.1" if made is None else made.bridge_address
+    specs = coordinator_specs(
+        cluster.run_dir,
+        scenario.replicas,
+        liveness,
+        raft_bind=True,
+        api_host=listen,
+        tls_dir=cluster.tls_dir,
+    )
+    clock = _free_udp_port(listen)
+    names = [f"n{i + 1}" for i in range(scenario.nodes)]
+    links = plan_links(names, [s.name for s in specs], lambda: free_port(listen))
+    relay = _relay_port(scenario, lambda: free_port(listen))
+    network = None if made is None else made.network
+    nodes = _node_specs(cluster.run_dir, links, scenario.sim_gpus, clock, relay, network)
+    cluster.create(specs + nodes, network)  # checks the run dir is writable, in one line
+    for node in nodes:
+        clock_file(cluster.run_dir, node.name).parent.mkdir(parents=True, exist_ok=True)
+    return clock, links, relay, made
+
+
 def _chaos_line(name: str, elapsed: float, expected: float, message: str) -> tuple[str, float]:
     """The bar's text and an estimated fraction (time against the scenario's length, never 1
     before the report: invariant checks after the workload take a while too)."""
@@ -117,11 +170,11 @@ def _chaos_line(name: str, elapsed: float, expected: float, message: str) -> tup
     return f"chaos {name} {elapsed:.0f}/{expected:.0f} s  {short}", min(0.99, elapsed / expected)
 
 
-def _free_udp_port() -> int:
+def _free_udp_port(host: str = "127.0.0.1") -> int:
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
@@ -134,34 +187,53 @@ def _relay_port(scenario: Any, free_port: Callable[[], int]) -> int | None:
 
 
 def _node_specs(
-    run_dir: Path, links: Any, gpus: int, clock_port: int, relay_port: int | None = None
+    run_dir: Path,
+    links: Any,
+    gpus: int,
+    clock_port: int,
+    relay_port: int | None = None,
+    network: Any = None,
 ) -> list[Any]:
     """Node daemons n1..nN on free loopback ports, each reaching the replicas through its own
     fault proxies (`links`, from chaos.nodenet.plan_links), each with its data dir under the
     run dir (where chaos finds its simulated GPUs' state file), its clock read through an
     offset file there (the clock-skew hook) and measured against the run's reference clock on
     `clock_port` (UDP); with `relay_port`, every link their tasks open dials through the
-    run's link relay there (`$SHOAL_LINK_RELAY`, inherited by the tasks)."""
+    run's link relay there (`$SHOAL_LINK_RELAY`, inherited by the tasks).
+
+    With a `network` (shoal.hosts.Network) node n<i> runs inside host h<i>'s namespace and
+    listens on its address; the proxies, clock and relay are on the bridge address, the API
+    is https under the cluster's CA ($SHOAL_TLS_DIR), and the node holds the node credential,
+    as under `shoal up --hosts`."""
     import sys
 
+    from shoal import hosts
     from shoal.chaos.nodenet import coordinator_urls
     from shoal.chaos.runner import clock_file
     from shoal.local import ProcessSpec
+    from shoal.runtime.tls import TLS_DIR_ENV
     from shoal.runtime.tunnel import RELAY_ENV
     from shoal.scheduler.health.clock import CHAOS_CLOCK_ENV
 
+    bridge = "127.0.0.1" if network is None else network.bridge_address
     specs = []
     for name in links:
-        urls = coordinator_urls(links, name)
+        host = None if network is None else network.host(name)
+        prefix = [] if host is None else hosts.exec_prefix(host)
+        urls = coordinator_urls(links, name, bridge, "http" if host is None else "https")
+        token = run_dir / ("api-token" if host is None else "node-token")
         argv = [
-            sys.executable, "-m", "shoal", "node", "--coordinators", urls,
-            "--data-dir", str(run_dir / "nodes" / name), "--token-file", str(run_dir / "api-token"),
-            "--node-id", name, "--listen", "127.0.0.1:0", "--sim-gpus", str(gpus),
-            "--clock", f"127.0.0.1:{clock_port}", "--fence-after", str(FENCE_AFTER_S),
+            *prefix, sys.executable, "-m", "shoal", "node", "--coordinators", urls,
+            "--data-dir", str(run_dir / "nodes" / name), "--token-file", str(token),
+            "--node-id", name, "--listen", f"{'127.0.0.1' if host is None else host.address}:0",
+            "--sim-gpus", str(gpus),
+            "--clock", f"{bridge}:{clock_port}", "--fence-after", str(FENCE_AFTER_S),
         ]  # fmt: skip
         env = {CHAOS_CLOCK_ENV: str(clock_file(run_dir, name))}
+        if host is not None:
+            env[TLS_DIR_ENV] = str(run_dir / "tls")
         if relay_port is not None:
-            env[RELAY_ENV] = f"127.0.0.1:{relay_port}"
+            env[RELAY_ENV] = f"{bridge}:{relay_port}"
         specs.append(ProcessSpec(name, argv, "node", env=env))
     return specs
 
@@ -173,7 +245,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--report-file {args.report_file}: folder {args.report_file.parent} does not exist"
         )
-    result = _once(args.scenario, args.run_dir, args.keep, args.json, args.report_file)
+    result = _once(args.scenario, args.run_dir, args.keep, args.json, args.report_file, args.hosts)
     if args.json:
         print(json.dumps(result, indent=1))
     return 0 if result["ok"] else 1
@@ -191,7 +263,7 @@ def _soak(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.hours * 3600
     runs = 0
     while time.monotonic() < deadline:
-        result = _once(args.scenario, None, False, quiet=args.json)
+        result = _once(args.scenario, None, False, quiet=args.json, hosts=args.hosts)
         runs += 1
         if args.json:
             print(json.dumps(result), flush=True)

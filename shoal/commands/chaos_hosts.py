@@ -1,0 +1,104 @@
+"""`shoal chaos run --hosts N`: a scenario's cluster whose node daemons are hosts of their own.
+
+The cluster is laid out as `shoal up --hosts N` lays it out (shoal.local.create_hosts_cluster:
+the network, the cluster's CA, its storage), then `shoal chaos run` rewrites its process specs
+for the chaos run (shoal/commands/chaos.py). `NamespaceHosts` is what the run's host faults
+(chaos/hostfaults.py) do to those hosts, through shoal.hosts.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from shoal import hosts
+from shoal.chaos.errors import FaultError, FaultUnsupported
+
+# How long `ip netns pids` may take before the host is taken as unreadable.
+IP_TIMEOUT_S = 30.0
+
+
+class NamespaceHosts:
+    """chaos.cluster.Hosts over the network of a `--hosts` cluster (shoal.hosts)."""
+
+    def __init__(self, network: hosts.Network, storage: Path) -> None:
+        self.network = network
+        self._storage = storage
+
+    @property
+    def bridge_address(self) -> str:
+        return self.network.bridge_address
+
+    @property
+    def subnet(self) -> str:
+        return str(self.network.cidr)
+
+    @property
+    def storage(self) -> Path:
+        return self._storage
+
+    def address(self, node: str) -> str:
+        return self._host(node).address
+
+    def cut(self, node: str) -> None:
+        self._do(hosts.cut, node)
+
+    def heal(self, node: str) -> None:
+        self._do(hosts.heal, node)
+
+    def delay(self, node: str, ms: float) -> None:
+        try:
+            hosts.delay(self.network, node, ms)
+        except hosts.NetemUnavailable as exc:
+            raise FaultUnsupported(str(exc)) from None
+        except hosts.HostNetworkError as exc:
+            raise FaultError(str(exc)) from None
+
+    def pids(self, node: str) -> list[int]:
+        """`ip netns pids`: every process whose network namespace is the host's."""
+        netns = self._host(node).netns
+        ip = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin")
+        if ip is None:
+            raise FaultError("`ip` is not installed; install iproute2 to fault hosts")
+        try:
+            done = subprocess.run(
+                [ip, "netns", "pids", netns],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=IP_TIMEOUT_S,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            raise FaultError(f"`ip netns pids {netns}` failed: {exc}; is the cluster up?") from None
+        return [int(word) for word in done.stdout.split() if word.isdigit()]
+
+    def _host(self, node: str) -> hosts.Host:
+        try:
+            return self.network.host(node)
+        except hosts.HostNetworkError as exc:
+            raise FaultError(str(exc)) from None
+
+    def _do(self, action: Any, node: str) -> None:
+        try:
+            action(self.network, node)
+        except hosts.HostNetworkError as exc:
+            raise FaultError(str(exc)) from None
+
+
+def make_hosts(local: Any, scenario: Any, count: int) -> NamespaceHosts:
+    """Make `local` (a LocalCluster) a cluster of `count` hosts for `scenario`, as `shoal up
+    --hosts` does (the network, the cluster's CA, cluster.json): the caller then rewrites its
+    specs for the chaos run (`local.create(specs, hosts.network)`) and removes the network in
+    the end (`local.remove_network()`)."""
+    from shoal.errors import ConfigError
+    from shoal.local import create_hosts_cluster
+
+    if count != scenario.nodes:
+        raise ConfigError(
+            f"--hosts {count}: scenario {scenario.name} runs {scenario.nodes} nodes; give "
+            f"--hosts {scenario.nodes} (each node a host of its own)"
+        )
+    network = create_hosts_cluster(local, count, scenario.replicas, scenario.sim_gpus)
+    return NamespaceHosts(network, local.run_dir / "storage")
