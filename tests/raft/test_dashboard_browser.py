@@ -161,6 +161,17 @@ async def _submit_job_with_metrics(local: LocalCluster) -> str:
                 "loss_policy": 0.05 / (1 + step / 500), "loss_value": 40 / (1 + step / 300),
             }  # fmt: skip
             await client.add_event(METRICS_KIND, f"step {step}", fields)
+        await client.submit_job(
+            job_id="gpu-job",
+            tasks=[
+                {
+                    "task_id": "gpu-task",
+                    "kind": "actor",
+                    "actor": "shoal.runtime.actor:Actor",
+                    "resources": {"gpus": 2},
+                }
+            ],
+        )
         await client.record_checkpoint(job["id"], "/ckpt/3800.pt", 3800, "ab" * 32, True)
         await client.add_event(
             "evaluation", "evaluation report", {"job": job["id"], "report": "/reports/eval.html"}
@@ -216,6 +227,10 @@ def test_the_page_shows_nodes_jobs_curves_live_and_keeps_the_token_out_of_the_ur
             )
             assert {"return", "sps", "policy_lag", "loss_policy", "loss_value"} <= set(metrics)
             assert "checkpoint step 3800" in await page.evaluate("document.body.innerText")
+            held = await page.wait_for(
+                "document.querySelector('[data-task=\"gpu-task\"] [data-gpus]')?.dataset.gpus"
+            )
+            assert len(held.split(",")) == 2  # the GPUs the leader's placement gave the task
             assert await page.evaluate("!!document.querySelector('a[href=\"/reports/eval.html\"]')")
             assert await page.evaluate("location.href") == f"{cluster.api_urls()[1]}/"
             assert await page.evaluate("document.getElementById('conn').textContent") == "live"
