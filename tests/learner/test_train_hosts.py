@@ -205,3 +205,45 @@ def test_a_group_that_fits_no_island_is_refused_with_the_reason(
     assert summary is None
     assert "cannot place task" in err
     assert "gpus" in err.lower() or "gpu" in err.lower()
+
+
+def test_a_job_submitted_through_the_api_alone_trains_across_hosts(two_hosts: LocalCluster) -> None:
+    """No `shoal train` process: the task records (learner/job.py's arguments, a token in the
+    environment) are all a node on any host needs; rank 0's final checkpoint lands in the
+    cluster's storage and its last publication names it."""
+    from shoal.cluster_train import job_tasks
+    from shoal.learner.config import CheckpointConfig, LearnerConfig, RolloutConfig, TrainConfig
+    from shoal.learner.group import GroupSpec
+    from shoal.learner.job import TOKEN_VARIABLE, job_argument
+
+    local = two_hosts
+    storage = json.loads((local.run_dir / "cluster.json").read_text())["storage"]
+    cfg = TrainConfig(
+        learner=LearnerConfig(ranks=2),
+        rollout=RolloutConfig(workers=2),
+        checkpoint=CheckpointConfig(storage=f"{storage}/api-job"),
+    )
+    argv = job_argument(cfg, "CartPole-v1")
+    env = {TOKEN_VARIABLE: "t" * 64, "OMP_NUM_THREADS": "1"}
+    learners = [(argv, {**env, **GroupSpec(r, 2, backend="gloo").to_env()}) for r in range(2)]
+    rollouts = [([*argv, "--worker", str(w)], env) for w in range(2)]
+    tasks = job_tasks("api-job", learners, rollouts, {"gpus": 1}, {})
+    spec = {"placement": "auto", "kind": "train"}
+    _ask(local, lambda c: c.submit_job(spec=spec, tasks=tasks, job_id="api-job"))
+
+    def trained() -> bool:
+        lead = _tasks(_ask(local, lambda c: c.job("api-job")), "learner")[0]
+        return int((lead.get("published") or {}).get("version", 0)) >= 3
+
+    eventually(trained, "rank 0 to publish version 3", PATIENT_S)
+    _ask(local, lambda c: c.stop_job("api-job"))
+
+    def final() -> dict[str, Any] | None:
+        lead = _tasks(_ask(local, lambda c: c.job("api-job")), "learner")[0]
+        published = lead.get("published") or {}
+        return published if published.get("final") else None
+
+    last = eventually(final, "rank 0's final publication", PATIENT_S)
+    assert Path(last["checkpoint"]).parent == Path(storage) / "api-job"
+    assert Path(last["checkpoint"]).is_file()
+    assert last["checkpoint_step"] >= 3
