@@ -88,7 +88,7 @@ SKEW_TOLERANCE = 0.25
 # Faults on the learners' node: their recovery is the job's too.
 LEARNER_NODE_KINDS = ("node-kill", "gpu-xid", "host-kill", *COORD_KINDS, *MOVE_KINDS)
 # Faults after which the run watches what becomes of the node and its tasks.
-FATE_KINDS = ("node-kill", "host-kill", *COORD_KINDS)
+FATE_KINDS = ("node-kill", "host-kill", "host-cut", *COORD_KINDS)
 # Faults after which training must come from a new learner incarnation (the old one is dead).
 GROUP_RESTARTING = ("learner-kill", "node-kill", "host-kill", *MOVE_KINDS)
 # Faults on the training job itself: their recovery is training again, read off the curve.
