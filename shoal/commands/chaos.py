@@ -91,7 +91,7 @@ def _once(
 
     scenario = find_scenario(scenario_arg)
     if hosts is not None:
-        _check_hosts(hosts)
+        _check_hosts(hosts, scenario)
     own = run_dir is None
     cluster = LocalCluster(run_dir or Path(tempfile.mkdtemp(prefix="shoal-chaos-")))
     try:
@@ -118,13 +118,18 @@ def _once(
     return report.to_dict()
 
 
-def _check_hosts(count: int) -> None:
+def _check_hosts(count: int, scenario: Any) -> None:
+    """Before anything is made: the count fits the scenario, and this user may make hosts
+    (one line for a user who is not root)."""
     from shoal.errors import ConfigError
-    from shoal.hosts import MAX_HOSTS, check_can_create
+    from shoal.hosts import check_can_create
 
-    if not 2 <= count <= MAX_HOSTS:
-        raise ConfigError(f"--hosts={count} is invalid: use 2 to {MAX_HOSTS} hosts")
-    check_can_create()  # one line for a user who is not root
+    if count != scenario.nodes:
+        raise ConfigError(
+            f"--hosts {count}: scenario {scenario.name} runs {scenario.nodes} nodes; give "
+            f"--hosts {scenario.nodes} (each node a host of its own)"
+        )
+    check_can_create()
 
 
 def _lay_out(cluster: Any, scenario: Any, hosts: int | None) -> tuple[Any, ...]:
@@ -141,7 +146,7 @@ def _lay_out(cluster: Any, scenario: Any, hosts: int | None) -> tuple[Any, ...]:
     if hosts is not None:
         from shoal.commands.chaos_hosts import make_hosts
 
-        made = make_hosts(cluster, scenario, hosts)
+        made = make_hosts(cluster, scenario)
     listen = "127.0.0.1" if made is None else made.bridge_address
     specs = coordinator_specs(
         cluster.run_dir,

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shoal import hosts
 from shoal.chaos.errors import FaultError, FaultUnsupported
+
+if TYPE_CHECKING:
+    from shoal.chaos.scenario import Scenario
+    from shoal.local import LocalCluster
 
 # How long `ip netns pids` may take before the host is taken as unreadable.
 IP_TIMEOUT_S = 30.0
@@ -80,25 +85,19 @@ class NamespaceHosts:
         except hosts.HostNetworkError as exc:
             raise FaultError(str(exc)) from None
 
-    def _do(self, action: Any, node: str) -> None:
+    def _do(self, action: Callable[[hosts.Network, str], None], node: str) -> None:
         try:
             action(self.network, node)
         except hosts.HostNetworkError as exc:
             raise FaultError(str(exc)) from None
 
 
-def make_hosts(local: Any, scenario: Any, count: int) -> NamespaceHosts:
-    """Make `local` (a LocalCluster) a cluster of `count` hosts for `scenario`, as `shoal up
-    --hosts` does (the network, the cluster's CA, cluster.json): the caller then rewrites its
-    specs for the chaos run (`local.create(specs, hosts.network)`) and removes the network in
-    the end (`local.remove_network()`)."""
-    from shoal.errors import ConfigError
+def make_hosts(local: LocalCluster, scenario: Scenario) -> NamespaceHosts:
+    """Make `local` a cluster whose `scenario.nodes` nodes are hosts of their own, as `shoal
+    up --hosts` does (the network, the cluster's CA, cluster.json): the caller then rewrites
+    its specs for the chaos run (`local.create(specs, hosts.network)`) and removes the network
+    in the end (`local.remove_network()`)."""
     from shoal.local import create_hosts_cluster
 
-    if count != scenario.nodes:
-        raise ConfigError(
-            f"--hosts {count}: scenario {scenario.name} runs {scenario.nodes} nodes; give "
-            f"--hosts {scenario.nodes} (each node a host of its own)"
-        )
-    network = create_hosts_cluster(local, count, scenario.replicas, scenario.sim_gpus)
+    network = create_hosts_cluster(local, scenario.nodes, scenario.replicas, scenario.sim_gpus)
     return NamespaceHosts(network, local.run_dir / "storage")

@@ -54,6 +54,30 @@ def test_recovered() -> None:
     assert "pause c2" in invariants.recovered([good, late]).detail
 
 
+def test_a_fault_this_machine_cannot_make_is_named_not_counted() -> None:
+    """host-delay on a kernel without netem: never injected, so neither recovered nor late;
+    the report's recovery figures leave it out and its text says why."""
+    from dataclasses import asdict
+
+    from shoal.chaos.curve import recovery_stats
+    from shoal.chaos.report import FaultRecord, RunReport, render_text
+
+    good = {"kind": "kill", "target": "leader", "recovered": True, "recovery_s": 0.4}
+    why = "this kernel has no netem qdisc"
+    unmade = FaultRecord("host-delay", "n1", ["n1"], detail=f"unsupported here: {why}")
+    unmade.unsupported = why
+    verdict = invariants.recovered([good, asdict(unmade)])
+    assert verdict.held
+    assert "unsupported here, so not made: ['host-delay n1']" in verdict.detail
+    late = {"kind": "pause", "target": "c2", "recovered": False, "recovery_s": None}
+    assert not invariants.recovered([late, asdict(unmade)]).held
+    stats = recovery_stats([good, asdict(unmade)])
+    assert stats["all"]["faults"] == 1
+    assert "host-delay" not in stats
+    report = RunReport("hosts", "/tmp/x", [unmade], {"recovered": verdict}, operations=0)
+    assert f"UNSUPPORTED here: {why}" in render_text(report)
+
+
 def test_leaks_are_found(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path)])
     listener = socket.socket()

@@ -23,7 +23,7 @@ from shoal.chaos.errors import ChaosError, FaultError
 from shoal.chaos.jobfaults import JobFaults
 from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.nodefate import TASKS_ELSEWHERE_TARGET_S, NodeFate, moved
-from shoal.chaos.nodenet import NodeMesh, coordinator_urls, plan_links
+from shoal.chaos.nodenet import NodeMesh, api_address, coordinator_urls, plan_links
 from shoal.chaos.report import FaultRecord, RunReport, render_text
 from shoal.chaos.trainjob import ClusterJob, JobConfig
 from shoal.chaos.workload import make_client
@@ -55,6 +55,16 @@ def test_every_node_gets_its_own_port_per_replica_in_replica_order(
         assert list(links[node]) == replicas
         urls = coordinator_urls(links, node).split(",")
         assert urls == [f"http://127.0.0.1:{links[node][r]}" for r in replicas]
+        on_hosts = coordinator_urls(links, node, "10.4.5.1", "https").split(",")
+        assert on_hosts == [f"https://10.4.5.1:{links[node][r]}" for r in replicas]
+
+
+def test_a_proxy_goes_before_an_http_or_https_api() -> None:
+    assert api_address("https://10.4.5.1:7001") == ("10.4.5.1", 7001)
+    assert api_address("http://127.0.0.1:80/") == ("127.0.0.1", 80)
+    for bad in ("https://10.4.5.1", "nonsense", "http://:80"):
+        with pytest.raises(ChaosError, match="names no host and port"):
+            api_address(bad)
 
 
 @contextlib.asynccontextmanager

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -161,3 +163,80 @@ def test_a_partition_on_every_link_refuses_new_ones_until_healed() -> None:
             await server.wait_closed()
 
     asyncio.run(main())
+
+
+addresses = st.tuples(*[st.integers(0, 255)] * 4).map(lambda t: ".".join(map(str, t)))
+
+
+@given(addresses, ports)
+def test_a_relay_for_hosts_forwards_to_their_network_and_loopback_only(
+    address: str, port: int
+) -> None:
+    """The hosts of `shoal chaos run --hosts` are on one /24; nothing off it is reachable."""
+    network = ipaddress.IPv4Network("10.7.3.0/24")
+    head = f"CONNECT {address}:{port} HTTP/1.1\r\n\r\n".encode()
+    if ipaddress.IPv4Address(address) in network or address.startswith("127."):
+        assert parse_request(head, [network]).target == (address, port)
+    else:
+        with pytest.raises(RelayRequestError, match=r"or on 10\.7\.3\.0/24") as caught:
+            parse_request(head, [network])
+        assert caught.value.status == 403
+    with pytest.raises(RelayRequestError, match=r"is not 127\.0\.0\.1: the relay forwards"):
+        parse_request(b"CONNECT 10.7.3.2:80 HTTP/1.1\r\n\r\n")
+
+
+async def _ping(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    writer.write(b"ping")
+    await writer.drain()
+    return await reader.readexactly(4)
+
+
+async def _tunnel(relay: LinkRelay, host: str, port: int) -> tuple[Any, Any]:
+    reader, writer = await asyncio.open_connection(relay.listen_host, relay.port)
+    writer.write(f"CONNECT {host}:{port} HTTP/1.1\r\n\r\n".encode())
+    await writer.drain()
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+    return reader, writer
+
+
+def test_a_fault_on_a_host_address_hits_its_links_only_until_healed() -> None:
+    """A cut host: every link with an end at its address is blackholed (those open and those
+    dialled later), the others flow; healed, the held bytes arrive."""
+
+    async def main() -> None:
+        servers = [await _echo_server_on(host) for host in ("127.0.0.1", "127.0.0.2")]
+        ports = [s.sockets[0].getsockname()[1] for s in servers]
+        try:
+            async with LinkRelay(listen_host="127.0.0.3") as relay:
+                assert relay.address == f"127.0.0.3:{relay.port}"
+                near = await _tunnel(relay, "127.0.0.1", ports[0])
+                far = await _tunnel(relay, "127.0.0.2", ports[1])
+                hole = NetFaults(partition="blackhole")
+                assert relay.inject("cut", hole, addresses=["127.0.0.2"]) == 1
+                held = asyncio.ensure_future(_ping(*far))
+                assert await _ping(*near) == b"ping"
+                later = asyncio.ensure_future(_tunnel(relay, "127.0.0.2", ports[1]))
+                done, _ = await asyncio.wait([held, later], timeout=1.0)
+                assert not done
+                relay.heal("cut")
+                assert await held == b"ping"
+                assert await _ping(*await later) == b"ping"
+                for _, writer in (near, far, await later):
+                    writer.close()
+        finally:
+            for server in servers:
+                server.close()
+                await server.wait_closed()
+
+    asyncio.run(main())
+
+
+async def _echo_server_on(host: str) -> asyncio.Server:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(echo, host, 0)

@@ -15,9 +15,10 @@ from shoal.chaos.scenario import FAULT_KINDS, TRAINING_INVARIANTS, from_dict, pa
 
 SCENARIOS = Path(shoal.chaos.__file__).parent / "scenarios"
 TRAINED = "nodes = 1\n[training]\nenv = 'acrobot'\n"
+HOSTS = "nodes = 3\n[training]\nenv = 'acrobot'\n"
 
 
-@pytest.mark.parametrize("name", ["smoke", "stress"])
+@pytest.mark.parametrize("name", ["smoke", "stress", "hosts"])
 def test_shipped_scenarios_parse(name: str) -> None:
     scenario = parse((SCENARIOS / f"{name}.toml").read_text(), name)
     assert scenario.name == name
@@ -111,6 +112,18 @@ def test_defaults_and_params() -> None:
             "unknown keys",
         ),
         ("nodes = 1\n[[faults]]\nkind = 'coord-reset'\ntarget = 'learners'\nat = 1", "learners"),
+        (f"{TRAINED}[[faults]]\nkind = 'host-cut'\ntarget = 'n1'\nat = 1", "needs nodes >= 2"),
+        ("nodes = 2\n[[faults]]\nkind = 'host-kill'\ntarget = 'learners'\nat = 1", "learners"),
+        ("nodes = 2\n[[faults]]\nkind = 'host-kill'\ntarget = 'c1'\nat = 1", "target='c1'"),
+        ("nodes = 2\n[[faults]]\nkind = 'learner-move'\ntarget = 'n1'\nat = 1", "\\[training\\]"),
+        (f"{HOSTS}[[faults]]\nkind = 'learner-move'\ntarget = 'n1'\nat = 1", "target='n1'"),
+        (
+            f"{HOSTS}[[faults]]\nkind = 'host-delay'\ntarget = 'n1'\nat = 1\ndelay_ms = 0",
+            "delay_ms=0 is outside 1..60000",
+        ),
+        (f"{HOSTS}[[faults]]\nkind = 'host-cut'\ntarget = 'n1'\nat = 1\ndelay_ms = 5", "unknown"),
+        (f"{HOSTS}spread = 'yes'", "training.spread='yes' must be true or false"),
+        (f"{HOSTS}gpus_per_rank = -1", "training.gpus_per_rank=-1"),
         ("name = ", "not valid TOML"),
     ],
 )
@@ -132,7 +145,10 @@ _fault = st.fixed_dictionaries(
     optional={"at": _json | st.floats(0, 40), "duration": _json, "loss": _json},
 )
 _training = st.dictionaries(
-    st.sampled_from(["env", "ranks", "workers", "checkpoint_interval_s", "seed", "x"]), _json
+    st.sampled_from(
+        ["env", "ranks", "workers", "checkpoint_interval_s", "seed", "gpus_per_rank", "spread", "x"]
+    ),
+    _json,
 )
 
 
@@ -196,3 +212,24 @@ def test_coordinator_link_faults_target_nodes_and_take_the_proxy_settings() -> N
     assert reset.params == {}
     plain = parse("nodes = 1\n[[faults]]\nkind = 'coord-partition'\ntarget = 'n1'\nat = 1")
     assert plain.faults[0].net_faults().partition == "refuse"
+
+
+def test_host_faults_name_a_host_or_the_learners_and_take_a_delay() -> None:
+    scenario = parse(
+        f"{HOSTS}gpus_per_rank = 1\nspread = true\n"
+        "[[faults]]\nkind = 'host-cut'\ntarget = 'learners'\nat = 1\nduration = 5\n"
+        "[[faults]]\nkind = 'host-kill'\ntarget = 'n3'\nat = 2\n"
+        "[[faults]]\nkind = 'host-delay'\ntarget = 'n2'\nat = 3\ndelay_ms = 80\n"
+        "[[faults]]\nkind = 'learner-move'\ntarget = 'learners'\nat = 4"
+    )
+    assert [(f.kind, f.target) for f in scenario.faults] == [
+        ("host-cut", "learners"),
+        ("host-kill", "n3"),
+        ("host-delay", "n2"),
+        ("learner-move", "learners"),
+    ]
+    assert scenario.faults[2].params == {"delay_ms": 80}
+    assert scenario.training is not None
+    assert (scenario.training.gpus_per_rank, scenario.training.spread) == (1, True)
+    plain = parse("nodes = 2\n[[faults]]\nkind = 'host-cut'\ntarget = 'n2'\nat = 1")
+    assert plain.faults[0].target == "n2"
