@@ -80,13 +80,14 @@ def _hosts_rows(root: Path, limit: float) -> list[Row]:
         return []
     cpus = float(os.cpu_count() or 1)
     cfg = dataclasses.replace(
-        TrainConfig(),
-        seed=1,
-        time_limit_s=limit,
+        TrainConfig(), seed=1, time_limit_s=limit, rollout=RolloutConfig(workers=2)
+    )
+    one_host = train(cfg, runs_root=root, evaluate_at_end=False)
+    cfg = dataclasses.replace(
+        cfg,
         learner=LearnerConfig(cpus_per_rank=cpus * 0.75),
         rollout=RolloutConfig(workers=2, cpus_per_worker=cpus * 0.375),
     )
-    one_host = train(cfg, runs_root=root, evaluate_at_end=False)
     local = LocalCluster(root / "hosts-cluster")
     try:
         create_hosts_cluster(local, 2, 1)
