@@ -507,7 +507,12 @@ async def serve(
     rank 0 its group's rendezvous too (learner/peers.py). Rank 0 posts `job_metrics` events to
     `metrics`' coordinators meanwhile, when given."""
     torch.set_num_threads(cfg.learner.threads)
-    publication = Publication(role=LEARNER_ROLE, rank=spec.rank, epoch=spec.epoch)
+    publication = Publication(
+        role=LEARNER_ROLE,
+        rank=spec.rank,
+        epoch=spec.epoch,
+        gpus=os.environ.get("SHOAL_TASK_GPUS", ""),  # what its node handed it, for all to see
+    )
     group = LearnerGroup(spec, PublishedRendezvous(publication, spec.epoch))
     core = LearnerCore(cfg, env_id, group, run_dir, publication)
     core.mark("built")

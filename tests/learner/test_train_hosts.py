@@ -105,6 +105,7 @@ def test_a_job_spans_two_hosts_on_the_gpus_it_asked_for(
     (learner,) = _tasks(record, "learner")
     workers = _tasks(record, "rollout")
     assert len(learner["gpus"]) == 1
+    assert learner["published"]["gpus"] == str(learner["gpus"][0])  # the GPU its node gave it
     assert {w["node"] for w in workers} == {"n1", "n2"} - {learner["node"]}
     assert learner["published"]["final"] is True
     storage = json.loads((local.run_dir / "cluster.json").read_text())["storage"]
