@@ -515,6 +515,20 @@ class ClusterRun:
             self.status.take_published(published)
             self._post_metrics()
 
+    def record_report(self, result: TrainResult) -> None:
+        """Post the evaluation as an `evaluation` event (the dashboard links its report), so
+        the cluster's users find it where they find the job. A failed post is only lost."""
+        fields = {
+            "job": self.job_id,
+            "report": result.report_html,
+            "report_json": result.report,
+            "mean_return": result.eval_mean_return,
+            "checkpoint": result.checkpoint,
+        }
+        what = f"{self.job_id} evaluated: mean return {result.eval_mean_return:.1f}"
+        with contextlib.suppress(TrainError):
+            self._call(lambda c: c.add_event("evaluation", what, fields))
+
     def _post_metrics(self) -> None:
         """Post rank 0's published progress as the dashboard's `job_metrics` event (rank 0
         posts them itself only where it can read the operator's token, on this host)."""

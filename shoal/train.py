@@ -426,6 +426,8 @@ def train(
         result.report = str(json_path)
         result.report_html = str(html_path)
         result.eval_mean_return = float(eval_result.mean_return)
+        if run.embedded is None:  # a cluster that outlives the run: its events keep the report
+            run.record_report(result)
     (run_dir / "result.json").write_text(json.dumps(asdict(result), indent=1))
     return result
 

@@ -111,6 +111,13 @@ def test_a_job_spans_two_hosts_on_the_gpus_it_asked_for(
     storage = json.loads((local.run_dir / "cluster.json").read_text())["storage"]
     assert summary["checkpoint"].startswith(storage)  # not the run dir: no host shares it
     assert not (run_dir / "status-0.json").exists()  # each task wrote on its own host
+    events = _ask(local, lambda c: c.request("GET", "/v1/events"))["events"]
+    posted = [
+        e
+        for e in events
+        if e["kind"] == "evaluation" and e["fields"].get("job") == summary["job_id"]
+    ]
+    assert posted[-1]["fields"]["report"] == summary["report_html"]
     node_dir = local.run_dir / "data" / learner["node"] / "jobs" / summary["job_id"]
     assert (node_dir / "status-0.json").exists()
 
