@@ -1,7 +1,9 @@
 """`shoal chaos inject KIND --target T`: one fault on a running cluster.
 
-Two families. `kill` and `pause` signal a process of a local `shoal up` cluster from this host
-(leader, follower, c1.., n1..). The API kinds (`task-kill`, `task-pause`, `node-kill`,
+Three families. `kill` and `pause` signal a process of a local `shoal up` cluster from this host
+(leader, follower, c1.., n1..). `host-cut` and `host-kill` fault a whole host of a `shoal up
+--hosts` cluster (root): cut off the other hosts, or everything on it SIGKILLed (its node daemon
+started again after --duration). The API kinds (`task-kill`, `task-pause`, `node-kill`,
 `gpu-xid`, `clock-skew`) go through the coordinator's chaos API (the cluster's config must enable it), so they
 reach any host: the node that runs the target executes the fault and reports its outcome,
 which this command waits for and prints.
@@ -17,6 +19,7 @@ from typing import Any
 from shoal.commands.up import add_run_dir
 
 LOCAL_KINDS = ("kill", "pause")
+HOST_KINDS = ("host-cut", "host-kill")
 API_KINDS = ("task-kill", "task-pause", "node-kill", "gpu-xid", "clock-skew")
 MAX_DURATION_S = 3600.0
 
@@ -28,21 +31,24 @@ def add_inject(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     inject.add_argument(
         "kind",
-        choices=[*LOCAL_KINDS, *API_KINDS],
-        help="kill/pause: SIGKILL/SIGSTOP a `shoal up` process; task-kill, task-pause, node-kill, "
-        "gpu-xid, clock-skew: through the chaos API, executed by the target's node",
+        choices=[*LOCAL_KINDS, *HOST_KINDS, *API_KINDS],
+        help="kill/pause: SIGKILL/SIGSTOP a `shoal up` process; host-cut/host-kill: a host of a "
+        "`shoal up --hosts` cluster cut off the others / everything on it SIGKILLed; task-kill, "
+        "task-pause, node-kill, gpu-xid, clock-skew: through the chaos API, executed by the "
+        "target's node",
     )
     inject.add_argument(
         "--target",
         required=True,
-        help="kill/pause: leader, follower or a process name (c1, n1, ...); task-*: a task id; "
-        "node-kill, gpu-xid, clock-skew: a node id",
+        help="kill/pause: leader, follower or a process name (c1, n1, ...); host-*: a node "
+        "(its host); task-*: a task id; node-kill, gpu-xid, clock-skew: a node id",
     )
     inject.add_argument(
         "--duration",
         type=float,
         default=None,
-        help="heal after this many seconds (restart / SIGCONT); kill without it stays down",
+        help="heal after this many seconds (restart / SIGCONT / cut healed); kill and host-kill "
+        "without it stay down",
     )
     inject.add_argument("--gpu", type=int, default=None, help="gpu-xid: the GPU index")
     inject.add_argument("--xid", type=int, default=None, help="gpu-xid: the XID number (79)")
@@ -76,7 +82,7 @@ def _inject(args: argparse.Namespace) -> int:
 
     if args.duration is not None and not 0 <= args.duration <= MAX_DURATION_S:
         raise ConfigError(f"--duration={args.duration} must be in 0..{MAX_DURATION_S:g} seconds")
-    if args.kind in ("pause", "task-pause", "clock-skew") and not args.duration:
+    if args.kind in ("pause", "task-pause", "clock-skew", "host-cut") and not args.duration:
         raise ConfigError(f"{args.kind} needs --duration > 0 (seconds until it is undone)")
     if args.kind != "gpu-xid" and (args.gpu is not None or args.xid is not None):
         raise ConfigError(f"--gpu and --xid belong to gpu-xid, not {args.kind}")
@@ -86,13 +92,13 @@ def _inject(args: argparse.Namespace) -> int:
         raise ConfigError(f"--offset belongs to clock-skew, not {args.kind}")
     if args.kind == "clock-skew" and not args.offset:
         raise ConfigError("clock-skew needs --offset S, the non-zero seconds to add to the clock")
-    if args.kind in LOCAL_KINDS:
+    if args.kind in LOCAL_KINDS + HOST_KINDS:
         if args.coordinator is not None:
             raise ConfigError(
-                f"{args.kind} signals a local `shoal up` process and takes no --coordinator; "
+                f"{args.kind} faults a local `shoal up` cluster and takes no --coordinator; "
                 "use task-kill, task-pause or node-kill for a remote cluster"
             )
-        return _local(args)
+        return _host(args) if args.kind in HOST_KINDS else _local(args)
     if not 0 <= args.wait <= MAX_DURATION_S:
         raise ConfigError(f"--wait={args.wait} must be in 0..{MAX_DURATION_S:g} seconds")
     return _through_api(args)
@@ -118,6 +124,45 @@ def _local(args: argparse.Namespace) -> int:
     print(f"shoal chaos: {fault.heal()}")
     leader = cluster.wait_ready(timeout=60.0)
     print(f"shoal chaos: leader {leader} after {time.monotonic() - started:.2f} s")
+    return 0
+
+
+def _host(args: argparse.Namespace) -> int:
+    """host-cut / host-kill on a `shoal up --hosts` cluster, with chaos's own host faults."""
+    import asyncio
+
+    from shoal.chaos.errors import FaultError
+    from shoal.chaos.hostfaults import HostFaults
+    from shoal.chaos.scenario import FaultSpec
+    from shoal.commands.chaos_hosts import NamespaceHosts
+    from shoal.hosts import check_can_create
+    from shoal.local import LocalCluster, default_run_dir
+
+    cluster = LocalCluster(args.run_dir or default_run_dir())
+    network = cluster.network()
+    if network is None:
+        raise FaultError(
+            f"the cluster in {cluster.run_dir} has no hosts of its own; start it with "
+            "`shoal up --hosts N` to fault hosts"
+        )
+    check_can_create()
+    node = network.host(args.target).node
+    faults = HostFaults(NamespaceHosts(network, cluster.run_dir / "storage"), cluster)
+    if args.kind == "host-kill":
+        print(f"shoal chaos: {asyncio.run(faults.kill(node))}")
+        if args.duration is None:
+            return 0
+        time.sleep(args.duration)
+        print(f"shoal chaos: {asyncio.run(faults.revive(node))}")
+        cluster.wait_nodes(len(network.hosts), timeout=60.0)
+        print(f"shoal chaos: {node} registered and alive again")
+        return 0
+    spec = FaultSpec("host-cut", node, at=0.0, duration=args.duration, recover_within_s=0.0)
+    print(f"shoal chaos: {asyncio.run(faults.cut(spec, node))}")
+    try:
+        time.sleep(args.duration)
+    finally:  # Ctrl-C too: a cut left behind would outlive this command
+        print(f"shoal chaos: {asyncio.run(faults.uncut(spec, node))}")
     return 0
 
 

@@ -18,8 +18,9 @@ import pytest
 from shoal import hosts
 from shoal.chaos import invariants
 from shoal.chaos.scenario import INVARIANTS
-from shoal.local import LocalCluster
-from tests.support.netns import skip_unless_hosts
+from shoal.local import LocalCluster, coordinator_specs
+from tests.shoal.waiting import eventually
+from tests.support.netns import netns_cluster, reach, skip_unless_hosts
 
 pytestmark = [pytest.mark.slow]
 
@@ -165,3 +166,63 @@ def test_hosts_must_match_the_scenario_and_need_root(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         done = shoal("chaos", "run", "hosts", "--hosts", "3", timeout=60)
         assert "--hosts needs root" in done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_inject_cuts_a_host_of_a_running_cluster_and_kills_one(tmp_path: Path) -> None:
+    """`shoal chaos inject host-cut|host-kill` on a `shoal up --hosts 2` cluster: during the
+    cut h1 cannot reach h2's node but still the coordinators; healed, it can. A killed host
+    loses its node daemon and comes back with a new one that registers again."""
+    with netns_cluster(tmp_path, hosts=2) as local:
+        network = local.network()
+        assert network is not None
+        h1, h2 = network.hosts
+        node_port = _listening_port(local, "n2")
+        api = local.api_urls()[0].rsplit(":", 1)[1]
+        run = ["--run-dir", str(local.run_dir)]
+        cut = subprocess.Popen(
+            [sys.executable, "-m", "shoal", "chaos", "inject", "host-cut", "--target", "n2",
+             "--duration", "4", *run],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            eventually(lambda: reach(h1, h2.address, node_port) == "lost", "the cut", timeout=60)
+            assert reach(h2, network.bridge_address, int(api)) == "open"
+            out, err = cut.communicate(timeout=60)
+        finally:
+            if cut.poll() is None:
+                cut.kill()
+        assert cut.returncode == 0, err
+        assert "n2's host" in out
+        assert "cut off the other hosts" in out
+        assert "reaches the other hosts again" in out
+        assert reach(h1, h2.address, node_port) == "open"
+
+        before = local.pid("n2")
+        done = shoal("chaos", "inject", "host-kill", "--target", "n2", "--duration", "1", *run,
+                     timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert f"(node daemon pid {before} and " in done.stdout
+        assert "n2 registered and alive again" in done.stdout
+        assert local.pid("n2") not in (None, before)
+
+
+def _listening_port(local: LocalCluster, node: str) -> int:
+    """The port node `node` listens on (its registered address, shoal://HOST:PORT)."""
+    for row in local.get(f"{local.api_urls()[0]}/v1/nodes")["nodes"]:
+        if row["id"] == node:
+            return int(str(row["address"]).rsplit(":", 1)[1])
+    raise AssertionError(f"{node} is not registered")
+
+
+def test_inject_host_faults_need_a_cluster_with_hosts(tmp_path: Path) -> None:
+    local = LocalCluster(tmp_path / "run")
+    local.create(coordinator_specs(local.run_dir, 1))
+    done = shoal("chaos", "inject", "host-kill", "--target", "n1", "--run-dir", str(local.run_dir),
+                 timeout=60)  # fmt: skip
+    assert done.returncode != 0
+    assert "has no hosts of its own; start it with `shoal up --hosts N`" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    done = shoal("chaos", "inject", "host-cut", "--target", "n1", "--run-dir", str(local.run_dir),
+                 timeout=60)  # fmt: skip
+    assert "host-cut needs --duration" in done.stderr
