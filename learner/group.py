@@ -284,9 +284,9 @@ class LearnerGroup:
         waiting rank instead, a transient error), and one of the same epoch (a node daemon
         restarted before its node was declared dead runs its tasks again at the generation
         they had) already has the rank claimed by the old group's member."""
-        if self.rank != 0:
-            if self.rendezvous is not None:
-                self._addr, self._port = self.rendezvous.locate(timeout.total_seconds())
+        if self.rank != 0 and self.rendezvous is not None:
+            self._reach_published(self.rendezvous, timeout.total_seconds())
+        elif self.rank != 0:
             _wait_listening(self._addr, self._port, timeout.total_seconds())
         store = dist.TCPStore(
             self._addr,
@@ -310,6 +310,26 @@ class LearnerGroup:
                 f"rank {self.rank} joined it {claims - 1} time(s) before"
             )
         return store
+
+    def _reach_published(self, rendezvous: Rendezvous, limit_s: float) -> None:
+        """Find rank 0's store where it published it, looking again while nothing answers
+        there: a rank 0 restarted at the same epoch (its node daemon came back before the
+        node was declared dead) publishes a new port, and until it does the old rank 0's
+        address is what this epoch shows."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            left = max(deadline - time.monotonic(), LISTEN_POLL_S)
+            self._addr, self._port = rendezvous.locate(left)
+            try:
+                socket.create_connection((self._addr, self._port), timeout=1.0).close()
+                return
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise GroupError(
+                        f"rank {self.rank}: nothing answers at {self._where}, where rank 0 of "
+                        f"epoch {self.spec.epoch!r} published its store, after {limit_s:.0f} s"
+                    ) from None
+                time.sleep(LISTEN_POLL_S * 5)
 
     def leave(self) -> None:
         if self._joined:

@@ -162,3 +162,37 @@ def test_a_rank_trains_on_the_first_gpu_its_placement_gave_it(value: str, gpu: i
     from shoal.learner.learner_main import assigned_gpu
 
     assert assigned_gpu({"SHOAL_TASK_GPUS": value}) == gpu
+
+
+def test_a_rank_looks_again_when_its_epochs_rank_0_was_restarted_on_a_new_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node daemon back before its node was declared dead reruns rank 0 at the same epoch:
+    until the new rank 0 publishes, the epoch shows the old one's address, where nothing
+    answers any more. The joining rank keeps looking instead of waiting out its time-out."""
+    import socket
+    import threading
+
+    monkeypatch.setenv("SHOAL_TASK_DIR", str(tmp_path))
+
+    def show(port: int) -> None:
+        state = {"role": "learner", "rank": 0, "epoch": "4", "rendezvous": f"127.0.0.1:{port}"}
+        record = {"id": "j-learner-0", "generation": 4, "node": "n1", "published": state}
+        write_json_atomically(tmp_path / PEERS, {"tasks": [record]})
+
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))
+        show(dead.getsockname()[1])  # bound, never listening: the old rank 0 is gone
+    with socket.create_server(("127.0.0.1", 0)) as live:
+        port = live.getsockname()[1]
+        group = LearnerGroup(
+            GroupSpec(rank=1, world_size=2, backend="gloo", epoch="4"),
+            PublishedRendezvous(Publication(), "4"),
+        )
+        assert group.rendezvous is not None
+        finder = threading.Thread(target=group._reach_published, args=(group.rendezvous, 60.0))
+        finder.start()
+        show(port)  # the restarted rank 0 publishes its new store
+        finder.join(timeout=60)
+        assert not finder.is_alive()
+    assert group._where == f"127.0.0.1:{port}"
