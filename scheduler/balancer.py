@@ -12,7 +12,10 @@ How a round works:
   `high`, and stays so until its load falls below `low`.
 - A fault (new XID or uncorrectable ECC errors) asks the leader to cordon and drain the node;
   every movable task on a faulty or draining node is planned away. Learner ranks move only
-  when their group is at a checkpoint boundary (`checkpoint_groups`).
+  when their group is at a checkpoint boundary (`checkpoint_groups`), and only as their whole
+  group: the group is gang-placed again by placement's own rule (one NVLink island when one
+  has room, else one RDMA domain) on the nodes that may receive tasks, or it stays where it
+  is with a `stuck` decision; a group is never split by a move.
 - The node's load is shared among its tasks by reservation (CPUs + GPUs), so a move is
   projected: the source sheds the task's share, the target gains it scaled by CPU capacity.
   A rollout actor moves off an overloaded node only to a node that stays below `high` and below
@@ -29,16 +32,19 @@ import bisect
 import math
 from collections.abc import Sequence
 
-from shoal.scheduler.errors import SchedulerError
+from shoal.scheduler.errors import PlacementRefused, SchedulerError
 from shoal.scheduler.ledger import Ledger
 from shoal.scheduler.model import (
     BalancePlan,
     BalancerState,
     Decision,
+    LearnerGroup,
     Migration,
+    Node,
     NodeHealth,
     Placement,
 )
+from shoal.scheduler.placement import GangPlacer
 from shoal.scheduler.signals import BalancerConfig, degradation, effective_load, fault
 from shoal.scheduler.topology import Topology
 
@@ -114,6 +120,10 @@ class _Round:
             n: at for n, at in self.prev.node_moved_at if self.now - at < self.cfg.cooldown_s
         }
         self.moved: set[str] = set()
+        self.groups_done: set[str] = set()  # learner groups moved or found stuck this round
+        # The receivers, a ledger that shows only them as ready, and a gang placer on it:
+        # built at the first learner group a drain moves, then kept in step by `_move_all`.
+        self._gang: tuple[frozenset[str], Ledger, GangPlacer] | None = None
         # Nodes that may receive tasks this round if not overloaded, and those that currently
         # may, sorted by (load, name); `_rerank` keeps the list current as loads and `over` change.
         self.receiving = {
@@ -162,20 +172,30 @@ class _Round:
         return usage.fits(p.cpus, p.memory_mb) and usage.free_gpu_count >= len(p.gpus)
 
     def _move(self, p: Placement, target: str, gpus: tuple[int, ...], reason: str) -> None:
-        gain = self._gain(p.task, p.node, target)
-        self.ledger.remove(p.task)
-        self.ledger.add(p.moved_to(target, gpus))
-        if p.node in self.load:
-            old = self.load[p.node]
-            self.load[p.node] = max(0.0, old - self.share.get(p.task, 0.0))
-            if self.load[p.node] < self.cfg.low:
-                self.over.discard(p.node)
-            self._rerank(p.node, old)
-        old = self.load[target]
-        self.load[target] += gain
-        self._rerank(target, old)
-        self.moved.add(p.task)
-        self.moves.append(Migration(p.task, p.node, target, gpus, reason))
+        self._move_all([(p, target, gpus, reason)])
+
+    def _move_all(self, moves: list[tuple[Placement, str, tuple[int, ...], str]]) -> None:
+        """Move tasks together: every source is vacated before any target is taken, so a rank
+        of a group may land on GPUs another rank of the same group leaves."""
+        gains = [self._gain(p.task, p.node, target) for p, target, _, _ in moves]
+        ledgers = [self.ledger] if self._gang is None else [self.ledger, self._gang[1]]
+        for p, _, _, _ in moves:
+            for ledger in ledgers:
+                ledger.remove(p.task)
+            if p.node in self.load:
+                old = self.load[p.node]
+                self.load[p.node] = max(0.0, old - self.share.get(p.task, 0.0))
+                if self.load[p.node] < self.cfg.low:
+                    self.over.discard(p.node)
+                self._rerank(p.node, old)
+        for (p, target, gpus, reason), gain in zip(moves, gains):
+            for ledger in ledgers:
+                ledger.add(p.moved_to(target, gpus))
+            old = self.load[target]
+            self.load[target] += gain
+            self._rerank(target, old)
+            self.moved.add(p.task)
+            self.moves.append(Migration(p.task, p.node, target, gpus, reason))
 
     # --- drains -------------------------------------------------------------------------
 
@@ -203,7 +223,10 @@ class _Round:
                 )
             )
             return
-        if p.kind == "rollout" and not p.movable:
+        if p.kind == "learner":
+            self._drain_group(p, why)
+            return
+        if not p.movable:
             self.decisions.append(
                 Decision(
                     p.node, "hold", f"{p.task} is not movable; it stays on {p.node} ({why})", p.task
@@ -227,37 +250,92 @@ class _Round:
         self._move(p, target, gpus, f"drain {p.node} ({why}): move {p.task} to {target}")
 
     def _drain_target(self, p: Placement) -> tuple[str, tuple[int, ...]] | None:
-        """Rollout actors: least-loaded node that stays below `high`. Learner ranks: prefer a
-        node with free GPUs on the rank's own island, then its RDMA domain, then any."""
-        source = self.ledger.usage[p.node].node
-        best: tuple[int, float, str] | None = None
+        """The least-loaded receiver that fits the rollout actor and stays below `high`."""
         for _, target in self.ranked:  # never holds p.node: it is draining
-            if p.kind == "rollout" and self.load[target] >= self.cfg.high:
-                break  # sorted by load: no later target stays below `high` either
-            if not self._fits(p, target):
-                continue
-            if p.kind == "rollout":
-                if self.load[target] + self._gain(p.task, p.node, target) < self.cfg.high:
-                    return target, tuple(self.ledger.usage[target].free_gpus()[: len(p.gpus)])
-                continue
-            tier = self._learner_tier(p, target)
-            key = (tier, self.load[target], target)
-            if best is None or key < best:
-                best = key
-        if best is None:
-            return None
-        target = best[2]
-        island = source.island_of(p.gpus[0]) if p.gpus else None
-        free = self.ledger.usage[target].free_gpus(island) if best[0] == 0 else []
-        free = free if len(free) >= len(p.gpus) else self.ledger.usage[target].free_gpus()
-        return target, tuple(free[: len(p.gpus)])
+            if self.load[target] >= self.cfg.high:
+                return None  # sorted by load: no later target stays below `high` either
+            if self._fits(p, target) and (
+                self.load[target] + self._gain(p.task, p.node, target) < self.cfg.high
+            ):
+                return target, tuple(self.ledger.usage[target].free_gpus()[: len(p.gpus)])
+        return None
 
-    def _learner_tier(self, p: Placement, target: str) -> int:
-        source = self.ledger.usage[p.node].node
-        usage = self.ledger.usage[target]
-        if p.gpus and len(usage.free_gpus(source.island_of(p.gpus[0]))) >= len(p.gpus):
-            return 0
-        return 1 if usage.node.domain == source.domain else 2
+    # --- learner groups -----------------------------------------------------------------
+
+    def _drain_group(self, p: Placement, why: str) -> None:
+        """Move every rank of `p`'s group as one gang, placed by placement's own rule on the
+        receivers, or none of them (`stuck`, saying what the group needs)."""
+        name = p.group or p.task
+        if name in self.groups_done:
+            return  # moved, or found stuck, when an earlier rank of it was drained
+        self.groups_done.add(name)
+        ranks = sorted(
+            (
+                q
+                for q in self.ledger.where.values()
+                if q.kind == "learner" and (q.group or q.task) == name
+            ),
+            key=lambda q: q.task,
+        )
+        ledger, placer = self._gang_placer()
+        for q in ranks:
+            ledger.remove(q.task)  # the group's own GPUs count as free for its new place
+        try:
+            slots = placer.place(_as_group(name, ranks))
+        except PlacementRefused as exc:
+            self.decisions.append(
+                Decision(
+                    p.node,
+                    "stuck",
+                    f"learner group {name!r} cannot leave {p.node} ({why}) as one unit: {exc} "
+                    f"(counting only nodes that may take tasks now: ready and not draining, "
+                    f"degraded, overloaded or cooling down); no rank moves, retried next round",
+                    name,
+                )
+            )
+            return
+        finally:
+            for q in ranks:
+                ledger.add(q)
+        where = self._describe(slots)
+        self._move_all(
+            [
+                (
+                    q,
+                    node,
+                    gpus,
+                    f"drain {p.node} ({why}): learner group {name!r} moves as one to {where}: "
+                    f"{q.task} to {node}",
+                )
+                for q, (node, gpus) in _match(ranks, slots)
+                if (node, gpus) != (q.node, q.gpus)
+            ]
+        )
+
+    def _gang_placer(self) -> tuple[Ledger, GangPlacer]:
+        """A ledger of the current placements on the topology with every ready node that may
+        not receive tasks now shown cordoned, so placement's gang rule sees only the
+        receivers; and a gang placer on it (rebuilt only if the receivers changed)."""
+        allowed = frozenset(n for _, n in self.ranked)
+        if self._gang is None or self._gang[0] != allowed:
+            topology = Topology(
+                tuple(
+                    Node(n.name, n.cpus, n.memory_mb, n.gpus, n.domain, "cordoned")
+                    if n.schedulable and n.name not in allowed
+                    else n
+                    for n in self.topology.nodes
+                )
+            )
+            ledger = Ledger(topology, self.ledger.where.values())
+            self._gang = (allowed, ledger, GangPlacer(topology, ledger))
+        return self._gang[1], self._gang[2]
+
+    def _describe(self, slots: tuple[Placement, ...]) -> str:
+        nodes = self.ledger.usage
+        islands = {nodes[s.node].node.island_of(g) for s in slots for g in s.gpus}
+        if len(islands) == 1:
+            return f"NVLink island {islands.pop()}"
+        return f"RDMA domain {nodes[slots[0].node].node.domain}"
 
     # --- relief of overloaded nodes ------------------------------------------------------
 
@@ -354,3 +432,33 @@ class _Round:
                         f"{node} recovered: load {effective_load(self.health[node], self.cfg):.2f} < {self.cfg.low:.2f}",
                     )
                 )
+
+
+def _as_group(name: str, ranks: list[Placement]) -> LearnerGroup:
+    """The ranks of one group as a gang request, each rank sized like the largest."""
+    return LearnerGroup(
+        name,
+        len(ranks),
+        max(len(q.gpus) for q in ranks),
+        max(q.cpus for q in ranks),
+        max(q.memory_mb for q in ranks),
+    )
+
+
+def _match(
+    ranks: list[Placement], slots: tuple[Placement, ...]
+) -> list[tuple[Placement, tuple[str, tuple[int, ...]]]]:
+    """Give each rank a slot, keeping a rank whose exact GPUs (then whose node) the new gang
+    placement reuses where it is, so as few ranks as possible change place."""
+    free = [(s.node, s.gpus) for s in slots]
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for same in (lambda q, s: s == (q.node, q.gpus), lambda q, s: s[0] == q.node):
+        for q in ranks:
+            hit = next((s for s in free if q.task not in out and same(q, s)), None)
+            if hit is not None:
+                out[q.task] = hit
+                free.remove(hit)
+    for q in ranks:
+        if q.task not in out:
+            out[q.task] = free.pop(0)
+    return [(q, out[q.task]) for q in ranks]

@@ -61,7 +61,21 @@ def place_group(
     """One group's rank placements, or `PlacementRefused` saying why not."""
     ledger = Ledger(topology, existing)
     _check_names(ledger, [group], [])
-    return tuple(_place_group(ledger, _Shape.of(topology), group))
+    return GangPlacer(topology, ledger).place(group)
+
+
+class GangPlacer:
+    """Gang placement, group after group, on a ledger the caller keeps current between calls
+    (the balancer moving several groups in one round), so neither the ledger nor the
+    cluster's islands and domains are rebuilt per group. It reads the ledger, never changes it."""
+
+    def __init__(self, topology: Topology, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self._shape = _Shape.of(topology)
+
+    def place(self, group: LearnerGroup) -> tuple[Placement, ...]:
+        """`group`'s rank placements on the ledger as it is now, or `PlacementRefused`."""
+        return tuple(_place_group(self.ledger, self._shape, group))
 
 
 def _check_names(
