@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from shoal.chaos.errors import ProxyError
 from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.relay import LinkRelay
 from shoal.chaos.scenario import FaultSpec
@@ -42,7 +43,10 @@ class LinkFaults:
     async def heal(self, spec: FaultSpec) -> str:
         if spec.kind == "link-reset":
             return "nothing to heal (the links were cut once)"
-        self.relay.heal(_name(spec))
+        try:
+            self.relay.heal(_name(spec))
+        except ProxyError:  # its injection failed (the target was not running): nothing to lift
+            return f"link fault {spec.kind} on {spec.target} was never in place"
         return f"link fault {spec.kind} on {spec.target} lifted"
 
 
