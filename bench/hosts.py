@@ -63,14 +63,11 @@ def _wait(what: str, check: Any) -> Any:
 
 
 def _kill_host(local: Any, node: str) -> None:
-    network = local.network()
-    host = next(h for h in network.hosts if h.node == node)
-    pids = subprocess.run(
-        ["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=True
-    ).stdout.split()
-    for pid in pids:
+    from shoal import hosts
+
+    for pid in hosts.pids(local.network(), node):
         try:
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 

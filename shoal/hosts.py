@@ -416,6 +416,14 @@ def exec_prefix(host: Host) -> list[str]:
 # -- faults ----------------------------------------------------------------------------------
 
 
+def pids(network: Network, name: str) -> list[int]:
+    """Every process whose network namespace is host `name`'s (`ip netns pids`): what dies
+    when that host does."""
+    netns = network.host(name).netns
+    said = _run("ip", ["netns", "pids", netns], "is the cluster up?")
+    return [int(word) for word in said.split() if word.isdigit()]
+
+
 def cut(network: Network, name: str) -> None:
     """Drop traffic between host `name` and the other hosts; the coordinators stay reachable."""
     _set_fault(network, name, Fault.CUT)

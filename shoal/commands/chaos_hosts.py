@@ -8,8 +8,6 @@ for the chaos run (shoal/commands/chaos.py). `NamespaceHosts` is what the run's 
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,9 +18,6 @@ from shoal.chaos.errors import FaultError, FaultUnsupported
 if TYPE_CHECKING:
     from shoal.chaos.scenario import Scenario
     from shoal.local import LocalCluster
-
-# How long `ip netns pids` may take before the host is taken as unreadable.
-IP_TIMEOUT_S = 30.0
 
 
 class NamespaceHosts:
@@ -62,22 +57,11 @@ class NamespaceHosts:
             raise FaultError(str(exc)) from None
 
     def pids(self, node: str) -> list[int]:
-        """`ip netns pids`: every process whose network namespace is the host's."""
-        netns = self._host(node).netns
-        ip = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin")
-        if ip is None:
-            raise FaultError("`ip` is not installed; install iproute2 to fault hosts")
+        """Every process whose network namespace is the host's."""
         try:
-            done = subprocess.run(
-                [ip, "netns", "pids", netns],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=IP_TIMEOUT_S,
-            )
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            raise FaultError(f"`ip netns pids {netns}` failed: {exc}; is the cluster up?") from None
-        return [int(word) for word in done.stdout.split() if word.isdigit()]
+            return hosts.pids(self.network, node)
+        except hosts.HostNetworkError as exc:
+            raise FaultError(str(exc)) from None
 
     def _host(self, node: str) -> hosts.Host:
         try:

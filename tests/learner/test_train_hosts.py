@@ -128,16 +128,15 @@ def _nodes(local: LocalCluster) -> list[dict[str, Any]]:
 
 def _kill_host(local: LocalCluster, node: str) -> None:
     """Everything on the host dies at once: every process in its namespace gets SIGKILL."""
+    from shoal import hosts
+
     network = local.network()
     assert network is not None
-    host = next(h for h in network.hosts if h.node == node)
-    pids = subprocess.run(
-        ["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert pids, f"nothing runs on {host.netns}"
+    pids = hosts.pids(network, node)
+    assert pids, f"nothing runs on {node}'s host"
     for pid in pids:
         try:
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
