@@ -71,6 +71,7 @@ from shoal.runtime.errors import ActorError, MailboxFull, WireError
 from shoal.runtime.ref import ActorRef
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import Transport, TransportConfig
+from shoal.task_exchange import write_json_atomically
 
 log = logging.getLogger("shoal.learner")
 
@@ -404,12 +405,6 @@ class LearnerActor(Actor):
 
     def status(self) -> dict[str, Any]:
         return self.core.status()
-
-
-def write_json_atomically(path: Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
 
 
 def append_event(run_dir: Path, event: dict[str, Any]) -> None:
