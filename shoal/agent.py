@@ -427,6 +427,14 @@ class NodeAgent:
             for spec in todo.start:
                 await self._start(spec)
 
+    def _island(self, gpus: tuple[int, ...]) -> str:
+        """The NVLink island of a task's first GPU, or this node for a CPU task: where a
+        learner rank shards with its neighbours (learner/parallel.py)."""
+        for gpu in self.registration.gpus:
+            if gpus and gpu.get("index") == gpus[0] and gpu.get("island"):
+                return str(gpu["island"])
+        return self.node_id
+
     def _reap_actors(self) -> None:
         for task_id, task in list(self.running.items()):
             reason = task.exited() if isinstance(task, ActorTask) else None
@@ -443,7 +451,8 @@ class NodeAgent:
                 log.error("cannot prepare the directory of task %s: %s", spec.id, exc)
                 self._finished(spec, "failed", f"cannot prepare its directory: {exc}")
                 return
-            task = ProcessTask(spec, self.log_dir, {"SHOAL_NODE_ID": self.node_id, **env})
+            env |= {"SHOAL_NODE_ID": self.node_id, "SHOAL_TASK_ISLAND": self._island(spec.gpus)}
+            task = ProcessTask(spec, self.log_dir, env)
         else:
             task = ActorTask(spec, self.system)
         try:

@@ -1,0 +1,201 @@
+"""How a learner group holds its model: replicated, sharded, or sharded inside islands and
+replicated across them, on a `DeviceMesh` laid out from where the scheduler placed the ranks.
+
+The choice is torch's own building blocks, nothing hand-written: DDP replicates a model that
+fits on every rank (one bucketed all-reduce per backward pass, the cheapest thing for a small
+policy), FSDP2's `fully_shard` shards one that does not (parameters, gradients and optimiser
+state split over the ranks, gathered layer by layer), and HSDP is `fully_shard` on a 2-D mesh:
+shard inside an NVLink island, where bandwidth is high, and all-reduce across islands over
+RDMA, which is the seed's 32 × 16 layout. `plan_parallelism` is the pure decision (tested with
+hypothesis); `parallelize` applies it. The mesh rows are the islands the ranks report
+(`SHOAL_TASK_ISLAND`, set by their node from its GPU topology; a CPU rank's island is its
+host), so a shard group never crosses an island however the ranks were numbered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from shoal.learner.errors import LearnerError
+
+log = logging.getLogger(__name__)
+
+Sharding = Literal["auto", "replicate", "fsdp", "hsdp"]
+Strategy = Literal["single", "replicate", "fsdp", "hsdp"]
+TRAIN_BYTES_PER_PARAM = 16
+"""fp32 parameter + gradient + AdamW's two moments: what one replica of a parameter costs."""
+REPLICATE_SHARE = 0.25
+"""`auto` replicates a model whose training state takes at most this share of a rank's
+memory; the rest is for activations, the weight-sync snapshot and the allocator's slack."""
+
+
+class ParallelError(LearnerError):
+    """The learner group cannot hold the model as configured."""
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """The strategy and the mesh: `layout[i]` lists the ranks of shard group i (one island);
+    the j-th rank of every row forms replica group j. One row for replicate and fsdp."""
+
+    strategy: Strategy
+    layout: tuple[tuple[int, ...], ...]
+    reason: str
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy in ("fsdp", "hsdp")
+
+
+def plan_parallelism(
+    sharding: Sharding, islands: Sequence[str], train_bytes: int, memory_bytes: int
+) -> ParallelPlan:
+    """Choose how the group holds the model; `islands[r]` is rank r's island label.
+
+    `auto`: replicate what fits (`train_bytes` ≤ REPLICATE_SHARE of `memory_bytes`), else
+    HSDP when the ranks fill two or more islands evenly, else FSDP over the whole group.
+    An explicit `hsdp` on an uneven placement falls back to FSDP and says why.
+    """
+    world = len(islands)
+    if world < 1:
+        raise ParallelError("a learner group has at least one rank")
+    everyone = (tuple(range(world)),)
+    if world == 1:
+        return ParallelPlan("single", everyone, "one rank: nothing to replicate or shard")
+    if sharding == "replicate":
+        return ParallelPlan("replicate", everyone, "learner.sharding = 'replicate'")
+    if sharding == "fsdp":
+        return ParallelPlan("fsdp", everyone, "learner.sharding = 'fsdp'")
+    if sharding == "auto" and train_bytes <= REPLICATE_SHARE * memory_bytes:
+        return ParallelPlan(
+            "replicate",
+            everyone,
+            f"the model's training state ({_gib(train_bytes)}) fits every rank's memory "
+            f"({_gib(memory_bytes)}) with room to spare",
+        )
+    rows = island_rows(islands)
+    even = len(rows) > 1 and len({len(r) for r in rows}) == 1
+    if even and all(len(r) > 1 for r in rows):
+        return ParallelPlan(
+            "hsdp",
+            rows,
+            f"shard inside each of {len(rows)} islands of {len(rows[0])} ranks, replicate across",
+        )
+    why = "one island" if len(rows) == 1 else "islands hold different numbers of ranks"
+    if even:
+        why = "one rank per island (nothing to shard inside an island)"
+    return ParallelPlan("fsdp", everyone, f"shard over all {world} ranks: {why}")
+
+
+def island_rows(islands: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """The ranks grouped by island, islands in order of their lowest rank."""
+    rows: dict[str, list[int]] = {}
+    for rank, island in enumerate(islands):
+        rows.setdefault(island, []).append(rank)
+    return tuple(tuple(ranks) for ranks in rows.values())
+
+
+@dataclass(frozen=True)
+class ShardingOptions:
+    """How a sharded model is held beyond the strategy (learner.* keys)."""
+
+    mixed_precision: bool = False
+    """bf16 parameters and compute, fp32 gradient reductions (GPUs only)."""
+    cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimiser state in host memory (FSDP2)."""
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them."""
+
+
+class Parallelized:
+    """The model as the learner trains it: `module` is what forward and backward go through
+    (the DDP or FSDP2 wrapper), `policy` the model itself (its spec, its checks)."""
+
+    def __init__(
+        self, module: nn.Module, policy: nn.Module, plan: ParallelPlan, autocast: bool
+    ) -> None:
+        self.module = module
+        self.policy = policy
+        self.plan = plan
+        self._autocast = autocast
+
+    def forward_context(self) -> contextlib.AbstractContextManager[object]:
+        """bf16 autocast for a replicated model with mixed precision (FSDP2 casts itself)."""
+        if self._autocast:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a DTensor's shards gathered (a collective: every rank of the mesh
+    calls it for the same tensor in the same order), a plain tensor as it is."""
+    gather = getattr(tensor, "full_tensor", None)
+    return gather() if callable(gather) else tensor
+
+
+def parallelize(
+    policy: nn.Module, plan: ParallelPlan, device: torch.device, options: ShardingOptions
+) -> Parallelized:
+    """Wrap `policy` (already on `device`, identically initialised on every rank) per `plan`."""
+    mixed = options.mixed_precision and device.type == "cuda"
+    if options.activation_checkpointing:
+        policy.enable_activation_checkpointing()  # type: ignore[operator]
+    if plan.strategy == "single":
+        return Parallelized(policy, policy, plan, autocast=mixed)
+    if plan.strategy == "replicate":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        return Parallelized(DistributedDataParallel(policy, device_ids=ids), policy, plan, mixed)
+    _fully_shard(policy, plan, device, mixed, options.cpu_offload)
+    return Parallelized(policy, policy, plan, autocast=False)
+
+
+def _fully_shard(
+    policy: nn.Module, plan: ParallelPlan, device: torch.device, mixed: bool, offload: bool
+) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    if plan.strategy == "hsdp":
+        # Row i is island i's shard group; column j, rank j of every island, a replica group.
+        ranks = torch.tensor(plan.layout)
+        mesh = DeviceMesh(device.type, ranks, mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = DeviceMesh(device.type, torch.tensor(plan.layout[0]), mesh_dim_names=("shard",))
+    kwargs: dict[str, object] = {"mesh": mesh}
+    if mixed:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for unit in policy.shard_units():  # type: ignore[operator]
+        fully_shard(unit, **kwargs)  # type: ignore[arg-type]
+    fully_shard(policy, **kwargs)  # type: ignore[arg-type]
+
+
+def rank_memory_bytes(device: torch.device, ranks_on_host: int) -> int:
+    """What one rank may use: its GPU's memory, or its share of this host's RAM."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    import os
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(total // max(ranks_on_host, 1))
+
+
+def training_bytes(policy: nn.Module) -> int:
+    """The model's training state if replicated on one rank (TRAIN_BYTES_PER_PARAM each)."""
+    return TRAIN_BYTES_PER_PARAM * sum(p.numel() for p in policy.parameters())
+
+
+def _gib(count: float) -> str:
+    return f"{count / 2**30:.2f} GiB"
