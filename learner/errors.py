@@ -25,3 +25,7 @@ class CheckpointError(LearnerError):
 
 class PipelineError(LearnerError):
     """A pipeline stage cannot run: no teacher for the environment, or a stage's input is unusable."""
+
+
+class WeightSyncError(LearnerError):
+    """A weight transfer cannot be used: a manifest that does not fit the local model, a bucket out of order, short or failing its checksum."""
