@@ -65,3 +65,10 @@ def register_builtins(registry: Registry) -> None:
         requirements=("numpy",),
         description="pick one of 4 candidate programs per task (one-hot task id); PPO-learnable",
     )
+    registry.register(
+        "TokenRecall-v1",
+        "shoal.envs.token_recall:make_single",
+        vector_entry_point="shoal.envs.token_recall:make_batched",
+        requirements=_NUMPY,
+        description="int64 token ids; name the token after the marker (for causal-lm policies)",
+    )

@@ -24,6 +24,8 @@ _STEP_ARRAYS: dict[str, type[np.generic]] = {
     "truncated": np.bool_,
     "final_values": np.float32,
 }
+OBS_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int64))
+"""What observations travel as: float32 (mlp), uint8 images (cnn), int64 token ids (causal-lm)."""
 _SCALARS: dict[str, type] = {"actor_id": str, "seq": int, "policy_version": int, "env_hash": str}
 
 
@@ -31,7 +33,8 @@ _SCALARS: dict[str, type] = {"actor_id": str, "seq": int, "policy_version": int,
 class Fragment:
     """One actor's T×N steps with the behaviour policy's log-probs and values.
 
-    Shapes: obs [T, N, *obs_shape] float32; actions [T, N] int64 (discrete) or [T, N, A] float32
+    Shapes: obs [T, N, *obs_shape] in the policy's observation dtype (float32 vectors, uint8
+    images, int64 token ids; see `OBS_DTYPES`); actions [T, N] int64 (discrete) or [T, N, A] float32
     (continuous); logprobs, values, rewards, final_values [T, N] float32; dones, truncated [T, N]
     bool; bootstrap_value [N] float32 (value of the observation after the last step);
     episode_returns float32 [k] and episode_lengths int32 [k] for the k episodes that ended inside.
@@ -117,7 +120,10 @@ class Fragment:
             raise BadFragment(
                 f"fragment.obs must be [T, N, *obs_shape] = [{tn[0]}, {tn[1]}, ...], got {self.obs.shape}"
             )
-        _check_dtype("obs", self.obs, np.float32)
+        if self.obs.dtype not in OBS_DTYPES:
+            raise BadFragment(
+                f"fragment.obs must have dtype float32, uint8 or int64, got {self.obs.dtype}"
+            )
         _check_actions(self.actions, tn)
         _check("bootstrap_value", self.bootstrap_value, np.float32, (tn[1],))
         _check_episodes(self.episode_returns, self.episode_lengths)
@@ -127,7 +133,8 @@ class Fragment:
 def _check_finite(fragment: Fragment) -> None:
     """A NaN or infinity would poison every weight it touches; refuse it with its field's name."""
     for name in ("obs", "logprobs", "values", "rewards", "bootstrap_value", "final_values"):
-        if not np.isfinite(getattr(fragment, name)).all():
+        array = getattr(fragment, name)
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
             raise BadFragment(
                 f"fragment.{name} holds NaN or infinite values; the actor's policy or environment is broken"
             )

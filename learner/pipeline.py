@@ -3,7 +3,7 @@
 1. *Demonstrations*: a rule-based teacher plays the environment — GridWorld's shortest-path
    planner, or the code environment's reference solutions — and its observations, actions and
    discounted returns are saved.
-2. *Pre-training*: the ActorCritic is distilled from the teacher (cross-entropy on the teacher's
+2. *Pre-training*: the MLP policy is distilled from the teacher (cross-entropy on the teacher's
    actions, squared error on its returns for the value head, so PPO starts with a sensible critic).
 3. *PPO* starts from the distilled weights, with the same `PPOLearner` the cluster uses, driven
    synchronously in-process by a rollout `Collector` (the cluster runs it asynchronously).
@@ -35,7 +35,7 @@ from shoal.errors import ConfigError
 from shoal.learner.checkpoint import CheckpointManager, write_atomically
 from shoal.learner.config import SEED_MAX
 from shoal.learner.errors import PipelineError
-from shoal.learner.policy import ActorCritic
+from shoal.learner.models import ModelConfig, PolicyModel, build_model
 from shoal.learner.ppo import PPOConfig, PPOLearner
 from shoal.learner.rollout import Collector
 
@@ -171,7 +171,7 @@ def collect_demonstrations(
     )
 
 
-def distill(model: ActorCritic, demos: Demonstrations, cfg: PipelineConfig) -> dict[str, float]:
+def distill(model: PolicyModel, demos: Demonstrations, cfg: PipelineConfig) -> dict[str, float]:
     """Supervised pre-training: imitate the teacher's actions, regress the value on its returns."""
     generator = torch.Generator().manual_seed(cfg.seed)
     obs = torch.from_numpy(demos.obs)
@@ -182,7 +182,7 @@ def distill(model: ActorCritic, demos: Demonstrations, cfg: PipelineConfig) -> d
     size = obs.shape[0]
     for _ in range(cfg.pretrain_epochs):
         for idx in torch.randperm(size, generator=generator).split(cfg.pretrain_minibatch):
-            logp, _, values = model.evaluate_actions(obs[idx], actions[idx])
+            logp, _, values = model(obs[idx], actions[idx])
             value_err = ((values - returns[idx]).pow(2) * mask[idx]).sum() / mask[idx].sum().clamp(
                 min=1
             )
@@ -191,7 +191,7 @@ def distill(model: ActorCritic, demos: Demonstrations, cfg: PipelineConfig) -> d
             loss.backward()
             optimizer.step()
     with torch.no_grad():
-        logp, _, values = model.evaluate_actions(obs, actions)
+        logp, _, values = model(obs, actions)
         taken = model.act(demos.obs, deterministic=True)[0]
         value_mse = ((values - returns).pow(2) * mask).sum() / mask.sum().clamp(min=1)
     return {
@@ -203,7 +203,7 @@ def distill(model: ActorCritic, demos: Demonstrations, cfg: PipelineConfig) -> d
 
 
 def fine_tune(
-    model: ActorCritic, env: VectorEnvironment, env_hash: str, cfg: PipelineConfig
+    model: PolicyModel, env: VectorEnvironment, env_hash: str, cfg: PipelineConfig
 ) -> dict[str, float]:
     """PPO from the distilled weights, on-policy, with the learning rate annealed to 0."""
     learner = PPOLearner(model, cfg.ppo)
@@ -231,13 +231,13 @@ def fine_tune(
 
 
 def evaluate_policy(
-    model: ActorCritic, cfg: PipelineConfig, out_dir: Path
+    model: PolicyModel, cfg: PipelineConfig, out_dir: Path
 ) -> tuple[dict[str, Any], list[Path]]:
     """Helper D's evaluation (greedy actions, noise sweeps) with its JSON + HTML report."""
     from shoal.envs.evaluation import EvalOptions, Variant, evaluate, write_report
 
     def policy(obs: np.ndarray) -> np.ndarray:
-        return model.act(np.asarray(obs, dtype=np.float32), deterministic=True)[0]
+        return model.act(np.asarray(obs), deterministic=True)[0]
 
     options = EvalOptions(
         num_envs=min(8, cfg.eval_episodes), obs_noise=(0.0, 0.1), action_noise=(0.0, 0.1)
@@ -319,17 +319,15 @@ def _run_stages(cfg: PipelineConfig, root: Path) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     rec = Recorder(root, cfg)
-    demos, obs_shape, space = _stage_demonstrations(cfg, rec)
-    model = _stage_pretrain(cfg, rec, demos, obs_shape, space)
+    demos, observation_space, action_space = _stage_demonstrations(cfg, rec)
+    model = _stage_pretrain(cfg, rec, demos, observation_space, action_space)
     pretrained_weights = model.get_weights()
     _stage_ppo(cfg, rec, model)
     _stage_evaluation(cfg, rec, model, pretrained_weights)
     return rec.manifest
 
 
-def _stage_demonstrations(
-    cfg: PipelineConfig, rec: Recorder
-) -> tuple[Demonstrations, tuple[int, ...], Any]:
+def _stage_demonstrations(cfg: PipelineConfig, rec: Recorder) -> tuple[Demonstrations, Any, Any]:
     from shoal.envs.hashing import env_hash
 
     started = time.perf_counter()
@@ -338,10 +336,10 @@ def _stage_demonstrations(
         demos = collect_demonstrations(
             env, teacher_for(env, cfg.env_id), cfg.demo_steps, cfg.ppo.gamma
         )
-        obs_shape, space = env.single_observation_space.shape, env.single_action_space
+        observation_space, action_space = env.single_observation_space, env.single_action_space
     finally:
         env.close()
-    if obs_shape is None:
+    if observation_space.shape is None:
         raise PipelineError(f"{cfg.env_id} has no observation shape; the MLP policy needs one")
     path = rec.run_dir / "demonstrations.npz"
     teacher_return = float(demos.episode_returns.mean()) if demos.episode_returns.size else None
@@ -353,10 +351,10 @@ def _stage_demonstrations(
         {"steps": int(demos.actions.shape[0]), "episodes": int(demos.episode_returns.size),
          "teacher_mean_return": teacher_return},
     )  # fmt: skip
-    return demos, obs_shape, space
+    return demos, observation_space, action_space
 
 
-def _checkpoint(rec: Recorder, model: ActorCritic, stage: str, step: int) -> dict[str, str]:
+def _checkpoint(rec: Recorder, model: PolicyModel, stage: str, step: int) -> dict[str, str]:
     """Save the model into checkpoints/<stage>/ and describe the file for the manifest."""
     with CheckpointManager(rec.run_dir / "checkpoints" / stage, keep=1) as ckpt:
         info = ckpt.save(
@@ -369,11 +367,11 @@ def _stage_pretrain(
     cfg: PipelineConfig,
     rec: Recorder,
     demos: Demonstrations,
-    obs_shape: tuple[int, ...],
-    space: Any,
-) -> ActorCritic:
+    observation_space: Any,
+    action_space: Any,
+) -> PolicyModel:
     started = time.perf_counter()
-    model = ActorCritic(obs_shape, space)
+    model = build_model(ModelConfig(family="mlp"), observation_space, action_space)
     metrics = distill(model, demos, cfg)
     rec.stage(
         "pretrain", started, None, {"checkpoint": _checkpoint(rec, model, "pretrain", 0)}, metrics
@@ -381,7 +379,7 @@ def _stage_pretrain(
     return model
 
 
-def _stage_ppo(cfg: PipelineConfig, rec: Recorder, model: ActorCritic) -> None:
+def _stage_ppo(cfg: PipelineConfig, rec: Recorder, model: PolicyModel) -> None:
     from shoal.envs.hashing import env_hash
 
     started = time.perf_counter()
@@ -397,7 +395,7 @@ def _stage_ppo(cfg: PipelineConfig, rec: Recorder, model: ActorCritic) -> None:
 
 
 def _stage_evaluation(
-    cfg: PipelineConfig, rec: Recorder, model: ActorCritic, pretrained: dict[str, np.ndarray]
+    cfg: PipelineConfig, rec: Recorder, model: PolicyModel, pretrained: dict[str, np.ndarray]
 ) -> None:
     started = time.perf_counter()
     final_eval, final_paths = evaluate_policy(model, cfg, rec.run_dir / "reports" / "final")
