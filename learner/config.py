@@ -3,6 +3,8 @@
 ```toml
 env_id = "CartPole-v1"
 time_limit_s = 120
+[model]
+hidden = [64, 64]
 [rollout]
 workers = 2
 num_envs = 64
@@ -23,7 +25,9 @@ from typing import Any, Literal
 
 from shoal.config import check_int, check_number
 from shoal.errors import ConfigError
+from shoal.learner.models.config import ModelConfig
 from shoal.learner.ppo import PPOConfig
+from shoal.learner.weight_sync import WeightSyncConfig
 
 # Returns that count as solved where the environment declares none (Gymnasium's thresholds).
 _KNOWN_TARGETS: dict[str, float] = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0}
@@ -113,9 +117,30 @@ class LearnerConfig:
     fits, else one RDMA domain); the rank trains on the first GPU it was given."""
     cpus_per_rank: float = 0.0
     """CPUs each rank reserves on its node (0: none; a small host can then run a whole job)."""
+    sharding: Literal["auto", "replicate", "fsdp", "hsdp"] = "auto"
+    """How the ranks hold the model (learner/parallel.py): `replicate` (DDP) a model that fits
+    every rank, `fsdp` (FSDP2) shards it over all ranks, `hsdp` shards inside each NVLink island
+    and replicates across islands; `auto` replicates what fits a quarter of a rank's memory and
+    shards the rest, HSDP where the placement allows."""
+    mixed_precision: bool = True
+    """On GPUs: bf16 parameters and compute, fp32 gradient reductions (ignored on CPUs)."""
+    cpu_offload: bool = False
+    """Sharded models: keep parameters, gradients and optimiser state in host memory."""
+    activation_checkpointing: bool = False
+    """Recompute activations during the backward pass: less memory for more compute."""
 
     def __post_init__(self) -> None:
         check_int("learner.ranks", self.ranks, 1, MAX_WORKERS)
+        if self.sharding not in ("auto", "replicate", "fsdp", "hsdp"):
+            raise ConfigError(
+                f"learner.sharding = {self.sharding!r} is invalid: use 'auto', 'replicate', "
+                "'fsdp' or 'hsdp'"
+            )
+        for key in ("mixed_precision", "cpu_offload", "activation_checkpointing"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(
+                    f"learner.{key} = {getattr(self, key)!r} is invalid: use true or false"
+                )
         check_int("learner.threads", self.threads, 1)
         check_int("learner.gpus_per_rank", self.gpus_per_rank, 0, 1024)
         check_number("learner.cpus_per_rank", self.cpus_per_rank, low=0, high=1024)
@@ -173,8 +198,8 @@ class TrainConfig:
     """Episodes averaged for the target."""
     max_env_steps: int | None = None
     """Stop after this many environment steps (also the learning-rate annealing horizon)."""
-    hidden: tuple[int, ...] = (64, 64)
-    """Hidden layer widths of the policy and value MLPs."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy's family and sizes (learner/models/; docs/models.md)."""
     ppo: PPOConfig = field(
         default_factory=lambda: PPOConfig(lr=5e-3, num_minibatches=2, max_grad_norm=5.0)
     )
@@ -186,6 +211,7 @@ class TrainConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str) or not self.env_id.strip():
@@ -197,12 +223,6 @@ class TrainConfig:
             check_number("target_return", self.target_return)
         if self.max_env_steps is not None:
             check_int("max_env_steps", self.max_env_steps, 1)
-        if not self.hidden or any(
-            isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden
-        ):
-            raise ConfigError(
-                f"hidden = {list(self.hidden)!r} is invalid: list positive layer widths"
-            )
         if self.total_actors < self.learner.ranks:
             # Each rank trains only on the fragments of its own actors; a rank with none would
             # wait in the gradient all-reduce for ever.

@@ -1,9 +1,8 @@
 """A learner group: the learner ranks of one job joined in a torch.distributed process group.
 
-Every rank trains the same model on its own share of fragments; after each backward pass the
-gradients are averaged across ranks (one flattened all-reduce, as DDP does with its buckets), so
-the optimisers take identical steps and the parameters stay identical without ever being sent.
-Rank 0 leads: it publishes weights to rollout actors and writes checkpoints. Rank, world size and
+Every rank trains on its own share of fragments; how the ranks hold the model (replicated by
+DDP, sharded by FSDP2) is learner/parallel.py's, on the process group this module forms. Every
+rank publishes weights to its own rollout actors; rank 0 leads the checkpoints. Rank, world size and
 the rendezvous address come from whoever starts the process (the embedded run or a node daemon),
 as `GroupSpec` arguments or `SHOAL_GROUP_*` environment variables. A group that lost a rank is not
 repaired in place: its processes are replaced and the new group resumes from a checkpoint.
@@ -32,7 +31,6 @@ from typing import Literal, Protocol
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from shoal.errors import ConfigError
 from shoal.learner.errors import LearnerError
@@ -336,27 +334,13 @@ class LearnerGroup:
             dist.destroy_process_group()
             self._joined = False
 
-    def broadcast_module(self, model: nn.Module) -> None:
-        """Make every rank's parameters and buffers equal to rank 0's (after init or a restore)."""
+    def all_gather(self, value: object) -> list[object]:
+        """Every rank's `value`, in rank order (a collective; [value] in a group of one)."""
         if self.world_size == 1:
-            return
-        with torch.no_grad():
-            tensors = [t.data for t in (*model.parameters(), *model.buffers())]
-            flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
-            self._collective(lambda: dist.broadcast(flat, src=0))
-            _unflatten_into(flat, tensors)
-
-    def grad_sync(self, model: nn.Module) -> None:
-        """Average every parameter's gradient across ranks in one all-reduce (PPOLearner's hook)."""
-        if self.world_size == 1:
-            return
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self._collective(lambda: dist.all_reduce(flat, op=dist.ReduceOp.SUM))
-        flat.div_(self.world_size)
-        _unflatten_into(flat, grads)
+            return [value]
+        parts: list[object] = [None] * self.world_size
+        self._collective(lambda: dist.all_gather_object(parts, value))
+        return parts
 
     def all_agree(self, flag: bool) -> bool:
         """True on every rank if `flag` is True on any rank (e.g. "stop now")."""
@@ -404,11 +388,3 @@ def _transient(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, dist.DistNetworkError) and "timed out" not in text
-
-
-def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    offset = 0
-    for tensor in tensors:
-        count = tensor.numel()
-        tensor.copy_(flat[offset : offset + count].view_as(tensor))
-        offset += count

@@ -9,27 +9,29 @@ weight π_prox/μ, capped at `is_cap` so one improbable action can't dominate a 
 the data is on-policy (π_prox = μ) every weight is 1 and the loss is exactly CleanRL's PPO.
 See docs/ppo.md for why this and not V-trace.
 
-`gae` is pure numpy so its properties can be tested on their own; `PPOLearner` holds the optimiser
-and runs the epochs and minibatches, calling the group's `grad_sync` after each backward pass.
+`gae` is pure numpy so its properties can be tested on their own; `PPOLearner` holds the
+optimiser (torch.optim.AdamW; with no weight decay it is exactly CleanRL's Adam) and runs the
+epochs and minibatches through the model's `__call__`, so a DDP or FSDP2 wrapper (see
+learner/parallel.py) reduces the gradients inside the backward pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from shoal.errors import ConfigError
-from shoal.learner.adam import Adam
-from shoal.learner.errors import BadFragment, LearnerError
+from shoal.learner.errors import BadFragment
 from shoal.learner.fragment import Fragment
-from shoal.learner.policy import ActorCritic
+from shoal.learner.parallel import full_tensor
 
-GradSync = Callable[[nn.Module], None]
 MetricSync = Callable[[torch.Tensor], torch.Tensor]
 
 # policy-lag histogram buckets: (label, lowest lag, highest lag inclusive)
@@ -62,7 +64,7 @@ class PPOConfig:
     ent_coef: float = 0.01
     """Weight of the entropy bonus."""
     max_grad_norm: float = 0.5
-    """Global gradient-norm clip, applied after `grad_sync`."""
+    """Global gradient-norm clip, applied to the group-reduced gradients."""
     update_epochs: int = 4
     """Passes over the batch per update."""
     num_minibatches: int = 4
@@ -227,22 +229,6 @@ def lag_stats(fragments: Sequence[Fragment], current_version: int) -> dict[str, 
     return stats
 
 
-def _check_fits(model: ActorCritic, fragment: Fragment) -> None:
-    """Refuse fragments from another environment before they reach the network."""
-    obs_ok = fragment.obs_shape in (model.obs_shape, (model.obs_dim,))
-    if model.discrete:
-        actions_ok = fragment.actions.dtype == np.int64
-    else:
-        actions_ok = fragment.actions.shape[2:] == (model.action_dim,)
-    if not (obs_ok and actions_ok):
-        raise BadFragment(
-            f"fragment from {fragment.actor_id!r} (obs {list(fragment.obs_shape)}, actions "
-            f"{fragment.actions.dtype} {list(fragment.actions.shape[2:])}) does not fit the policy "
-            f"(obs {list(model.obs_shape)}, {'discrete' if model.discrete else 'continuous'} actions "
-            f"of size {model.action_dim}): is the actor running another environment?"
-        )
-
-
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
     """1 − Var(target − predicted)/Var(target): 1 is a perfect critic, <= 0 no better than a mean."""
     var = target.var(unbiased=False)
@@ -252,12 +238,34 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
 
 
 class PPOLearner:
-    """Owns the optimiser and runs PPO updates on one rank; not thread-safe."""
+    """Owns the optimiser and runs PPO updates on one rank; not thread-safe.
 
-    def __init__(self, model: ActorCritic, cfg: PPOConfig) -> None:
+    `model` is what forward and backward go through (the policy itself, or its DDP or FSDP2
+    wrapper, which reduce gradients across the group inside `backward`); `policy` is the
+    unwrapped model, whose `check_fragment` refuses data from another environment.
+    `forward_context` wraps every forward pass (bf16 autocast for a replicated GPU model).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: PPOConfig,
+        policy: nn.Module | None = None,
+        forward_context: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            contextlib.nullcontext
+        ),
+    ) -> None:
         self.model = model
+        self.policy = model if policy is None else policy
         self.cfg = cfg
-        self.optimizer = Adam(model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.forward_context = forward_context
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=cfg.lr,
+            eps=cfg.adam_eps,
+            weight_decay=0.0,
+            fused=True if self.device.type == "cuda" else None,
+        )
 
     @property
     def device(self) -> torch.device:
@@ -269,25 +277,26 @@ class PPOLearner:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def evaluate(
+        self, obs: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probs, entropies and values [B] through the (wrapped) model's forward."""
+        with self.forward_context():
+            logp, entropy, values = self.model(obs, actions)
+        return logp.float(), entropy.float(), values.float()
+
     def update(
         self,
         fragments: list[Fragment],
         current_version: int,
-        grad_sync: GradSync | None = None,
         kl_sync: MetricSync | None = None,
     ) -> dict[str, float]:
         """One PPO update over `fragments`; returns losses, KL, clip fraction, lag stats, ….
 
-        `grad_sync(model)` runs after every backward pass and before the gradient clip and the
-        optimiser step (a learner group all-reduces gradients there). With `target_kl` set in a
-        group, pass `kl_sync` too (e.g. an all-reduce mean), so every rank stops at the same epoch.
+        With `target_kl` set in a group, pass `kl_sync` (e.g. an all-reduce mean), so every
+        rank stops at the same epoch instead of leaving the others in a collective.
         """
         cfg = self.cfg
-        if cfg.target_kl is not None and grad_sync is not None and kl_sync is None:
-            raise LearnerError(
-                "target_kl with grad_sync needs kl_sync: ranks deciding to stop on their own "
-                "KL would leave the others waiting in the all-reduce"
-            )
         metrics = lag_stats(fragments, current_version)
         batch = build_batch(fragments, cfg, self.device)
         if batch.size < cfg.num_minibatches:
@@ -295,9 +304,15 @@ class PPOLearner:
                 f"update() got {batch.size} steps, fewer than ppo.num_minibatches = "
                 f"{cfg.num_minibatches}: collect more steps per update or use fewer minibatches"
             )
-        _check_fits(self.model, fragments[0])
+        self.policy.check_fragment(fragments[0].obs_shape, fragments[0].actions)  # type: ignore[operator]
+        order = torch.arange(batch.size, device=self.device)
         with torch.no_grad():
-            prox_logp, _, _ = self.model.evaluate_actions(batch.obs, batch.actions)
+            prox_logp = torch.cat(
+                [
+                    self.evaluate(batch.obs[idx], batch.actions[idx])[0]
+                    for idx in order.tensor_split(cfg.num_minibatches)
+                ]
+            )
             raw_weights = torch.exp(prox_logp - batch.behaviour_logp)
             weights = raw_weights.clamp(max=cfg.is_cap)
             capped = (raw_weights > cfg.is_cap).float().mean()
@@ -310,7 +325,7 @@ class PPOLearner:
             for idx in torch.randperm(batch.size, device=self.device).tensor_split(
                 cfg.num_minibatches
             ):
-                out = self.minibatch_step(batch, idx, prox_logp, weights, grad_sync)
+                out = self.minibatch_step(batch, idx, prox_logp, weights)
                 for key, value in out.items():
                     sums[key] = sums.get(key, 0.0) + value
                 kl_epoch += out["approx_kl"]
@@ -341,13 +356,11 @@ class PPOLearner:
         idx: torch.Tensor,
         prox_logp: torch.Tensor,
         weights: torch.Tensor,
-        grad_sync: GradSync | None,
     ) -> dict[str, float]:
-        """Loss, backward, `grad_sync`, clip and step for one minibatch; returns its statistics."""
+        """Loss, backward (gradients reduced there in a group), clip and step for one
+        minibatch; returns its statistics."""
         cfg = self.cfg
-        new_logp, entropy, new_values = self.model.evaluate_actions(
-            batch.obs[idx], batch.actions[idx]
-        )
+        new_logp, entropy, new_values = self.evaluate(batch.obs[idx], batch.actions[idx])
         log_ratio = new_logp - prox_logp[idx]
         ratio = log_ratio.exp()
         adv = batch.advantages[idx]
@@ -363,9 +376,9 @@ class PPOLearner:
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if grad_sync is not None:
-            grad_sync(self.model)
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        grad_norm = full_tensor(
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        )
         self.optimizer.step()
 
         with torch.no_grad():

@@ -12,12 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
-from shoal.learner.errors import BadFragment, LearnerError
+from shoal.learner.errors import BadFragment
 from shoal.learner.fragment import Fragment
-from shoal.learner.policy import ActorCritic
+from shoal.learner.models.mlp import MLPPolicy
 from shoal.learner.ppo import PPOConfig, PPOLearner, build_batch, lag_stats
 
 DISCRETE = spaces.Discrete(2)
+
+
+def mlp_policy(obs_shape: tuple[int, ...], action_space: spaces.Space) -> MLPPolicy:
+    """The MLP family on an unbounded Box of `obs_shape`."""
+    return MLPPolicy(spaces.Box(-np.inf, np.inf, obs_shape, np.float32), action_space)
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +37,7 @@ def one_torch_thread():
 
 
 def rollout(
-    policy: ActorCritic, version: int = 0, t: int = 16, n: int = 8, seed: int = 0
+    policy: MLPPolicy, version: int = 0, t: int = 16, n: int = 8, seed: int = 0
 ) -> Fragment:
     """A fragment whose actions, log-probs and values really come from `policy`."""
     rng = np.random.default_rng(seed)
@@ -51,11 +56,11 @@ def rollout(
     )  # fmt: skip
 
 
-def plain_ppo_loss(model: ActorCritic, frag: Fragment, cfg: PPOConfig) -> float:
+def plain_ppo_loss(model: MLPPolicy, frag: Fragment, cfg: PPOConfig) -> float:
     """CleanRL's PPO loss on the whole batch, ratio taken against the behaviour log-probs."""
     b = build_batch([frag], cfg, torch.device("cpu"))
     with torch.no_grad():
-        new_logp, entropy, new_v = model.evaluate_actions(b.obs, b.actions)
+        new_logp, entropy, new_v = model(b.obs, b.actions)
     ratio = (new_logp - b.behaviour_logp).exp()
     adv = (b.advantages - b.advantages.mean()) / (b.advantages.std() + 1e-8)
     pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
@@ -66,7 +71,7 @@ def plain_ppo_loss(model: ActorCritic, frag: Fragment, cfg: PPOConfig) -> float:
 
 def test_on_policy_the_correction_is_plain_ppo():
     torch.manual_seed(0)
-    model = ActorCritic((4,), DISCRETE)
+    model = mlp_policy((4,), DISCRETE)
     frag = rollout(model, version=5)
     cfg = PPOConfig(update_epochs=1, num_minibatches=1)
     expected = plain_ppo_loss(model, frag, cfg)
@@ -79,7 +84,7 @@ def test_on_policy_the_correction_is_plain_ppo():
 
 def test_stale_data_is_reweighted_and_the_trust_region_is_around_the_learner():
     torch.manual_seed(0)
-    old = ActorCritic((4,), DISCRETE)
+    old = mlp_policy((4,), DISCRETE)
     model = copy.deepcopy(old)
     with torch.no_grad():
         for p in model.actor.parameters():
@@ -96,15 +101,15 @@ def test_stale_data_is_reweighted_and_the_trust_region_is_around_the_learner():
     # plain PPO would have measured the ratio against the old behaviour policy and clipped
     b = build_batch([frag], cfg, torch.device("cpu"))
     with torch.no_grad():
-        logp, _, _ = old.evaluate_actions(b.obs, b.actions)
-        moved, _, _ = copy.deepcopy(model).evaluate_actions(b.obs, b.actions)
+        logp, _, _ = old(b.obs, b.actions)
+        moved, _, _ = copy.deepcopy(model)(b.obs, b.actions)
     behaviour_ratio = (moved - logp).exp()
     assert ((behaviour_ratio - 1).abs() > cfg.clip_coef).any()
 
 
 def test_repeated_updates_on_a_fixed_batch_lower_the_value_loss_and_learn_the_rewarded_action():
     torch.manual_seed(0)
-    model = ActorCritic((4,), DISCRETE)
+    model = mlp_policy((4,), DISCRETE)
     frag = rollout(model, t=32, n=8)
     learner = PPOLearner(model, PPOConfig(lr=3e-3))
     obs = frag.obs.reshape(-1, 4)
@@ -112,7 +117,7 @@ def test_repeated_updates_on_a_fixed_batch_lower_the_value_loss_and_learn_the_re
     def p_rewarded() -> float:
         with torch.no_grad():
             rewarded = torch.from_numpy((obs[:, 0] > 0).astype(np.int64))
-            logp, _, _ = model.evaluate_actions(torch.from_numpy(obs), rewarded)
+            logp, _, _ = model(torch.from_numpy(obs), rewarded)
             return float(logp.exp().mean())
 
     before = p_rewarded()
@@ -123,50 +128,48 @@ def test_repeated_updates_on_a_fixed_batch_lower_the_value_loss_and_learn_the_re
     assert p_rewarded() > before + 0.1
 
 
-def test_grad_sync_runs_after_each_backward_before_the_step():
+def test_every_forward_goes_through_the_wrapper_that_reduces_gradients():
+    """DDP and FSDP2 hook the wrapper's __call__; the policy itself only checks fragments."""
     torch.manual_seed(0)
-    model = ActorCritic((4,), DISCRETE)
+    model = mlp_policy((4,), DISCRETE)
     frag = rollout(model)
     calls: list[bool] = []
-    snapshot = [p.detach().clone() for p in model.parameters()]
 
-    def grad_sync(module: torch.nn.Module) -> None:
-        assert module is model
-        calls.append(all(p.grad is not None for p in module.parameters()))
-        for p in module.parameters():
-            assert p.grad is not None
-            p.grad.mul_(0.0)  # a group whose ranks cancel out: nothing may move
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = model
+
+        def forward(self, obs: torch.Tensor, actions: torch.Tensor):
+            calls.append(torch.is_grad_enabled())
+            return self.module(obs, actions)
 
     cfg = PPOConfig(update_epochs=3, num_minibatches=2)
-    metrics = PPOLearner(model, cfg).update([frag], 0, grad_sync=grad_sync)
-    assert calls == [True] * 6
+    metrics = PPOLearner(Wrapper(), cfg, policy=model).update([frag], 0)
+    assert calls == [False] * 2 + [True] * 6  # proximal log-probs, then 3 epochs × 2 minibatches
     assert metrics["epochs"] == 3.0
-    for p, s in zip(model.parameters(), snapshot):
-        torch.testing.assert_close(p.detach(), s)
 
 
-def test_target_kl_stops_early_and_needs_kl_sync_in_a_group():
+def test_target_kl_stops_early_and_asks_kl_sync_once_per_epoch():
     torch.manual_seed(0)
-    model = ActorCritic((4,), DISCRETE)
+    model = mlp_policy((4,), DISCRETE)
     frag = rollout(model)
     cfg = PPOConfig(lr=1e-2, target_kl=1e-9, update_epochs=4)
     assert PPOLearner(model, cfg).update([frag], 0)["epochs"] == 1.0
-    with pytest.raises(LearnerError, match="needs kl_sync"):
-        PPOLearner(model, cfg).update([frag], 0, grad_sync=lambda m: None)
     synced: list[float] = []
 
     def kl_sync(kl: torch.Tensor) -> torch.Tensor:
         synced.append(float(kl))
         return kl
 
-    PPOLearner(model, cfg).update([frag], 0, grad_sync=lambda m: None, kl_sync=kl_sync)
+    PPOLearner(model, cfg).update([frag], 0, kl_sync=kl_sync)
     assert len(synced) == 1
 
 
 def test_continuous_actions_update():
     torch.manual_seed(0)
     box = spaces.Box(-1, 1, (2,), np.float32)
-    model = ActorCritic((4,), box)
+    model = mlp_policy((4,), box)
     rng = np.random.default_rng(0)
     t, n = 8, 4
     obs = rng.normal(size=(t, n, 4)).astype(np.float32)
@@ -184,7 +187,7 @@ def test_continuous_actions_update():
 
 
 def test_lag_stats_histogram_and_future_versions():
-    model = ActorCritic((4,), DISCRETE)
+    model = mlp_policy((4,), DISCRETE)
     frags = [rollout(model, version=v, t=2, n=2) for v in (10, 9, 9, 7, 3, 0)]
     stats = lag_stats(frags, 10)
     assert stats["policy_lag_median"] == 2.0
@@ -197,7 +200,7 @@ def test_lag_stats_histogram_and_future_versions():
 
 
 def test_update_refuses_empty_mixed_and_tiny_batches():
-    model = ActorCritic((4,), DISCRETE)
+    model = mlp_policy((4,), DISCRETE)
     learner = PPOLearner(model, PPOConfig())
     with pytest.raises(BadFragment, match="at least one fragment"):
         learner.update([], 0)
@@ -231,8 +234,8 @@ def test_config_rejects_bad_values_naming_the_key(key, value, message):
 
 
 def test_fragments_from_another_environment_are_refused():
-    model = ActorCritic((4,), DISCRETE)
-    other = ActorCritic((3,), DISCRETE)
+    model = mlp_policy((4,), DISCRETE)
+    other = mlp_policy((3,), DISCRETE)
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(4, 2, 3)).astype(np.float32)
     acts, logps, vals = zip(*(other.act(o) for o in obs))
@@ -243,9 +246,9 @@ def test_fragments_from_another_environment_are_refused():
         bootstrap_value=np.zeros(2, np.float32), final_values=np.zeros((4, 2), np.float32),
         episode_returns=np.zeros(0, np.float32), episode_lengths=np.zeros(0, np.int32),
     )  # fmt: skip
-    with pytest.raises(BadFragment, match="does not fit the policy"):
+    with pytest.raises(BadFragment, match="does not fit the mlp policy"):
         PPOLearner(model, PPOConfig()).update([frag], 0)
-    box_model = ActorCritic((3,), spaces.Box(-1, 1, (2,), np.float32))
+    box_model = mlp_policy((3,), spaces.Box(-1, 1, (2,), np.float32))
     with pytest.raises(BadFragment, match="continuous actions of size 2"):
         PPOLearner(box_model, PPOConfig()).update([frag], 0)
 
@@ -253,7 +256,7 @@ def test_fragments_from_another_environment_are_refused():
 @given(lags=st.lists(st.integers(0, 40), min_size=1, max_size=12))
 @settings(max_examples=40, deadline=None)
 def test_lag_histogram_counts_every_fragment_once(lags):
-    model = ActorCritic((4,), DISCRETE)
+    model = mlp_policy((4,), DISCRETE)
     current = 50
     frags = [rollout(model, version=current - lag, t=1, n=1) for lag in lags]
     stats = lag_stats(frags, current)
