@@ -4,12 +4,16 @@ Fragments, and `RolloutActor`, the actor that runs one and streams its fragments
 The collector is the work without the actor (no event loop, no transport), so it can be tested
 and benchmarked on its own. Arrays are allocated fresh per fragment because a finished fragment
 is handed to the transport, which sends its memory without copying while the next one is
-written. The actor registers with its learner (getting the current weights and the learner's
-incarnation), then loops: collect, push. At most one push is in flight while the next fragment
-is collected; a push waits while the learner's intake is full, which is the back-pressure. New
-weights arrive as `set_weights` messages and are adopted between steps, without stopping. When
-the learner restarts (a new incarnation, or a dropped link), the actor registers again and
-adopts the restored weights and version.
+written. The actor registers with its learner (getting the learner's incarnation and current
+version), waits until it holds a complete version from that incarnation, then loops: collect,
+push. At most one push is in flight while the next fragment is collected; a push waits while the
+learner's intake is full, which is the back-pressure. Weights arrive in buckets
+(`weights_begin`, `weights_bucket` × n, `weights_commit`, see weight_sync.py) while the actor
+keeps collecting with its last complete version; a committed version is adopted between steps,
+atomically, and every fragment carries the version it was collected with. A half-received
+version is dropped, never adopted. When the learner restarts (a new incarnation, or a dropped
+link), the actor registers again and waits for the restored weights; if none arrive within
+`weights_timeout_s` it registers again.
 
 With a `ledger_dir`, the actor records which sequence numbers it sent and, per learner
 incarnation and admission, which the learner acknowledged; it writes them to
@@ -27,18 +31,21 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from shoal.envs.vector import VectorEnvironment
+from shoal.learner.errors import WeightSyncError
 from shoal.learner.fragment import Fragment
 from shoal.learner.journal import Journal
 from shoal.learner.policy import ActorCritic
 from shoal.learner.seqranges import SeqRanges, ranges_json
+from shoal.learner.weight_sync import WeightAssembler
 from shoal.runtime.actor import Actor
 from shoal.runtime.errors import ActorError, MailboxFull, WireError
 from shoal.runtime.ref import ActorRef
@@ -52,7 +59,7 @@ REGISTER_TIMEOUT_S = 10.0
 PACE_TIMEOUT_S = 2.0
 LINK_CHECK_S = 0.1
 REGISTER_RETRY_MAX_S = 0.25
-# Steps between yields to the event loop (lets set_weights and transport I/O run).
+# Steps between yields to the event loop (lets weight buckets and transport I/O run).
 YIELD_EVERY_STEPS = 4
 LEDGER_EVERY_S = 1.0
 
@@ -82,9 +89,9 @@ class Collector:
         self._action_shape: tuple[int, ...] = tuple(getattr(space, "shape", None) or ())
         self._action_dtype = np.float32 if self._action_shape else np.int64
 
-    def set_weights(self, version: int, weights: dict[str, np.ndarray]) -> None:
-        """Adopt a newer policy; takes effect from the next step."""
-        self.policy.set_weights(weights)
+    def set_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Adopt a complete policy version; takes effect from the next step."""
+        self.policy.set_weights({name: tensor.numpy() for name, tensor in weights.items()})
         self.policy_version = version
 
     def step(self, buf: _Buffers, t: int) -> None:
@@ -187,6 +194,8 @@ class RolloutSpec:
     """This actor's share of what its learner consumes per policy version; 0 turns pacing off."""
     learner_rank: int = 0
     """The learner rank this actor feeds, found through the job's published task state."""
+    weights_timeout_s: float = 120.0
+    """After registering, how long to wait for a complete version before registering again."""
 
 
 class Pacer:
@@ -240,7 +249,13 @@ class RolloutActor(Actor):
         self._ledger_written = 0.0
         self._journal: Journal | None = None
         self._failed = failed
-        self._pending: tuple[int, dict[str, np.ndarray]] | None = None
+        self._pending: tuple[int, str, dict[str, torch.Tensor]] | None = None
+        """A complete version not adopted yet: (version, learner incarnation, weights)."""
+        self._assembler: WeightAssembler | None = None
+        self._held_source = ""
+        """The learner incarnation the collector's weights came from ("": none yet)."""
+        self.weights_received = 0
+        self.weights_refused = 0
         self._task: asyncio.Task[None] | None = None
         self._in_flight: asyncio.Task[bool] | None = None
         self._weights_arrived = asyncio.Event()
@@ -267,6 +282,7 @@ class RolloutActor(Actor):
         actor_id = f"{spec.name}#{os.urandom(4).hex()}"
         digest = env_hash(spec.env_id, dict(spec.env_kwargs), spec.seed)
         self._collector = Collector(actor_id, env, policy, spec.horizon, digest, spec.seed)
+        self._assembler = WeightAssembler(policy.state_dict())
         if self.ledger_dir is not None:
             self.ledger_dir.mkdir(parents=True, exist_ok=True)
             self._journal = Journal(self.ledger_dir / f"rollout-{actor_id}.jsonl")
@@ -284,14 +300,57 @@ class RolloutActor(Actor):
         if self._journal is not None:
             self._journal.close()
 
-    def set_weights(self, version: int, weights: dict[str, np.ndarray]) -> None:
-        """Newer weights from the learner; adopted before the next environment step."""
-        collector = self._collector
-        if collector is None or version <= collector.policy_version:
+    def weights_begin(self, version: int, manifest: dict[str, Any]) -> None:
+        """A new version starts arriving; a half-received one is dropped. A version this actor
+        already holds from the same learner incarnation is ignored."""
+        assembler = self._assembler
+        if assembler is None:
             return
-        if self._pending is None or version > self._pending[0]:
-            self._pending = (version, weights)
+        source = manifest.get("source") if isinstance(manifest, dict) else None
+        if source == self._newest_source() and _le(version, self._newest_version()):
+            assembler.reset()
+            return
+        try:
+            assembler.begin(version, manifest)
+        except WeightSyncError as exc:
+            self._refused(exc)
+
+    def weights_bucket(self, version: int, index: int, data: np.ndarray, checksum: int) -> None:
+        """One bucket of the version being received; a bad one drops that version."""
+        if self._assembler is None:
+            return
+        try:
+            self._assembler.bucket(version, index, data, checksum)
+        except WeightSyncError as exc:
+            self._refused(exc)
+
+    def weights_commit(self, version: int) -> None:
+        """The version is complete: it becomes the pending one, adopted between steps."""
+        if self._assembler is None:
+            return
+        try:
+            done = self._assembler.commit(version)
+        except WeightSyncError as exc:
+            self._refused(exc)
+            return
+        if done is not None:
+            source, weights = done
+            self._pending = (version, source, weights)
+            self.weights_received += 1
             self._weights_arrived.set()
+
+    def _refused(self, exc: WeightSyncError) -> None:
+        self.weights_refused += 1
+        version = 0 if self._collector is None else self._collector.policy_version
+        log.error("%s: weights refused (%s); keeping version %d", self.spec.name, exc, version)
+
+    def _newest_source(self) -> str:
+        return self._held_source if self._pending is None else self._pending[1]
+
+    def _newest_version(self) -> int:
+        if self._pending is not None:
+            return self._pending[0]
+        return 0 if self._collector is None else self._collector.policy_version
 
     def ledger(self) -> dict[str, Any]:
         """What this actor sent and what each learner incarnation acknowledged, as ranges."""
@@ -322,6 +381,9 @@ class RolloutActor(Actor):
             "fragments": self.pushed,
             "policy_version": 0 if collector is None else collector.policy_version,
             "registrations": self.registrations,
+            "weights_received": self.weights_received,
+            "weights_refused": self.weights_refused,
+            "weights_dropped": 0 if self._assembler is None else self._assembler.dropped,
         }
 
     async def _run(self, collector: Collector) -> None:
@@ -398,10 +460,15 @@ class RolloutActor(Actor):
             self._adopt()
 
     def _adopt(self) -> None:
+        """Swap to the pending complete version if it came from the learner registered with."""
         pending, self._pending = self._pending, None
         collector = self._collector
-        if pending is not None and collector is not None and pending[0] > collector.policy_version:
-            collector.set_weights(*pending)
+        if pending is None or collector is None or pending[1] != self._incarnation:
+            return
+        version, source, weights = pending
+        if source != self._held_source or version > collector.policy_version:
+            collector.set_weights(version, weights)
+            self._held_source = source
 
     async def _push(self, learner: ActorRef, fragment: Fragment) -> bool:
         """Send one fragment; False when the learner is gone, a new incarnation, or no longer
@@ -428,8 +495,22 @@ class RolloutActor(Actor):
         )
 
     async def _register(self, collector: Collector) -> ActorRef:
-        """Register until the learner answers; adopt its weights, version and incarnation.
-        The learner's path is looked up again before every try: it may have moved."""
+        """Register until the learner answers and its weights arrive complete within
+        `weights_timeout_s`; the learner's path is looked up again before every try."""
+        while True:
+            learner, version = await self._register_once(collector)
+            if await self._await_weights(collector, learner, version):
+                self.pacer.reset(collector.policy_version)
+                log.info(
+                    "%s: registered with learner incarnation %s; collecting with version %d",
+                    self.spec.name,
+                    self._incarnation,
+                    collector.policy_version,
+                )
+                return learner
+
+    async def _register_once(self, collector: Collector) -> tuple[ActorRef, int]:
+        """One registration: the learner's ref and the version it holds now."""
         delay = 0.05
         while True:
             path = self._locate()
@@ -451,18 +532,38 @@ class RolloutActor(Actor):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, REGISTER_RETRY_MAX_S)
         self._incarnation = str(reply["incarnation"])
-        self._pending = None
-        collector.policy.set_weights(reply["weights"])
-        collector.policy_version = int(reply["version"])
-        self.pacer.reset(collector.policy_version)
         self.registrations += 1
-        log.info(
-            "%s: registered with learner incarnation %s at version %d",
-            self.spec.name,
-            self._incarnation,
-            collector.policy_version,
-        )
-        return learner
+        return learner, int(reply["version"])
+
+    async def _await_weights(self, collector: Collector, learner: ActorRef, version: int) -> bool:
+        """Wait until the collector holds a complete version >= `version` from the incarnation
+        registered with; False when the link drops or `weights_timeout_s` passes first."""
+        deadline = time.monotonic() + self.spec.weights_timeout_s
+        while True:
+            self._adopt()
+            if self._held_source == self._incarnation and collector.policy_version >= version:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not _link_stands(learner):
+                log.warning(
+                    "%s: no complete weights (version >= %d) from learner incarnation %s within "
+                    "%.0f s or its link dropped; registering again",
+                    self.spec.name,
+                    version,
+                    self._incarnation,
+                    self.spec.weights_timeout_s,
+                )
+                return False
+            self._weights_arrived.clear()
+            try:
+                await asyncio.wait_for(self._weights_arrived.wait(), min(LINK_CHECK_S, remaining))
+            except TimeoutError:
+                continue
+
+
+def _le(version: object, held: int) -> bool:
+    """Whether a received version number is one the actor already holds (or older)."""
+    return type(version) is int and version <= held
 
 
 def _link_stands(learner: ActorRef) -> bool:

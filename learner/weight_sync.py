@@ -253,9 +253,13 @@ class WeightBroadcaster:
     is abandoned with an ERROR and counted, and that actor gets the next version. A newer
     snapshot cancels every older transfer still in flight (the actor drops the half it holds)."""
 
-    def __init__(self, cfg: WeightSyncConfig, source: str = "") -> None:
-        if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
-            raise ConfigError(f"source = {source!r} is invalid: a string of <= 256 characters")
+    def __init__(self, cfg: WeightSyncConfig, source: str) -> None:
+        if not isinstance(source, str) or not 0 < len(source) <= MAX_SOURCE_CHARS:
+            raise ConfigError(
+                f"source = {source!r} is invalid: the learner's incarnation, 1 to "
+                f"{MAX_SOURCE_CHARS} characters (actors adopt only weights from the one they "
+                "registered with)"
+            )
         self.cfg = cfg
         self.source = source
         self.snapshot: WeightSnapshot | None = None
@@ -547,5 +551,8 @@ class WeightAssembler:
         weights = {}
         for (name, dtype, shape), data in zip(receiving.specs, receiving.data):
             local_dtype = self.expected[name][1]
+            if not data.size:  # a 0-element tensor has no bytes to view
+                weights[name] = torch.empty(shape, dtype=local_dtype)
+                continue
             weights[name] = torch.from_numpy(data).view(dtype).reshape(shape).to(local_dtype)
         return receiving.source, weights

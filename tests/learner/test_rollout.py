@@ -50,7 +50,7 @@ def test_time_limits_are_truncations_with_a_bootstrap_value() -> None:
 def test_new_weights_change_the_policy_and_the_version() -> None:
     collector = _collector()
     other = ActorCritic((4,), collector.env.single_action_space)
-    collector.set_weights(7, other.get_weights())
+    collector.set_weights(7, other.state_dict())
     assert collector.policy_version == 7
     assert collector.collect().policy_version == 7
     for name, value in other.get_weights().items():
