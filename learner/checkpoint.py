@@ -1,20 +1,25 @@
-"""Checkpoints that are either complete and verified or ignored: never half a checkpoint.
+"""Sharded checkpoints that are either complete and verified or ignored: never half a checkpoint.
 
-`save` serialises the state on the caller (that is the copy to host memory: tensors on a GPU are
-written out as CPU bytes, so training may go on changing them) and hashes it; a single background
-thread then does the slow part — temp file, fsync, atomic rename, fsync of the directory — and
-writes the small JSON manifest LAST. A checkpoint is complete when its manifest exists and the
-data file's sha256 matches it, so a crash at any point leaves at worst an orphan file that
-`latest()` skips with a warning. Old checkpoints are pruned only after a new one is complete, so a
-full disk costs the new checkpoint, never the previous ones.
+A checkpoint (format 2, docs/checkpoints.md) is a directory `ckpt-<step>/` that
+torch.distributed.checkpoint (DCP) fills, every rank writing its own shards, plus
+`trainer.json` (the JSON trainer state), and beside it the manifest `ckpt-<step>.json` that
+lists every file with its size and sha256. `save` is a collective: each rank stages a copy of
+its shards in host memory at once (`dcp.async_save`; training may go on changing the tensors)
+and the write runs in the background on a gloo group of its own, so it never shares a group
+with the training collectives. Once every rank's files are written the ranks hash them, rank 0
+writes `trainer.json`, renames the staging directory into place and writes the manifest LAST.
+A checkpoint is complete when its manifest exists and every file matches it, so a crash at any
+point leaves at worst an orphan that `latest()` skips with a warning. Old checkpoints are pruned
+only after a new one is complete, so a full disk costs the new checkpoint, never the old ones.
 
 A failed background write is counted (`failures`, `last_failure`) and logged the moment it
-happens, so a trainer keeps training through a full disk and its status can say so; the next
-save after space is freed writes a complete checkpoint again. `wait()` raises only when the
-newest finished write failed: a failure that a later complete checkpoint superseded no longer
-matters to the caller (the trainer's final blocking save must not die of a healed disk-full).
+happens, so a trainer keeps training through a full disk and its status can say so. `wait()`
+raises only when the newest finished write failed. Format 1 (one `ckpt-<step>.pt` written by
+torch.save, from before DCP) is still found by `latest()` and read by `load_legacy`.
 
 Concurrency: one owner thread calls save/wait/latest/load/close; the writer thread only writes.
+One write is in flight at a time (a save first waits for the previous one), so the collectives
+of two writes never interleave on the checkpoint group.
 """
 
 from __future__ import annotations
@@ -25,31 +30,68 @@ import json
 import logging
 import os
 import re
+import shutil
+import stat
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from shoal.config import check_int, check_number
+from shoal.learner.checkpoint_files import (
+    FORMAT,
+    LEGACY_FORMAT,
+    MAX_MANIFEST_BYTES,
+    MAX_TRAINER_BYTES,
+    METADATA_FILE,
+    TRAINER_FILE,
+    FileEntry,
+    Manifest,
+    MetaValue,
+    check_name,
+    file_sha256,
+    manifest_json,
+    meta_dict,
+    parse_manifest,
+    parse_trainer,
+    plain_directory,
+    read_bounded,
+    read_metadata,
+    table_digest,
+)
 from shoal.learner.diskfull import is_disk_full
 from shoal.learner.errors import CheckpointError
 
 log = logging.getLogger(__name__)
+# Without torch.distributed a checkpoint is a group of one on purpose, not a mistake to warn of.
+warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable")
 
-FORMAT = 1
 _MANIFEST = re.compile(r"^ckpt-(\d{12})\.json$")
 _DATA = re.compile(r"^ckpt-(\d{12})\.pt$")
-MetaValue = str | int | float | bool
+_DIR = re.compile(r"^ckpt-(\d{12})$")
+_STALE = re.compile(r"^\.ckpt-\d{12}\..*(\.tmp|\.partial)$")
+GROUP_TIMEOUT = timedelta(minutes=10)
+"""How long a checkpoint collective waits for a peer (a rank that died mid-save)."""
+
+__all__ = ["CheckpointInfo", "CheckpointManager", "MetaValue", "SaveSchedule", "write_atomically"]
 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """Where one checkpoint lives and the content hash that proves it complete."""
+    """Where one checkpoint lives and the hash that proves it complete: format 2, the digest of
+    its manifest's file table (`path` is the directory); format 1, the sha256 of its .pt file."""
 
     step: int
     path: Path
@@ -58,42 +100,29 @@ class CheckpointInfo:
     size: int
     created_unix: float
     meta: dict[str, MetaValue] = field(default_factory=dict)
+    format: int = FORMAT
 
 
-def _data_name(step: int) -> str:
-    return f"ckpt-{step:012d}.pt"
+@dataclass(frozen=True)
+class _Write:
+    """One save in flight, as the writer thread finishes it."""
+
+    step: int
+    partial: Path
+    trainer: bytes
+    meta: dict[str, MetaValue]
+    created_unix: float
+    group: dist.ProcessGroup | None
+    rank: int
+    world: int
+
+
+def _dir_name(step: int) -> str:
+    return f"ckpt-{step:012d}"
 
 
 def _manifest_name(step: int) -> str:
     return f"ckpt-{step:012d}.json"
-
-
-def _storable(value: object, where: str) -> object:
-    """The value with numpy arrays turned into tensors; refuses what weights_only can't load."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(value))
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, dict):
-        out: dict[Any, object] = {}
-        for key, item in value.items():
-            if not isinstance(key, str | int):
-                raise CheckpointError(
-                    f"{where} has key {key!r}: checkpoint dict keys must be str or int"
-                )
-            out[key] = _storable(item, f"{where}[{key!r}]")
-        return out
-    if isinstance(value, list | tuple):
-        items = [_storable(item, f"{where}[{i}]") for i, item in enumerate(value)]
-        return items if isinstance(value, list) else tuple(items)
-    raise CheckpointError(
-        f"{where} is a {type(value).__name__}, which a checkpoint cannot hold: store tensors, "
-        "numpy arrays, numbers, strings and dicts/lists of them (e.g. dataclasses.asdict(cfg))"
-    )
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -119,18 +148,118 @@ def write_atomically(path: Path, payload: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _remove_tree(path: Path) -> None:
+    """Delete a checkpoint directory (a symlink is unlinked, never followed)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _check_tensors(tree: object, where: str) -> None:
+    """Only tensors (plain or DTensor) in nested dicts: DCP would pickle anything else, and
+    loading a pickle is what checkpoints never do."""
+    if isinstance(tree, torch.Tensor):
+        return
+    if not isinstance(tree, Mapping):
+        raise CheckpointError(
+            f"{where} is a {type(tree).__name__}: checkpoint tensors must be tensors in dicts "
+            "(put numbers and strings in the trainer state)"
+        )
+    for key, value in tree.items():
+        if not isinstance(key, str):
+            raise CheckpointError(f"{where} has key {key!r}: tensor dict keys must be strings")
+        _check_tensors(value, f"{where}[{key!r}]")
+
+
+def _trainer_bytes(trainer: object) -> bytes:
+    if not isinstance(trainer, dict):
+        raise CheckpointError(f"trainer state must be a dict, got {type(trainer).__name__}")
+    try:
+        data = json.dumps(trainer, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"trainer state is not plain JSON ({exc}): store numbers, strings, lists and "
+            "dicts (e.g. dataclasses.asdict(cfg)); tensors go in the tensors argument"
+        ) from None
+    if len(data) > MAX_TRAINER_BYTES:
+        raise CheckpointError(f"trainer state is {len(data)} bytes, over {MAX_TRAINER_BYTES}")
+    return data
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """`exc`, what DCP wrapped into it (per-rank failures) and its causes, breadth first."""
+    found: list[BaseException] = []
+    todo = [exc]
+    while todo and len(found) < 32:
+        item = todo.pop(0)
+        found.append(item)
+        if isinstance(item, CheckpointException):
+            todo.extend(failure for failure, _ in item.failures.values())
+        for nested in (item.__cause__, item.__context__):
+            if nested is not None:
+                todo.append(nested)
+    return found
+
+
+def _reason(exc: BaseException) -> str:
+    """A one-line cause: the innermost meaningful failure, not DCP's per-rank tracebacks."""
+    for item in _causes(exc):
+        if not isinstance(item, CheckpointException):
+            return f"{type(item).__name__}: {item}".splitlines()[0][:400]
+    return type(exc).__name__
+
+
+class _VerifiedReader(dcp.FileSystemReader):
+    """DCP's file reader, except that `.metadata` is unpickled only from bytes that match the
+    manifest, and only DCP's own metadata classes; its storage entries may name only files the
+    manifest lists."""
+
+    def __init__(self, path: Path, metadata_sha256: str, names: frozenset[str]) -> None:
+        super().__init__(path)
+        self._metadata_sha256 = metadata_sha256
+        self._names = names
+        self.refused: CheckpointError | None = None
+        """Why the metadata was refused (DCP turns the exception into text)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            metadata = read_metadata(Path(self.path) / METADATA_FILE, self._metadata_sha256)
+            for info in (getattr(metadata, "storage_data", None) or {}).values():
+                if getattr(info, "relative_path", None) not in self._names:
+                    raise CheckpointError(
+                        f"{self.path}'s metadata points at a file its manifest does not list"
+                    )
+        except CheckpointError as exc:
+            self.refused = exc
+            raise
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _TensorsOnlyPlanner(DefaultLoadPlanner):
+    """DCP's planner, refusing a pickled object (DCP loads those with weights_only=False)."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        raise CheckpointError(
+            f"the checkpoint stores {read_item.dest_index.fqn} as a pickled object, not a "
+            "tensor: refused; it was not written by this shoal"
+        )
 
 
 class CheckpointManager:
-    """Writes checkpoints into `directory` in the background and keeps the newest `keep` complete ones."""
+    """Writes checkpoints into `directory` in the background and keeps the newest `keep` complete
+    ones. `process_group` is the group whose ranks save together (None: the default group when
+    torch.distributed is initialised, else a group of one)."""
 
-    def __init__(self, directory: str | os.PathLike[str], keep: int = 3) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        keep: int = 3,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.keep = check_int("checkpoint.keep", keep, 1)
         try:
@@ -140,8 +269,13 @@ class CheckpointManager:
                 f"cannot create checkpoint directory {self.directory}: {exc.strerror}; "
                 "choose a writable checkpoint.directory"
             ) from exc
+        self._process_group = process_group
+        self._group_for: object = None
+        self._checkpoint_group: dist.ProcessGroup | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
-        self._pending: dict[Future[None], int] = {}
+        self._pending: Future[None] | None = None
+        self._pending_step: int | None = None
+        self._digests: dict[tuple[str, int, int, int, int], str] = {}
         self.failures = 0
         """Writes that failed since this manager was opened (disk full, I/O error)."""
         self.last_failure: str | None = None
@@ -150,8 +284,9 @@ class CheckpointManager:
         self._unsuperseded: str | None = None  # the newest write's failure, until one succeeds
 
     def __repr__(self) -> str:
+        pending = int(self._pending is not None and not self._pending.done())
         return (
-            f"<CheckpointManager {self.directory} keep={self.keep} pending={len(self._pending)} "
+            f"<CheckpointManager {self.directory} keep={self.keep} pending={pending} "
             f"failures={self.failures}>"
         )
 
@@ -161,47 +296,76 @@ class CheckpointManager:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- the checkpoint group ----------------------------------------------------------------
+
+    def _group(self) -> dist.ProcessGroup | None:
+        """The gloo group the saves and loads run on, made once per process group (a
+        collective: every rank of the group calls save/load_tensors together); None without
+        torch.distributed (a group of one)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        base = self._process_group or dist.group.WORLD
+        if self._checkpoint_group is None or self._group_for is not base:
+            self._checkpoint_group = dist.new_group(
+                ranks=dist.get_process_group_ranks(base),
+                backend="gloo",
+                timeout=GROUP_TIMEOUT,
+                use_local_synchronization=True,
+            )
+            self._group_for = base
+        return self._checkpoint_group
+
+    @staticmethod
+    def _nonce(group: dist.ProcessGroup | None) -> str:
+        """A staging name every rank agrees on, fresh per save (rank 0's, broadcast)."""
+        box = [os.urandom(6).hex()]
+        if group is not None:
+            dist.broadcast_object_list(box, group=group, group_src=0)
+        return str(box[0])
+
     # -- writing ---------------------------------------------------------------------------
 
     def save(
         self,
-        state: dict[str, Any],
+        tensors: dict[str, Any],
         step: int,
-        meta: dict[str, MetaValue] | None = None,
+        trainer: dict[str, Any],
+        meta: Mapping[str, MetaValue] | None = None,
         block: bool = False,
-    ) -> CheckpointInfo:
-        """Snapshot `state` now and write it in the background (or before returning, if `block`).
-
-        The returned info is final (hash included) but the checkpoint is complete only once the
-        write is done: `wait()` flushes and raises CheckpointError if a write failed.
-        """
+    ) -> Path:
+        """COLLECTIVE: stage this rank's `tensors` (plain tensors or DTensor shards) now and write
+        them in the background with the JSON `trainer` state (rank 0's is the one written), or
+        before returning if `block`. Returns the checkpoint's directory, complete only once the
+        write is done: `wait()` flushes and raises CheckpointError if it failed."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CheckpointError(f"checkpoint step must be an integer >= 0, got {step!r}")
-        if not isinstance(state, dict):
-            raise CheckpointError(f"checkpoint state must be a dict, got {type(state).__name__}")
-        buffer = io.BytesIO()
-        torch.save(_storable(state, "state"), buffer)
-        payload = buffer.getvalue()
-        info = CheckpointInfo(
-            step=step,
-            path=self.directory / _data_name(step),
-            manifest=self.directory / _manifest_name(step),
-            sha256=hashlib.sha256(payload).hexdigest(),
-            size=len(payload),
-            created_unix=time.time(),
-            meta=dict(meta or {}),
-        )
-        self._pending = {f: s for f, s in self._pending.items() if not f.done()}
-        self._pending[self._writer.submit(self._write_counted, info, payload)] = step
+        _check_tensors(tensors, "tensors")
+        trainer_json = _trainer_bytes(trainer)
+        checked_meta = meta_dict(meta)
+        self._settle()
+        group = self._group()
+        rank, world = (0, 1) if group is None else (dist.get_rank(group), group.size())
+        partial = self.directory / f".ckpt-{step:012d}.{self._nonce(group)}.partial"
+        job = _Write(step, partial, trainer_json, checked_meta, time.time(), group, rank, world)
+        try:
+            started = dcp.async_save(
+                tensors, checkpoint_id=partial, process_group=group, no_dist=group is None
+            )
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(
+                f"checkpoint step {step} could not be staged in host memory: {_reason(exc)}"
+            ) from None
+        upload = started.upload_completion if isinstance(started, AsyncSaveResponse) else started
+        self._pending = self._writer.submit(self._finish_counted, job, upload)
+        self._pending_step = step
         if block:
             self.wait()
-        return info
+        return self.directory / _dir_name(step)
 
-    def _write_counted(self, info: CheckpointInfo, payload: bytes) -> None:
-        """The writer thread's job: write, and record the outcome instead of raising it, so a
-        failed write holds no traceback (and no payload) until someone waits."""
+    def _finish_counted(self, job: _Write, upload: Future[Any]) -> None:
+        """The writer thread's job: finish, and record the outcome instead of raising it."""
         try:
-            self._write(info, payload)
+            info = self._finish(job, upload)
         except CheckpointError as exc:
             self.failures += 1
             self.last_failure = self._unsuperseded = str(exc)
@@ -210,83 +374,151 @@ class CheckpointManager:
         self.last_complete = info
         self._unsuperseded = None
 
-    def _write(self, info: CheckpointInfo, payload: bytes) -> None:
-        if self._already_written(info):
-            return
-        manifest = {
-            "format": FORMAT,
-            "step": info.step,
-            "file": info.path.name,
-            "sha256": info.sha256,
-            "size": info.size,
-            "created_unix": info.created_unix,
-            "meta": info.meta,
-        }
+    def _finish(self, job: _Write, upload: Future[Any]) -> CheckpointInfo:
+        """Every rank: wait for DCP, hash a share of the files, gather; rank 0 publishes and
+        tells the others how it went (so every rank's `last_complete` agrees)."""
         try:
-            write_atomically(info.path, payload)
-        except OSError as exc:
-            raise self._write_error(info, exc) from exc
+            upload.result()  # DCP raises on every rank when any rank's write failed
+        except (Exception, CheckpointException) as exc:
+            if job.rank == 0:
+                _remove_tree(job.partial)
+            raise self._write_error(job.step, exc) from None
+        share = self._hash_share(job)
+        parts: list[Any] = [share]
+        if job.group is not None:
+            parts = [None] * job.world
+            dist.all_gather_object(parts, share, group=job.group)
+        outcome: list[Any] = [self._publish(job, parts) if job.rank == 0 else None]
+        if job.group is not None:
+            dist.broadcast_object_list(outcome, group=job.group, group_src=0)
+        if isinstance(outcome[0], str):
+            raise CheckpointError(outcome[0])
+        info: CheckpointInfo = outcome[0]
+        return info
+
+    @staticmethod
+    def _hash_share(job: _Write) -> list[FileEntry] | str:
+        """This rank's share of the staging directory's files, hashed (or why not)."""
         try:
-            write_atomically(info.manifest, json.dumps(manifest, indent=1).encode())
+            names = sorted(os.listdir(job.partial))
+            entries = []
+            for name in names[job.rank :: job.world]:
+                path = job.partial / check_name(name)
+                entries.append(FileEntry(name, path.lstat().st_size, file_sha256(path)))
+        except (OSError, CheckpointError) as exc:
+            return f"checkpoint step {job.step}: rank {job.rank} could not hash its files: {exc}"
+        return entries
+
+    def _publish(self, job: _Write, parts: list[Any]) -> CheckpointInfo | str:
+        """Rank 0: trainer.json, the directory renamed into place, then the manifest LAST."""
+        failed = [part for part in parts if isinstance(part, str)]
+        if failed:
+            _remove_tree(job.partial)
+            return failed[0]
+        files = [entry for part in parts for entry in part]
+        files.append(
+            FileEntry(TRAINER_FILE, len(job.trainer), hashlib.sha256(job.trainer).hexdigest())
+        )
+        manifest = Manifest(
+            format=FORMAT,
+            step=job.step,
+            created_unix=job.created_unix,
+            meta=job.meta,
+            files=tuple(files),
+            sha256=table_digest(files),
+            size=sum(f.size for f in files),
+            world_size=job.world,
+        )
+        final = self.directory / _dir_name(job.step)
+        manifest_path = self.directory / _manifest_name(job.step)
+        try:
+            write_atomically(job.partial / TRAINER_FILE, job.trainer)
+            manifest_path.unlink(missing_ok=True)  # the same step again: incomplete from here
+            _remove_tree(final)
+            os.replace(job.partial, final)
+            _fsync_dir(self.directory)
+            write_atomically(manifest_path, manifest_json(manifest))
         except OSError as exc:
-            info.path.unlink(missing_ok=True)
-            raise self._write_error(info, exc) from exc
-        self._prune()
-
-    def _already_written(self, info: CheckpointInfo) -> bool:
-        """The same step with the same content is complete on disk (a stop right after a periodic save)."""
-        existing = self._verified(info.step, warn=False)
-        return existing is not None and existing.sha256 == info.sha256
-
-    def _write_error(self, info: CheckpointInfo, exc: OSError) -> CheckpointError:
-        if is_disk_full(exc):
-            reason = "the disk is full (or the file size limit was hit)"
-            fix = "free space or point checkpoint.directory at a larger disk"
-        else:
-            reason = exc.strerror or str(exc)
-            fix = "check the directory's permissions and health"
-        return CheckpointError(
-            f"checkpoint step {info.step} ({info.size} bytes) could not be written to "
-            f"{self.directory}: {reason} [errno {exc.errno}]; older checkpoints are untouched — {fix}"
+            _remove_tree(job.partial)
+            if not manifest_path.exists():
+                _remove_tree(final)
+            return str(self._write_error(job.step, exc))
+        self._prune(job.step)
+        return CheckpointInfo(
+            step=job.step,
+            path=final,
+            manifest=manifest_path,
+            sha256=manifest.sha256,
+            size=manifest.size,
+            created_unix=job.created_unix,
+            meta=job.meta,
         )
 
-    def _prune(self) -> None:
-        """Drop checkpoints beyond `keep` and temp files a crashed writer left (writer thread only).
+    def _write_error(self, step: int, exc: BaseException) -> CheckpointError:
+        os_error = next((e for e in _causes(exc) if isinstance(e, OSError)), None)
+        if os_error is not None and is_disk_full(os_error):
+            reason = f"the disk is full (or the file size limit was hit) [errno {os_error.errno}]"
+            fix = "free space or point checkpoint.directory at a larger disk"
+        elif os_error is not None:
+            reason = f"{os_error.strerror or os_error} [errno {os_error.errno}]"
+            fix = "check the directory's permissions and health"
+        else:
+            reason = _reason(exc)
+            fix = "check every learner rank's log for the cause"
+        return CheckpointError(
+            f"checkpoint step {step} could not be written to {self.directory}: {reason}; "
+            f"older checkpoints are untouched — {fix}"
+        )
 
-        Only the writer prunes: a manager opened just to read (`latest`, `load`) from another
-        process must never delete a temp file the owning writer is filling.
-        """
+    def _prune(self, newest: int) -> None:
+        """Drop checkpoints beyond `keep`, staging leftovers of crashed writers and orphans older
+        than `newest` (writer thread, rank 0 only: a manager opened just to read must never
+        delete what the owning writer is filling)."""
         steps = sorted(self._manifest_steps(), reverse=True)
         for old in steps[self.keep :]:
-            (self.directory / _manifest_name(old)).unlink(missing_ok=True)
-            (self.directory / _data_name(old)).unlink(missing_ok=True)
-        for stale in self.directory.glob(".ckpt-*.tmp"):
-            stale.unlink(missing_ok=True)
+            self._remove(old)
+        kept = set(steps[: self.keep])
+        for entry in self.directory.iterdir():
+            orphan = _DIR.match(entry.name) or _DATA.match(entry.name)
+            if _STALE.match(entry.name) or (
+                orphan and int(orphan.group(1)) < newest and int(orphan.group(1)) not in kept
+            ):
+                _remove_tree(entry)
+
+    def _remove(self, step: int) -> None:
+        """Manifest first: from then on the step is incomplete, whatever is left of it."""
+        (self.directory / _manifest_name(step)).unlink(missing_ok=True)
+        _remove_tree(self.directory / _dir_name(step))
+        (self.directory / f"{_dir_name(step)}.pt").unlink(missing_ok=True)
+
+    def _settle(self) -> None:
+        """Wait for the write in flight; its failure stays recorded for `wait()`."""
+        pending, self._pending, self._pending_step = self._pending, None, None
+        if pending is not None:
+            pending.result()
 
     def wait(self) -> None:
-        """Block until every write so far is done; raise CheckpointError (once) if the newest
-        one failed. Failures before a later complete write are only counted."""
-        pending, self._pending = self._pending, {}
-        for future in pending:
-            future.result()
+        """Block until the write in flight is done; raise CheckpointError (once) if the newest
+        write failed. Failures before a later complete write are only counted."""
+        self._settle()
         failure, self._unsuperseded = self._unsuperseded, None
         if failure is not None:
             raise CheckpointError(failure)
 
     def close(self) -> None:
-        """Flush pending writes and stop the writer thread (raises like `wait`)."""
+        """Flush the pending write and stop the writer thread (raises like `wait`)."""
         try:
             self.wait()
         finally:
             self._writer.shutdown(wait=True)
 
-    # -- reading ---------------------------------------------------------------------------
+    # -- finding ---------------------------------------------------------------------------
 
     def _manifest_steps(self) -> list[int]:
         return [int(m.group(1)) for p in self.directory.iterdir() if (m := _MANIFEST.match(p.name))]
 
     def list_complete(self) -> list[CheckpointInfo]:
-        """Every verified checkpoint, newest first (reads and hashes every data file)."""
+        """Every verified checkpoint, newest first (hashes every file, once per manager)."""
         return [
             info
             for step in sorted(self._manifest_steps(), reverse=True)
@@ -294,56 +526,146 @@ class CheckpointManager:
         ]
 
     def latest(self) -> CheckpointInfo | None:
-        """The newest complete checkpoint; half-written or corrupt ones are skipped with a warning."""
+        """The newest complete checkpoint (either format); half-written or corrupt ones are
+        skipped with a warning."""
         found: CheckpointInfo | None = None
         for step in sorted(self._manifest_steps(), reverse=True):
             found = self._verified(step)
             if found is not None:
                 break
         for path in self.directory.iterdir():
-            m = _DATA.match(path.name)
-            if m and not (path.with_suffix(".json")).exists():
-                orphan = int(m.group(1))
-                if orphan not in self._pending.values() and (found is None or orphan > found.step):
-                    log.warning(
-                        "skipping checkpoint %s: its manifest is missing (write not finished)", path
-                    )
+            m = _DATA.match(path.name) or _DIR.match(path.name)
+            if m is None or (self.directory / _manifest_name(int(m.group(1)))).exists():
+                continue
+            orphan = int(m.group(1))
+            if orphan != self._pending_step and (found is None or orphan > found.step):
+                log.warning(
+                    "skipping checkpoint %s: its manifest is missing (write not finished)", path
+                )
         return found
 
     def _verified(self, step: int, warn: bool = True) -> CheckpointInfo | None:
-        """The checkpoint of `step` if its manifest and hash check out, else None (logged if `warn`)."""
-        report = log.warning if warn else log.debug
-        manifest_path = self.directory / _manifest_name(step)
+        """The checkpoint of `step` if its manifest and every file check out, else None."""
         try:
-            manifest = json.loads(manifest_path.read_text())
-            path = self.directory / manifest["file"]
-            if manifest["format"] != FORMAT or manifest["step"] != step:
-                raise ValueError(f"format {manifest['format']!r} step {manifest['step']!r}")
-            digest = _sha256_file(path)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            report("skipping checkpoint step %d: unreadable (%s)", step, exc)
+            return self._check(self._manifest(step))
+        except CheckpointError as exc:
+            (log.warning if warn else log.debug)("skipping checkpoint step %d: %s", step, exc)
             return None
-        if digest != manifest["sha256"]:
-            report(
-                "skipping checkpoint step %d: %s's sha256 does not match its manifest", step, path
-            )
-            return None
+
+    def _manifest(self, step: int) -> Manifest:
+        path = self.directory / _manifest_name(step)
+        return parse_manifest(read_bounded(path, MAX_MANIFEST_BYTES), step)
+
+    def _check(self, manifest: Manifest) -> CheckpointInfo:
+        """CheckpointInfo of a manifest whose files all exist, are plain and match it."""
+        if manifest.format == LEGACY_FORMAT:
+            path = self.directory / manifest.file
+            self._match(path, FileEntry(manifest.file, manifest.size, manifest.sha256), size=False)
+        else:
+            path = self.directory / _dir_name(manifest.step)
+            plain_directory(path)
+            for entry in manifest.files:
+                self._match(path / entry.path, entry)
         return CheckpointInfo(
-            step=step,
+            step=manifest.step,
             path=path,
-            manifest=manifest_path,
-            sha256=digest,
-            size=int(manifest["size"]),
-            created_unix=float(manifest["created_unix"]),
-            meta=dict(manifest.get("meta") or {}),
+            manifest=self.directory / _manifest_name(manifest.step),
+            sha256=manifest.sha256,
+            size=manifest.size,
+            created_unix=manifest.created_unix,
+            meta=manifest.meta,
+            format=manifest.format,
         )
 
-    def load(self, info: CheckpointInfo) -> dict[str, Any]:
-        """The state saved as `info`, after checking its hash; tensors come back on the CPU."""
+    def _match(self, path: Path, entry: FileEntry, size: bool = True) -> None:
+        """Raise unless `path` is a regular file with `entry`'s size and sha256 (hashes are
+        remembered per inode, size and times, so a file is read once per manager)."""
         try:
-            payload = info.path.read_bytes()
+            st = os.lstat(path)
         except OSError as exc:
-            raise CheckpointError(f"cannot read checkpoint {info.path}: {exc.strerror}") from exc
+            raise CheckpointError(f"unreadable: {path} is missing ({exc.strerror})") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{path} is not a regular file (a symlink?): refused")
+        if size and st.st_size != entry.size:
+            raise CheckpointError(f"{path}'s sha256 does not match its manifest (size differs)")
+        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        digest = self._digests.get(key) or file_sha256(path)
+        if digest != entry.sha256:
+            raise CheckpointError(f"{path}'s sha256 does not match its manifest")
+        self._digests[key] = digest
+
+    def _pinned(self, info: CheckpointInfo) -> Manifest:
+        """The manifest of `info`, re-read and required to be the one `info` was found with."""
+        manifest = self._manifest(info.step)
+        if manifest.format != info.format or manifest.sha256 != info.sha256:
+            raise CheckpointError(
+                f"checkpoint step {info.step} changed since it was found (its manifest no longer "
+                "matches): use latest() again"
+            )
+        return manifest
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def load_trainer(self, info: CheckpointInfo) -> dict[str, Any]:
+        """The JSON trainer state of `info` (format 1: the saved state without its tensors)."""
+        if info.format == LEGACY_FORMAT:
+            state = self.load_legacy(info)
+            return {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+        manifest = self._pinned(info)
+        entry = next(f for f in manifest.files if f.path == TRAINER_FILE)
+        path = info.path / TRAINER_FILE
+        data = read_bounded(path, MAX_TRAINER_BYTES)
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise CheckpointError(
+                f"{path} does not match its manifest's sha256: the checkpoint is corrupt; "
+                "use latest() to find the newest intact one"
+            )
+        return parse_trainer(data, path)
+
+    def load_tensors(self, info: CheckpointInfo, template: dict[str, Any]) -> None:
+        """COLLECTIVE (in a group): fill `template`'s tensors in place from `info`, resharded to
+        the template's layout whatever world size saved it. Every file is verified first."""
+        if info.format != FORMAT:
+            raise CheckpointError(
+                f"checkpoint {info.path} is format 1 (a single .pt file): read it with "
+                "load_legacy(), or restore_model_optimizer(), which reads both formats"
+            )
+        _check_tensors(template, "template")
+        self._settle()
+        manifest = self._pinned(info)
+        self._check(manifest)
+        names = frozenset(f.path for f in manifest.files)
+        metadata_sha = next(f.sha256 for f in manifest.files if f.path == METADATA_FILE)
+        group = self._group()
+        reader = _VerifiedReader(info.path, metadata_sha, names)
+        try:
+            dcp.load(
+                template,
+                storage_reader=reader,
+                planner=_TensorsOnlyPlanner(),
+                process_group=group,
+                no_dist=group is None,
+            )
+        except (Exception, CheckpointException) as exc:
+            ours = reader.refused or next(
+                (e for e in _causes(exc) if isinstance(e, CheckpointError)), None
+            )
+            if ours is not None:
+                raise CheckpointError(str(ours)) from None
+            raise CheckpointError(
+                f"checkpoint {info.path} does not fit what is being restored ({_reason(exc)}); "
+                "resume with the model and config it was saved with"
+            ) from None
+
+    def load_legacy(self, info: CheckpointInfo) -> dict[str, Any]:
+        """The state of a format-1 checkpoint (one torch.save file), after checking its hash;
+        tensors come back on the CPU and nothing but tensors and plain data is unpickled."""
+        if info.format != LEGACY_FORMAT:
+            raise CheckpointError(
+                f"checkpoint {info.path} is format {info.format} (a DCP directory): read it with "
+                "load_trainer() and load_tensors()"
+            )
+        payload = read_bounded(info.path, info.size)
         if hashlib.sha256(payload).hexdigest() != info.sha256:
             raise CheckpointError(
                 f"checkpoint {info.path} does not match its recorded sha256: it is corrupt; "
