@@ -355,12 +355,15 @@ def _stage_demonstrations(cfg: PipelineConfig, rec: Recorder) -> tuple[Demonstra
 
 
 def _checkpoint(rec: Recorder, model: PolicyModel, stage: str, step: int) -> dict[str, str]:
-    """Save the model into checkpoints/<stage>/ and describe the file for the manifest."""
+    """Save the model into checkpoints/<stage>/ and describe it for the manifest by its
+    checkpoint manifest file (which holds the sha256 of every file of the checkpoint)."""
     with CheckpointManager(rec.run_dir / "checkpoints" / stage, keep=1) as ckpt:
-        info = ckpt.save(
-            {"model": model.state_dict(), "spec": model.spec(), "stage": stage}, step, block=True
-        )
-    return rec.output(info.path, info.sha256)
+        trainer = {"policy_spec": model.spec(), "stage": stage}
+        ckpt.save({"model": model.state_dict()}, step, trainer, block=True)
+        info = ckpt.latest()
+    if info is None:
+        raise PipelineError(f"the {stage} checkpoint was not written; see the log for why")
+    return rec.output(info.manifest)
 
 
 def _stage_pretrain(

@@ -52,7 +52,7 @@ def test_gridworld_pipeline_records_every_stage(tmp_path):
     with CheckpointManager(run_dir / "checkpoints" / "ppo") as ckpt:
         latest = ckpt.latest()
         assert latest is not None
-        assert ckpt.load(latest)["stage"] == "ppo"
+        assert ckpt.load_trainer(latest)["stage"] == "ppo"
 
 
 @pytest.mark.timeout(180)
