@@ -39,11 +39,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from shoal.config import load
 from shoal.envs.vector import VectorEnvironment
-from shoal.learner.errors import WeightSyncError
+from shoal.errors import ConfigError
+from shoal.learner.errors import PolicyError, WeightSyncError
 from shoal.learner.fragment import Fragment
 from shoal.learner.journal import Journal
-from shoal.learner.policy import ActorCritic
+from shoal.learner.models import ModelConfig, PolicyModel, build_model
 from shoal.learner.seqranges import SeqRanges, ranges_json
 from shoal.learner.weight_sync import WeightAssembler
 from shoal.runtime.actor import Actor
@@ -71,7 +73,7 @@ class Collector:
         self,
         actor_id: str,
         env: VectorEnvironment,
-        policy: ActorCritic,
+        policy: PolicyModel,
         horizon: int,
         env_hash: str,
         seed: int | None = None,
@@ -91,7 +93,7 @@ class Collector:
 
     def set_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         """Adopt a complete policy version; takes effect from the next step."""
-        self.policy.set_weights({name: tensor.numpy() for name, tensor in weights.items()})
+        self.policy.set_weights(weights)
         self.policy_version = version
 
     def step(self, buf: _Buffers, t: int) -> None:
@@ -117,8 +119,8 @@ class Collector:
 
     def new_buffers(self) -> _Buffers:
         return _Buffers(
-            self.horizon, self.env.num_envs, self._obs.shape[1:], self._action_shape,
-            self._action_dtype,
+            self.horizon, self.env.num_envs, self._obs.shape[1:], self.policy.obs_dtype,
+            self._action_shape, self._action_dtype,
         )  # fmt: skip
 
     def finish(self, buf: _Buffers, version: int) -> Fragment:
@@ -161,11 +163,12 @@ class _Buffers:
         horizon: int,
         num_envs: int,
         obs_shape: tuple[int, ...],
+        obs_dtype: np.dtype[Any],
         action_shape: tuple[int, ...],
         action_dtype: type[np.generic],
     ) -> None:
         tn = (horizon, num_envs)
-        self.obs = np.empty((*tn, *obs_shape), dtype=np.float32)
+        self.obs = np.empty((*tn, *obs_shape), dtype=obs_dtype)
         self.actions = np.empty((*tn, *action_shape), dtype=action_dtype)
         self.logprobs = np.empty(tn, dtype=np.float32)
         self.values = np.empty(tn, dtype=np.float32)
@@ -189,7 +192,8 @@ class RolloutSpec:
     learner_path: str = ""
     """A fixed learner to feed; empty: the one `locate` names (see RolloutActor)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    hidden: tuple[int, ...] = (64, 64)
+    model: dict[str, Any] = field(default_factory=dict)
+    """The policy's `ModelConfig` fields (the job's `[model]` section); must match the learner's."""
     fragments_per_version: float = 0.0
     """This actor's share of what its learner consumes per policy version; 0 turns pacing off."""
     learner_rank: int = 0
@@ -272,11 +276,12 @@ class RolloutActor(Actor):
 
         spec = self.spec
         env = make_vector(spec.env_id, spec.num_envs, seed=spec.seed, **spec.env_kwargs)
-        shape = env.single_observation_space.shape
-        if shape is None:
+        try:
+            cfg = load(ModelConfig, spec.model, source="the rollout spec", environ={})
+            policy = build_model(cfg, env.single_observation_space, env.single_action_space)
+        except (ConfigError, PolicyError) as exc:
             env.close()
-            raise ActorError(f"{spec.env_id} has no observation shape; an MLP policy needs one")
-        policy = ActorCritic(shape, env.single_action_space, spec.hidden)
+            raise ActorError(f"{spec.name}: no policy for {spec.env_id}: {exc}") from exc
         # A fresh id per incarnation: sequence numbers restart at 0, so the learner's
         # exactly-once accounting must see a new actor, not duplicates.
         actor_id = f"{spec.name}#{os.urandom(4).hex()}"

@@ -8,15 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.envs.vector import make_vector
-from shoal.learner.policy import ActorCritic
+from shoal.learner.models import ModelConfig, build_model
 from shoal.learner.rollout import Collector, Pacer
 
 
 def _collector(num_envs: int = 4, horizon: int = 8, **env_kwargs: object) -> Collector:
     env = make_vector("CartPole-v1", num_envs, seed=1, **env_kwargs)
-    shape = env.single_observation_space.shape
-    assert shape is not None
-    policy = ActorCritic(shape, env.single_action_space)
+    policy = build_model(ModelConfig(), env.single_observation_space, env.single_action_space)
     return Collector("actor-a", env, policy, horizon, "hash", seed=1)
 
 
@@ -49,7 +47,8 @@ def test_time_limits_are_truncations_with_a_bootstrap_value() -> None:
 
 def test_new_weights_change_the_policy_and_the_version() -> None:
     collector = _collector()
-    other = ActorCritic((4,), collector.env.single_action_space)
+    env = collector.env
+    other = build_model(ModelConfig(), env.single_observation_space, env.single_action_space)
     collector.set_weights(7, other.state_dict())
     assert collector.policy_version == 7
     assert collector.collect().policy_version == 7

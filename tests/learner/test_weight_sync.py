@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from shoal.errors import ConfigError
 from shoal.learner.errors import WeightSyncError
 from shoal.learner.fragment import Fragment
-from shoal.learner.policy import ActorCritic
+from shoal.learner.models import ModelConfig, PolicyModel, build_model
 from shoal.learner.rollout import RolloutActor, RolloutSpec
 from shoal.learner.weight_sync import (
     FRAME_HEADROOM,
@@ -93,9 +93,10 @@ def test_a_full_bucket_message_fits_in_one_frame(frame: int) -> None:
 # -- the receiver, pure ---------------------------------------------------------------------
 
 
-def _model(hidden: tuple[int, ...] = (8, 8), seed: int = 0) -> ActorCritic:
+def _model(hidden: tuple[int, ...] = (8, 8), seed: int = 0) -> PolicyModel:
     torch.manual_seed(seed)
-    return ActorCritic((4,), spaces.Discrete(2), hidden)
+    cfg = ModelConfig(family="mlp", hidden=hidden)
+    return build_model(cfg, spaces.Box(-1.0, 1.0, (4,), np.float32), spaces.Discrete(2))
 
 
 def _params(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -174,7 +175,7 @@ def test_a_manifest_for_another_model_is_refused_before_allocating() -> None:
 
 
 @functools.cache
-def _small() -> tuple[ActorCritic, WeightSnapshot]:
+def _small() -> tuple[PolicyModel, WeightSnapshot]:
     model = _model()
     return model, WeightSnapshot.build(2, _params(model), lambda t: t, WeightSyncConfig())
 
@@ -299,7 +300,7 @@ async def learner(cfg: WeightSyncConfig) -> AsyncIterator[tuple[Learner, WeightB
 def _spec(name: str, learner_path: str, **changes: Any) -> RolloutSpec:
     return RolloutSpec(
         name=name, env_id="CartPole-v1", num_envs=2, horizon=4, seed=1,
-        learner_path=learner_path, hidden=HIDDEN, **changes,
+        learner_path=learner_path, model={"hidden": list(HIDDEN)}, **changes,
     )  # fmt: skip
 
 
