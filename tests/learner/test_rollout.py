@@ -90,3 +90,15 @@ def test_reset_on_registration_restarts_the_count(per_version: float) -> None:
     pacer.reset(40)
     assert pacer.produced == 0
     assert pacer.allowed(40)
+
+
+def test_fragments_carry_observations_in_the_model_obs_dtype() -> None:
+    env = make_vector("TokenRecall-v1", 2, seed=1)
+    cfg = ModelConfig(
+        family="causal-lm", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+        intermediate_size=64, max_positions=64,
+    )  # fmt: skip
+    policy = build_model(cfg, env.single_observation_space, env.single_action_space)
+    fragment = Collector("lm", env, policy, 4, "hash", seed=1).collect()
+    assert fragment.obs.dtype == np.int64
+    assert fragment.obs.shape == (4, 2, *env.single_observation_space.shape)
