@@ -443,3 +443,42 @@ def test_a_newer_version_supersedes_a_half_sent_one() -> None:
             assert all(torch.equal(sent[k], v) for k, v in _weights(held).items())
 
     run(main())
+
+
+@pytest.mark.timeout(120)
+def test_an_actor_without_weights_registers_again_and_collects_only_once_they_arrive() -> None:
+    cfg = WeightSyncConfig()
+
+    async def main() -> None:
+        async with learner(cfg) as (learn, broadcaster, path), node() as (system, _):
+            actor = RolloutActor(_spec("r", path, weights_timeout_s=0.3))
+            await system.spawn(lambda: actor, name="rollout")  # nothing published yet
+            await until(lambda: actor.registrations >= 3, "registering again without weights")
+            assert not learn.versions
+            broadcaster.publish(_snapshot(1, cfg))
+            await until(lambda: learn.versions, "fragments once version 1 arrived")
+            assert set(learn.versions) == {1}
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_learner_at_an_older_version_is_followed_not_its_predecessor() -> None:
+    cfg = WeightSyncConfig()
+
+    async def main() -> None:
+        async with learner(cfg) as (learn, old, path), node() as (system, _):
+            old.publish(_snapshot(5, cfg))
+            actor = RolloutActor(_spec("r", path))
+            await system.spawn(lambda: actor, name="rollout")
+            await until(lambda: learn.versions, "fragments at version 5")
+            restarted = WeightBroadcaster(cfg, source="incarnation-2")
+            restarted.publish(_snapshot(2, cfg))  # restored from an older checkpoint
+            learn.broadcaster = restarted
+            await until(lambda: learn.versions[-1] == 2, "fragments at the restored version 2")
+            await restarted.close()
+            assert actor.registrations == 2
+            sent = _model(HIDDEN, seed=2).state_dict()
+            assert all(torch.equal(sent[k], v) for k, v in _weights(actor).items())
+
+    run(main())
