@@ -54,6 +54,6 @@ def gathered_ledger_verdict(folders: Sequence[Path], checkpoints: Path) -> Verdi
     learners = [ledger for folder in folders for ledger in learner_ledgers(folder)]
     with CheckpointManager(checkpoints) as manager:
         info = manager.latest()
-        state = None if info is None else manager.load(info)
+        state = None if info is None else manager.load_trainer(info)
     final = None if state is None else state.get("trained_ranges", {})
     return invariants.fragment_ledger(rollouts, learners, final)

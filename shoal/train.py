@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import shutil
 import signal
 import time
@@ -280,40 +281,68 @@ class RunStatus:
 
 
 def find_checkpoint(path: Path) -> Any:
-    """The CheckpointInfo for a run dir, a checkpoints dir, or one checkpoint's .pt/.json file."""
+    """The CheckpointInfo for a run dir, a checkpoints dir, or one checkpoint: its directory
+    (format 2), its .pt file (format 1) or its manifest."""
     from shoal.learner.checkpoint import CheckpointManager
 
-    if path.is_dir():
+    if path.is_dir() and not _is_one_checkpoint(path):
         directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        info = CheckpointManager(directory).latest()
+        with CheckpointManager(directory) as manager:
+            info = manager.latest()
         if info is None:
             raise TrainError(f"no complete checkpoint in {directory}; train first or pick a file")
         return info
     if not path.exists():
         raise TrainError(f"checkpoint {path} does not exist")
-    for info in CheckpointManager(path.parent).list_complete():
-        if path in (info.path, info.manifest):
-            return info
+    wanted = path.resolve()
+    with CheckpointManager(path.parent) as manager:
+        for info in manager.list_complete():
+            if wanted in (info.path.resolve(), info.manifest.resolve()):
+                return info
     raise TrainError(
         f"{path} is not a complete checkpoint (missing manifest or hash mismatch); "
         "pass a run directory to use its newest complete one"
     )
 
 
+def _is_one_checkpoint(path: Path) -> bool:
+    """A format-2 checkpoint's own directory (`ckpt-<step>/` beside `ckpt-<step>.json`)."""
+    return bool(re.fullmatch(r"ckpt-\d{12}", path.name)) and path.with_suffix(".json").exists()
+
+
 def load_policy(path: Path) -> tuple[Any, dict[str, Any], Any]:
-    """(ActorCritic with the checkpoint's weights, the checkpoint state, its CheckpointInfo)."""
+    """(the policy with the checkpoint's weights, its trainer state, its CheckpointInfo). Either
+    format, whatever number of ranks saved it; no process group needed."""
     from shoal.learner.checkpoint import CheckpointManager
-    from shoal.learner.policy import ActorCritic
+    from shoal.learner.checkpoint_files import LEGACY_FORMAT
+    from shoal.learner.errors import PolicyError
+    from shoal.learner.models import model_from_spec
 
     info = find_checkpoint(path)
-    state = CheckpointManager(info.path.parent).load(info)
+    with CheckpointManager(info.path.parent) as manager:
+        if info.format == LEGACY_FORMAT:
+            state = manager.load_legacy(info)
+            trainer = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+        else:
+            trainer = manager.load_trainer(info)
+        try:
+            model = model_from_spec(trainer["policy_spec"])
+        except (KeyError, PolicyError) as exc:
+            raise TrainError(f"{info.path} is not a shoal training checkpoint ({exc})") from exc
+        if info.format == LEGACY_FORMAT:
+            weights = state.get("model")
+            if not isinstance(weights, dict):
+                raise TrainError(f"{info.path} is not a shoal training checkpoint (no model)")
+        else:
+            weights = {"model": model.state_dict()}
+            manager.load_tensors(info, weights)
+            weights = weights["model"]
     try:
-        model = ActorCritic.from_spec(state["policy_spec"])
-        model.load_state_dict(state["model"])
-    except KeyError as exc:
-        raise TrainError(f"{info.path} is not a shoal training checkpoint (no {exc})") from exc
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
+        raise TrainError(f"{info.path}'s weights do not fit its policy_spec: {exc}") from None
     model.eval()
-    return model, state, info
+    return model, trainer, info
 
 
 def evaluate_checkpoint(

@@ -417,3 +417,22 @@ def test_a_newer_format_2_checkpoint_wins_over_format_1(tmp_path: Path) -> None:
         manager.save({"w": torch.ones(2)}, 2, {"version": 2}, block=True)
         assert [(i.step, i.format) for i in manager.list_complete()] == [(2, 2), (1, 1)]
         assert manager.load_trainer(manager.latest()) == {"version": 2}
+
+
+def test_a_format_1_checkpoint_never_unpickles_arbitrary_objects(tmp_path: Path) -> None:
+    """A format-1 file whose hash matches but holds a pickled object: weights_only refuses it."""
+    from fractions import Fraction
+
+    manager = CheckpointManager(tmp_path)
+    write_format_1(tmp_path, 1, {"model": {}, "evil": Fraction(1, 3)})
+    forged = manager.latest()
+    assert forged is not None
+    assert forged.format == 1
+    with pytest.raises(CheckpointError, match="cannot be loaded"):
+        manager.load_legacy(forged)
+    with pytest.raises(CheckpointError, match="format 1"):
+        manager.load_tensors(forged, {})
+    manager.save({"w": torch.ones(1)}, 2, {}, block=True)
+    with pytest.raises(CheckpointError, match="format 2"):
+        manager.load_legacy(manager.latest())
+    manager.close()
