@@ -210,12 +210,14 @@ def sleeper_in(job_dir: Path, *argv: str) -> subprocess.Popen[bytes]:
 
 
 def test_stored_checkpoints_only_move_forward(hosts_job: ClusterJob) -> None:
+    import torch
+
     from shoal.learner.checkpoint import CheckpointManager
 
     assert hosts_job.newest_checkpoint() == 0
     with CheckpointManager(hosts_job.checkpoints) as manager:
         for step in (3, 7):
-            manager.save({"w": [step]}, step, block=True)
+            manager.save({"w": torch.full((1,), float(step))}, step, {}, block=True)
     assert hosts_job.newest_checkpoint() == 7
     append(node_dir(hosts_job, "n1"), {"time": 2.0, "event": "checkpoint", "step": 7})
     verdict = hosts_job.checkpoints_forward([0, 3, 7])
