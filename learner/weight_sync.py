@@ -11,7 +11,8 @@ of a sharded tensor is a collective; only the publishing rank keeps what it buil
 
     broadcaster = WeightBroadcaster(cfg.weight_sync, source=incarnation)
     # after each update (rank 0; other ranks: WeightSnapshot.take_part(params, gather)):
-    snapshot = WeightSnapshot.build(version, list(model.state_dict().items()), gather, cfg.weight_sync)
+    snapshot = WeightSnapshot.build(version, list(model.state_dict().items()), gather,
+                                    cfg.weight_sync, max_frame_bytes=transport.max_frame_bytes)
     broadcaster.publish(snapshot)              # newest wins: older in-flight transfers stop
     broadcaster.add(actor_id, ref)             # in `register`: the actor gets the current snapshot
     broadcaster.remove(actor_id)               # an actor that is gone
