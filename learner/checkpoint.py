@@ -385,12 +385,20 @@ class CheckpointManager:
             raise self._write_error(job.step, exc) from None
         share = self._hash_share(job)
         parts: list[Any] = [share]
-        if job.group is not None:
-            parts = [None] * job.world
-            dist.all_gather_object(parts, share, group=job.group)
-        outcome: list[Any] = [self._publish(job, parts) if job.rank == 0 else None]
-        if job.group is not None:
-            dist.broadcast_object_list(outcome, group=job.group, group_src=0)
+        outcome: list[Any] = [None]
+        try:
+            if job.group is not None:
+                parts = [None] * job.world
+                dist.all_gather_object(parts, share, group=job.group)
+            outcome = [self._publish(job, parts) if job.rank == 0 else None]
+            if job.group is not None:
+                dist.broadcast_object_list(outcome, group=job.group, group_src=0)
+        except RuntimeError as exc:  # a peer rank died or timed out mid-save
+            raise CheckpointError(
+                f"checkpoint step {job.step}: rank {job.rank} lost its peers while finishing "
+                f"the write ({_reason(exc)}); no manifest was written — the group restarts "
+                "from the newest complete checkpoint"
+            ) from None
         if isinstance(outcome[0], str):
             raise CheckpointError(outcome[0])
         info: CheckpointInfo = outcome[0]
@@ -443,7 +451,10 @@ class CheckpointManager:
             if not manifest_path.exists():
                 _remove_tree(final)
             return str(self._write_error(job.step, exc))
-        self._prune(job.step)
+        try:
+            self._prune(job.step)
+        except OSError as exc:  # the new checkpoint is complete; pruning waits for the next one
+            log.warning("pruning old checkpoints in %s failed: %s", self.directory, exc)
         return CheckpointInfo(
             step=job.step,
             path=final,
