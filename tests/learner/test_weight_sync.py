@@ -282,6 +282,7 @@ async def node(**options: Any) -> AsyncIterator[tuple[ActorSystem, Transport]]:
         try:
             yield system, transport
         finally:
+            await system.stop()  # actors first: none re-registers through a closed transport
             await transport.close()
 
 
