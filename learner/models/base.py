@@ -120,13 +120,6 @@ class PolicyModel(nn.Module):
             entropy = (0.5 + 0.5 * _LOG_2PI + self.log_std).sum().expand(out.shape[0])
         return logp, entropy, values
 
-    def evaluate_actions(
-        self, obs: torch.Tensor, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`self(obs, actions)`, under the name ppo.py used before models had `forward`."""
-        logp, entropy, values = self(obs, actions)
-        return logp, entropy, values
-
     def enable_activation_checkpointing(self) -> None:
         """Recompute each shard unit's activations in backward instead of keeping them.
 

@@ -181,3 +181,29 @@ def test_a_causal_lm_policy_plays_token_recall():
         actions, _, _ = policy.act(obs)
         obs = env.step(actions).obs
     assert obs.dtype == np.int64
+
+
+@pytest.mark.slow
+def test_ppo_teaches_a_tiny_causal_lm_token_recall():
+    """The task is learnable through the real rollout Collector and PPOLearner: a 2-layer
+    Qwen2 of width 32 goes from guessing (1/4) to recalling the token after the marker."""
+    from shoal.learner.ppo import PPOConfig, PPOLearner
+    from shoal.learner.rollout import Collector
+
+    torch.manual_seed(0)
+    env = make_vector("TokenRecall-v1", 64, seed=0)
+    model = build_model(tiny("qwen2", vocab_size=8, max_positions=16), env.single_observation_space,
+                        env.single_action_space)  # fmt: skip
+    learner = PPOLearner(
+        model, PPOConfig(lr=2e-3, num_minibatches=4, update_epochs=4, ent_coef=0.0)
+    )
+    collector = Collector("lm", env, model, 16, "token-recall", seed=1)
+    first = collector.collect()
+    assert first.obs.dtype == np.int64
+    assert first.rewards.mean() < 0.5
+    fragment = first
+    for version in range(16):
+        learner.update([fragment], current_version=version)
+        collector.policy_version = version + 1
+        fragment = collector.collect()
+    assert fragment.rewards.mean() > 0.7
