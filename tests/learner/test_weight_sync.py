@@ -373,6 +373,12 @@ def test_a_corrupt_or_foreign_version_is_refused_and_the_last_one_kept() -> None
             await until(
                 lambda: _stats(actor)["weights_refused"] == 2, "the foreign version refused"
             )
+            hostile = learn.context.system.ref(actor.ref.path)  # a peer sending garbage
+            await hostile.tell.weights_begin(9, {"tensors": "x" * 1000, "source": "incarnation-1"})
+            await hostile.tell.weights_begin(-1, [1, 2])
+            await hostile.tell.weights_bucket(9, 0, np.zeros(10, np.uint8), 0)
+            await hostile.tell.weights_commit("9")
+            await until(lambda: _stats(actor)["weights_refused"] == 4, "the garbage refused")
             count = len(learn.versions)
             await until(lambda: len(learn.versions) > count + 2, "collecting on version 1")
             assert set(learn.versions) == {1}
