@@ -342,6 +342,15 @@ class LearnerGroup:
         self._collective(lambda: dist.all_gather_object(parts, value))
         return parts
 
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of `value` over the ranks (PPO's `kl_sync`: every rank stops at the same
+        epoch); `value` itself in a group of one."""
+        if self.world_size == 1:
+            return value
+        total = value.detach().clone()
+        self._collective(lambda: dist.all_reduce(total, op=dist.ReduceOp.SUM))
+        return total / self.world_size
+
     def all_agree(self, flag: bool) -> bool:
         """True on every rank if `flag` is True on any rank (e.g. "stop now")."""
         if self.world_size == 1:

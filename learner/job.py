@@ -136,7 +136,7 @@ def rollout_specs(cfg: TrainConfig, env_id: str, worker: int) -> list[dict[str, 
                 "horizon": cfg.rollout.horizon,
                 "seed": cfg.seed + 1000 * (worker * cfg.rollout.actors_per_worker + a + 1),
                 "learner_rank": ranks[name],
-                "hidden": list(cfg.hidden),
+                "model": asdict(cfg.model),
                 "fragments_per_version": pace_share(cfg),
             }
         )

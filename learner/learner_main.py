@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -50,7 +51,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from shoal.learner.buffer import Intake
 from shoal.learner.checkpoint import CheckpointInfo, CheckpointManager
@@ -62,12 +62,22 @@ from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
 from shoal.learner.job import checkpoint_dir
 from shoal.learner.job_metrics import MetricsTarget, loss_name, post_forever, post_once
 from shoal.learner.journal import open_learner_journal
+from shoal.learner.models import build_model
+from shoal.learner.parallel import (
+    Parallelized,
+    ShardingOptions,
+    full_tensor,
+    parallelize,
+    plan_parallelism,
+    rank_memory_bytes,
+    training_bytes,
+)
 from shoal.learner.peers import LEARNER_ROLE, Publication, PublishedRendezvous
-from shoal.learner.policy import ActorCritic
 from shoal.learner.ppo import PPOLearner
 from shoal.learner.seqranges import SeqRanges, ranges_by_actor, ranges_json
+from shoal.learner.train_state import model_optimizer_state, restore_model_optimizer
+from shoal.learner.weight_sync import WeightBroadcaster, WeightSnapshot
 from shoal.runtime.actor import Actor
-from shoal.runtime.errors import ActorError, MailboxFull, WireError
 from shoal.runtime.ref import ActorRef
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import Transport, TransportConfig
@@ -90,7 +100,8 @@ class LearnerCore:
     """Everything one rank knows; the actor and the training loop share it on the loop thread.
 
     Only `train_step` (run in a worker thread) touches the model and optimiser while an update
-    runs; the loop thread reads `published`, a snapshot taken between updates.
+    runs; the loop thread streams the weights of each version from a host snapshot taken
+    between updates (`WeightBroadcaster`).
     """
 
     def __init__(
@@ -108,14 +119,16 @@ class LearnerCore:
         self.group = group
         self.run_dir = run_dir
         probe = make_vector(env_id, 1, seed=cfg.seed, **cfg.env_kwargs)
-        obs_shape = probe.single_observation_space.shape
+        observation_space = probe.single_observation_space
         action_space = probe.single_action_space
         probe.close()
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # every rank initialises identically (FSDP2 relies on it)
         self.device = _device(group)
-        self.model = ActorCritic(obs_shape or (), action_space, cfg.hidden).to(self.device)
-        self.ppo = PPOLearner(self.model, cfg.ppo)
+        self.policy = build_model(cfg.model, observation_space, action_space).to(self.device)
+        self.parallel: Parallelized | None = None
+        self._ppo: PPOLearner | None = None
         self.incarnation = os.urandom(6).hex()
+        self.weights = WeightBroadcaster(cfg.weight_sync, source=self.incarnation)
         self.journal = open_learner_journal(run_dir / "accounting", group.rank, self.incarnation)
         self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness, self.journal)
         self.checkpoints = CheckpointManager(checkpoint_dir(cfg, run_dir), keep=cfg.checkpoint.keep)
@@ -139,7 +152,33 @@ class LearnerCore:
         self.phases: dict[str, float] = {"process": process_started_at()}
         """Wall-clock times (epoch seconds) of this incarnation's start-up steps: where a
         restart's seconds go (docs/training.md). Written to the start event and the status."""
-        self.published: dict[str, np.ndarray] = self.model.get_weights()
+
+    # -- the model across the group -------------------------------------------------------------
+
+    def shard(self) -> None:
+        """Hold the model as the group's placement allows (a collective: after `join`).
+        Every rank reports its island; the plan is the same on all of them."""
+        island = os.environ.get("SHOAL_TASK_ISLAND") or socket.gethostname()
+        islands = [str(i) for i in self.group.all_gather(island)]
+        memory = rank_memory_bytes(self.device, islands.count(island))
+        learner = self.cfg.learner
+        plan = plan_parallelism(learner.sharding, islands, training_bytes(self.policy), memory)
+        log.info("rank %d holds the model as %s: %s", self.group.rank, plan.strategy, plan.reason)
+        options = ShardingOptions(
+            mixed_precision=learner.mixed_precision,
+            cpu_offload=learner.cpu_offload,
+            activation_checkpointing=learner.activation_checkpointing,
+        )
+        self.parallel = parallelize(self.policy, plan, self.device, options)
+        self._ppo = PPOLearner(
+            self.parallel.module, self.cfg.ppo, self.policy, self.parallel.forward_context
+        )
+
+    @property
+    def ppo(self) -> PPOLearner:
+        if self._ppo is None:
+            raise LearnerError("shard() the model across the group before training")
+        return self._ppo
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -148,23 +187,40 @@ class LearnerCore:
         `serve` calls it once the group has formed: by then the previous incarnation's rank 0
         has released the group's address, so its final checkpoint is complete and every rank
         of the new group reads the same one."""
-        info = self.checkpoints.latest()
+        info = self._agreed_checkpoint()
         if info is None:
             return None
-        state = self.checkpoints.load(info)
-        self.model.load_state_dict(state["model"])
-        self.ppo.optimizer.load_state_dict(state["optimizer"])
-        self.version = int(state["version"])
-        self.env_steps = self.base_env_steps = int(state["env_steps"])
-        self.trained_steps = int(state["trained_steps"])
-        self.episodes = int(state["episodes"])
-        self.returns.extend(float(r) for r in state["returns"])
-        self.base_ranges = ranges_by_actor(state.get("trained_ranges", {}))
+        trainer = self.checkpoints.load_trainer(info)
+        restore_model_optimizer(self.ppo.model, self.ppo.optimizer, self.checkpoints, info)
+        self.version = int(trainer["version"])
+        self.env_steps = self.base_env_steps = int(trainer["env_steps"])
+        self.trained_steps = int(trainer["trained_steps"])
+        self.episodes = int(trainer["episodes"])
+        self.returns.extend(float(r) for r in trainer["returns"])
+        self.base_ranges = ranges_by_actor(trainer.get("trained_ranges", {}))
         self.journal.append({"resumed_from": str(info.path), "base": ranges_json(self.base_ranges)})
         self.intake.set_version(self.version)
-        self.published = self.model.get_weights()
         self.resumed_from = info
         return info
+
+    def _agreed_checkpoint(self) -> CheckpointInfo | None:
+        """Rank 0's newest complete checkpoint, which every rank then loads (a collective
+        load of different checkpoints would mix them). A rank that cannot see it (storage
+        not yet consistent on its host) fails the group's start rather than diverge."""
+        mine = self.checkpoints.latest()
+        step = self.group.all_gather(None if mine is None else mine.step)[0]
+        if step is None:
+            return None
+        if mine is not None and mine.step == step:
+            return mine
+        found = next((c for c in self.checkpoints.list_complete() if c.step == step), None)
+        if found is None:
+            raise LearnerError(
+                f"rank {self.group.rank} cannot find checkpoint step {step}, which rank 0 "
+                f"resumes from, in {self.checkpoints.directory}: is checkpoint.storage mounted "
+                "on every host?"
+            )
+        return found
 
     def request_checkpoint(self) -> None:
         """On demand (SIGUSR1): rank 0 saves after the update in progress."""
@@ -173,16 +229,7 @@ class LearnerCore:
     def gather_trained(self) -> dict[str, SeqRanges]:
         """Every rank's trained sequence numbers merged with the resumed checkpoint's: what a
         checkpoint saved now holds. A collective: every rank calls it after the same update."""
-        local = ranges_json(self.intake.trained_seqs)
-        parts: list[Any] = [local]
-        if self.group.world_size > 1:
-            parts = [None] * self.group.world_size
-            try:
-                dist.all_gather_object(parts, local)
-            except RuntimeError as exc:
-                raise GroupError(
-                    f"rank {self.group.rank} could not gather trained ranges (a peer is gone): {exc}"
-                ) from exc
+        parts = self.group.all_gather(ranges_json(self.intake.trained_seqs))
         merged = {actor: SeqRanges(r.to_json()) for actor, r in self.base_ranges.items()}
         for part in parts:
             for actor, ranges in ranges_by_actor(part).items():
@@ -207,11 +254,11 @@ class LearnerCore:
         name = f"learner-{self.group.rank}-{self.incarnation}.json"
         write_json_atomically(folder / name, self.ledger(final))
 
-    def save_checkpoint(self, trained: dict[str, SeqRanges], block: bool = False) -> CheckpointInfo:
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.ppo.optimizer.state_dict(),
-            "policy_spec": self.model.spec(),
+    def save_checkpoint(self, trained: dict[str, SeqRanges], block: bool = False) -> None:
+        """Every rank writes its shards (a collective); rank 0 the trainer state and, once
+        all are written, the manifest that makes the checkpoint complete."""
+        trainer = {
+            "policy_spec": self.policy.spec(),
             "version": self.version,
             "env_steps": self.env_steps,
             "trained_steps": self.trained_steps,
@@ -228,9 +275,9 @@ class LearnerCore:
         }
         if self.returns:
             meta["mean_return"] = float(np.mean(self.returns))
-        info = self.checkpoints.save(state, self.version, meta=meta, block=block)
+        tensors = model_optimizer_state(self.ppo.model, self.ppo.optimizer)
+        self.checkpoints.save(tensors, self.version, trainer, meta=meta, block=block)
         self.schedule.mark_saved()
-        return info
 
     @property
     def complete_checkpoint(self) -> CheckpointInfo | None:
@@ -254,27 +301,23 @@ class LearnerCore:
         if cfg.learner.anneal_lr and cfg.max_env_steps:
             frac = max(0.0, 1.0 - self.env_steps / cfg.max_env_steps)
             self.ppo.set_lr(max(cfg.ppo.lr * frac, cfg.ppo.lr * 1e-3))
-        sync = self.group.grad_sync if self.group.world_size > 1 else None
-        self.metrics = self.ppo.update(fragments, self.version, sync)
+        self.metrics = self.ppo.update(fragments, self.version, self.group.mean)
         self.trained_steps += sum(f.num_steps for f in fragments)
         agreed = self.group.all_agree(stop)
         due = self.group.is_leader and (self.schedule.due() or self.checkpoint_requested)
         return agreed, self.group.all_agree(due)
 
-    def publish(self) -> None:
-        """Advance the version and send the new weights to every registered rollout actor."""
-        self.version += 1
+    def snapshot(self, version: int) -> WeightSnapshot:
+        """The weights as `version`, in host buckets gathered tensor by tensor from the shards
+        (call from a worker thread: for a sharded model each gather is a collective)."""
+        tensors = list(self.policy.state_dict().items())
+        return WeightSnapshot.build(version, tensors, full_tensor, self.cfg.weight_sync)
+
+    def publish(self, snapshot: WeightSnapshot) -> None:
+        """Advance the version and stream it to every registered rollout actor."""
+        self.version = snapshot.version
         self.intake.set_version(self.version)
-        self.published = self.model.get_weights()
-        for actor_id, ref in list(self.actors.items()):
-            try:
-                ref.tell_nowait.set_weights(self.version, self.published)
-            except MailboxFull:
-                continue  # its link is busy: it gets the next version instead
-            except (ActorError, WireError) as exc:
-                # Its next push reply says it is unregistered, so it registers again.
-                log.info("dropping rollout actor %s from publishing: %s", actor_id, exc)
-                del self.actors[actor_id]
+        self.weights.publish(snapshot)
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -305,6 +348,8 @@ class LearnerCore:
             "journal_held_bytes": self.journal.held,
             "ledger": self.intake.ledger(),
             "phases": self.phases,
+            "parallel": None if self.parallel is None else self.parallel.plan.strategy,
+            "weight_sync": self.weights.stats(),
         }
 
     def mark(self, phase: str) -> None:
@@ -377,8 +422,10 @@ class LearnerActor(Actor):
     def register(self, actor_id: str, path: str) -> dict[str, Any]:
         """A rollout actor announces itself; it gets the current weights, version, incarnation."""
         core = self.core
-        core.actors[actor_id] = self.context.system.ref(path)
-        return {"incarnation": core.incarnation, "version": core.version, "weights": core.published}
+        ref = self.context.system.ref(path)
+        core.actors[actor_id] = ref
+        core.weights.add(actor_id, ref)
+        return {"incarnation": core.incarnation, "version": core.version}
 
     async def push_fragment(self, payload: Any) -> dict[str, Any]:
         """Take one fragment; the reply waits while the intake is full (back-pressure)."""
@@ -465,15 +512,15 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
         if fragments is None:
             return
         agreed, checkpoint = await asyncio.to_thread(core.train_step, fragments, stopping.is_set())
-        core.publish()
+        core.publish(await asyncio.to_thread(core.snapshot, core.version + 1))
         core.mark("trained")
         if checkpoint:
             trained = await asyncio.to_thread(core.gather_trained)
+            reason = "on demand" if core.checkpoint_requested else "periodic"
+            core.checkpoint_requested = False
+            await asyncio.to_thread(core.save_checkpoint, trained)
             if core.group.is_leader:
-                reason = "on demand" if core.checkpoint_requested else "periodic"
-                core.checkpoint_requested = False
-                info = core.save_checkpoint(trained)
-                event = {"event": "checkpoint", "step": info.step, "reason": reason}
+                event = {"event": "checkpoint", "step": core.version, "reason": reason}
                 unless_disk_full("a checkpoint event", partial(append_event, core.run_dir, event))
         now = time.monotonic()
         if now - last_ledger >= LEDGER_EVERY_S:
@@ -528,9 +575,10 @@ async def serve(
                 core.checkpoints.close()
                 return 0
             core.mark("joined")
-            resumed = core.restore()
+            await asyncio.to_thread(core.shard)
+            resumed = await asyncio.to_thread(core.restore)
             core.mark("restored")
-            await asyncio.to_thread(_broadcast, group, core)
+            core.weights.publish(await asyncio.to_thread(core.snapshot, core.version))
             core.mark("ready")
             await system.spawn(LearnerActor, core, name=LEARNER_NAME, mailbox_size=4096)
             write_json_atomically(
@@ -564,9 +612,9 @@ async def serve(
             if metrics is not None and group.is_leader:
                 await post_once(metrics, core.status(), cfg.target_window)
             trained = await asyncio.to_thread(core.gather_trained)
+            await asyncio.to_thread(core.save_checkpoint, trained, True)
             if group.is_leader:
-                info = core.save_checkpoint(trained, block=True)
-                append_event(run_dir, {"event": "stop", "rank": group.rank, "step": info.step})
+                append_event(run_dir, {"event": "stop", "rank": group.rank, "step": core.version})
             write_json_atomically(run_dir / f"status-{group.rank}.json", core.status())
             core.publish_progress(final=True)
             core.write_ledger(final=True)
@@ -574,6 +622,7 @@ async def serve(
             log.error("rank %d: the group broke (%s); leaving", group.rank, exc)
             raise
         finally:
+            await core.weights.close()
             await close_transport(transport)
     core.checkpoints.close()
     group.leave()
@@ -638,11 +687,6 @@ async def close_transport(transport: Transport) -> None:
         await asyncio.wait_for(transport.close(), CLOSE_LIMIT_S)
     except TimeoutError:
         log.info("the transport did not close within %.1f s; exiting anyway", CLOSE_LIMIT_S)
-
-
-def _broadcast(group: LearnerGroup, core: LearnerCore) -> None:
-    group.broadcast_module(core.model)
-    core.published = core.model.get_weights()
 
 
 async def listen(system: ActorSystem, config: TransportConfig, retry_s: float) -> Transport:

@@ -38,7 +38,7 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
             learner_path=str(value.get("learner_path", "")),
             learner_rank=int(value.get("learner_rank", 0)),
             env_kwargs=dict(value.get("env_kwargs") or {}),
-            hidden=tuple(int(h) for h in value.get("hidden", (64, 64))),
+            model=dict(value.get("model") or {}),
             fragments_per_version=float(value.get("fragments_per_version", 0.0)),
         )
     except (KeyError, TypeError, ValueError) as exc:

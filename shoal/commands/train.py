@@ -35,6 +35,17 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "island when it fits)",
     )
     parser.add_argument(
+        "--sharding",
+        choices=("auto", "replicate", "fsdp", "hsdp"),
+        help="how the learner ranks hold the model: replicated (DDP), sharded (FSDP2), or "
+        "sharded inside NVLink islands and replicated across them (HSDP); auto: by size",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="FAMILY",
+        help="the policy's model family: auto, mlp, cnn, causal-lm, or package.module:factory",
+    )
+    parser.add_argument(
         "--checkpoint-storage",
         type=Path,
         help="a directory every host of the cluster mounts at this path; checkpoints go there "
@@ -102,7 +113,12 @@ def build_config(args: argparse.Namespace) -> Any:
     }
     sections = {
         "rollout": {"workers": args.workers, "num_envs": args.envs},
-        "learner": {"ranks": args.ranks, "gpus_per_rank": args.gpus_per_rank},
+        "learner": {
+            "ranks": args.ranks,
+            "gpus_per_rank": args.gpus_per_rank,
+            "sharding": args.sharding,
+        },
+        "model": {"family": args.model},
         "checkpoint": {
             "interval_s": args.checkpoint_interval,
             "storage": None
@@ -146,7 +162,7 @@ def find_coordinators(args: argparse.Namespace) -> Any:
 
 # flags of the PPO job that the pipeline has no use for: an error, not silently ignored
 NOT_FOR_PIPELINE = ("time_limit", "target_return", "max_env_steps", "workers", "envs", "ranks",
-                    "gpus_per_rank", "checkpoint_storage",
+                    "gpus_per_rank", "sharding", "model", "checkpoint_storage",
                     "checkpoint_interval", "cluster", "coordinators", "token_file",
                     "max_restarts", "restart_window")  # fmt: skip
 
