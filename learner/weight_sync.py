@@ -6,11 +6,12 @@ every sync all-or-nothing. Here a version travels as `weights_begin(version, man
 Buckets are flat byte buffers cut from the tensors in order (a tensor bigger than a bucket spans
 several), each at most `bucket_mb` and always under the frame cap, each with a CRC-32.
 
-The learner side, from `learner_main.py` (every rank runs `build`, in the same order: the gather
-of a sharded tensor is a collective; only the publishing rank keeps what it built)::
+The learner side, from `learner_main.py` (every rank runs `build` with the same tensors in the
+same order: the gather of a sharded tensor is a collective; each rank then publishes to its own
+rollout actors)::
 
     broadcaster = WeightBroadcaster(cfg.weight_sync, source=incarnation)
-    # after each update (rank 0; other ranks: WeightSnapshot.take_part(params, gather)):
+    # after each update, on every rank:
     snapshot = WeightSnapshot.build(version, list(model.state_dict().items()), gather,
                                     cfg.weight_sync, max_frame_bytes=transport.max_frame_bytes)
     broadcaster.publish(snapshot)              # newest wins: older in-flight transfers stop
@@ -230,15 +231,6 @@ class WeightSnapshot:
         }
         checksums = [checksum(bucket) for bucket in buckets]
         return cls(version, manifest, buckets, checksums, time.perf_counter() - started)
-
-    @staticmethod
-    def take_part(
-        params: Sequence[tuple[str, torch.Tensor]], gather: Callable[[torch.Tensor], torch.Tensor]
-    ) -> None:
-        """What a rank that does not publish runs instead of `build`: the same gathers (collectives
-        for sharded tensors) in the same order, keeping nothing."""
-        for _, tensor in params:
-            gather(tensor)
 
 
 class _Transfer(NamedTuple):
