@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from shoal.learner.errors import LearnerError
+from shoal.learner.models.base import PolicyModel
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class Parallelized:
     (the DDP or FSDP2 wrapper), `policy` the model itself (its spec, its checks)."""
 
     def __init__(
-        self, module: nn.Module, policy: nn.Module, plan: ParallelPlan, autocast: bool
+        self, module: nn.Module, policy: PolicyModel, plan: ParallelPlan, autocast: bool
     ) -> None:
         self.module = module
         self.policy = policy
@@ -141,12 +142,12 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def parallelize(
-    policy: nn.Module, plan: ParallelPlan, device: torch.device, options: ShardingOptions
+    policy: PolicyModel, plan: ParallelPlan, device: torch.device, options: ShardingOptions
 ) -> Parallelized:
     """Wrap `policy` (already on `device`, identically initialised on every rank) per `plan`."""
     mixed = options.mixed_precision and device.type == "cuda"
     if options.activation_checkpointing:
-        policy.enable_activation_checkpointing()  # type: ignore[operator]
+        policy.enable_activation_checkpointing()
     if plan.strategy == "single":
         return Parallelized(policy, policy, plan, autocast=mixed)
     if plan.strategy == "replicate":
@@ -159,10 +160,15 @@ def parallelize(
 
 
 def _fully_shard(
-    policy: nn.Module, plan: ParallelPlan, device: torch.device, mixed: bool, offload: bool
+    policy: PolicyModel, plan: ParallelPlan, device: torch.device, mixed: bool, offload: bool
 ) -> None:
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     if plan.strategy == "hsdp":
         # Row i is island i's shard group; column j, rank j of every island, a replica group.
@@ -170,16 +176,15 @@ def _fully_shard(
         mesh = DeviceMesh(device.type, ranks, mesh_dim_names=("replicate", "shard"))
     else:
         mesh = DeviceMesh(device.type, torch.tensor(plan.layout[0]), mesh_dim_names=("shard",))
-    kwargs: dict[str, object] = {"mesh": mesh}
-    if mixed:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
-        )
-    if offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
-    for unit in policy.shard_units():  # type: ignore[operator]
-        fully_shard(unit, **kwargs)  # type: ignore[arg-type]
-    fully_shard(policy, **kwargs)  # type: ignore[arg-type]
+    mp_policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if mixed
+        else MixedPrecisionPolicy()
+    )
+    offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    for unit in policy.shard_units():
+        fully_shard(unit, mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
+    fully_shard(policy, mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
 
 
 def rank_memory_bytes(device: torch.device, ranks_on_host: int) -> int:

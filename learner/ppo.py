@@ -28,8 +28,9 @@ import torch
 from torch import nn
 
 from shoal.errors import ConfigError
-from shoal.learner.errors import BadFragment
+from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
+from shoal.learner.models.base import PolicyModel
 from shoal.learner.parallel import full_tensor
 
 MetricSync = Callable[[torch.Tensor], torch.Tensor]
@@ -250,13 +251,17 @@ class PPOLearner:
         self,
         model: nn.Module,
         cfg: PPOConfig,
-        policy: nn.Module | None = None,
+        policy: PolicyModel | None = None,
         forward_context: Callable[[], contextlib.AbstractContextManager[Any]] = (
             contextlib.nullcontext
         ),
     ) -> None:
         self.model = model
-        self.policy = model if policy is None else policy
+        if policy is None:
+            if not isinstance(model, PolicyModel):
+                raise LearnerError("PPOLearner needs the policy itself beside a wrapped model")
+            policy = model
+        self.policy = policy
         self.cfg = cfg
         self.forward_context = forward_context
         self.optimizer = torch.optim.AdamW(
@@ -304,7 +309,8 @@ class PPOLearner:
                 f"update() got {batch.size} steps, fewer than ppo.num_minibatches = "
                 f"{cfg.num_minibatches}: collect more steps per update or use fewer minibatches"
             )
-        self.policy.check_fragment(fragments[0].obs_shape, fragments[0].actions)  # type: ignore[operator]
+        first = fragments[0]
+        self.policy.check_fragment(first.obs_shape, first.actions, first.obs.dtype)
         order = torch.arange(batch.size, device=self.device)
         with torch.no_grad():
             prox_logp = torch.cat(
