@@ -351,14 +351,25 @@ class LearnerGroup:
         self._collective(lambda: dist.all_reduce(total, op=dist.ReduceOp.SUM))
         return total / self.world_size
 
+    def total(self, count: int) -> int:
+        """The sum of `count` over the ranks (every rank gets the same number)."""
+        if self.world_size == 1:
+            return count
+        value = torch.tensor([count], dtype=torch.int64, device=self._device)
+        self._collective(lambda: dist.all_reduce(value, op=dist.ReduceOp.SUM))
+        return int(value.item())
+
     def all_agree(self, flag: bool) -> bool:
         """True on every rank if `flag` is True on any rank (e.g. "stop now")."""
         if self.world_size == 1:
             return flag
-        device = "cuda" if self.backend == "nccl" else "cpu"
-        value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._device)
         self._collective(lambda: dist.all_reduce(value, op=dist.ReduceOp.MAX))
         return bool(value.item())
+
+    @property
+    def _device(self) -> str:
+        return "cuda" if self.backend == "nccl" else "cpu"
 
     def _collective(self, call: Callable[[], object]) -> None:
         if not self._joined:

@@ -137,6 +137,9 @@ def rollout_specs(cfg: TrainConfig, env_id: str, worker: int) -> list[dict[str, 
                 "seed": cfg.seed + 1000 * (worker * cfg.rollout.actors_per_worker + a + 1),
                 "learner_rank": ranks[name],
                 "model": asdict(cfg.model),
+                # A version's transfer may take its deadline; an actor waits twice that for
+                # its first before it registers again.
+                "weights_timeout_s": 2 * cfg.weight_sync.deadline_s,
                 "fragments_per_version": pace_share(cfg),
             }
         )

@@ -193,10 +193,11 @@ class LearnerCore:
         trainer = self.checkpoints.load_trainer(info)
         restore_model_optimizer(self.ppo.model, self.ppo.optimizer, self.checkpoints, info)
         self.version = int(trainer["version"])
-        self.env_steps = self.base_env_steps = int(trainer["env_steps"])
-        self.trained_steps = int(trainer["trained_steps"])
-        self.episodes = int(trainer["episodes"])
-        self.returns.extend(float(r) for r in trainer["returns"])
+        if self.group.is_leader:  # the group's totals; the other ranks count from 0 on top
+            self.env_steps = self.base_env_steps = int(trainer["env_steps"])
+            self.trained_steps = int(trainer["trained_steps"])
+            self.episodes = int(trainer["episodes"])
+            self.returns.extend(float(r) for r in trainer["returns"])
         self.base_ranges = ranges_by_actor(trainer.get("trained_ranges", {}))
         self.journal.append({"resumed_from": str(info.path), "base": ranges_json(self.base_ranges)})
         self.intake.set_version(self.version)
@@ -256,13 +257,16 @@ class LearnerCore:
 
     def save_checkpoint(self, trained: dict[str, SeqRanges], block: bool = False) -> None:
         """Every rank writes its shards (a collective); rank 0 the trainer state and, once
-        all are written, the manifest that makes the checkpoint complete."""
+        all are written, the manifest that makes the checkpoint complete. The step and
+        episode counts are the group's: each rank counts its own actors'."""
+        mine = (self.env_steps, self.trained_steps, self.episodes)
+        env_steps, trained_steps, episodes = (self.group.total(n) for n in mine)
         trainer = {
             "policy_spec": self.policy.spec(),
             "version": self.version,
-            "env_steps": self.env_steps,
-            "trained_steps": self.trained_steps,
-            "episodes": self.episodes,
+            "env_steps": env_steps,
+            "trained_steps": trained_steps,
+            "episodes": episodes,
             "returns": list(self.returns),
             "config": asdict(self.cfg),
             "env_id": self.env_id,
@@ -271,7 +275,7 @@ class LearnerCore:
         meta: dict[str, str | int | float | bool] = {
             "env_id": self.env_id,
             "version": self.version,
-            "env_steps": self.env_steps,
+            "env_steps": env_steps,
         }
         if self.returns:
             meta["mean_return"] = float(np.mean(self.returns))
@@ -299,7 +303,8 @@ class LearnerCore:
         and whether rank 0 wants a checkpoint (every rank then gathers its trained ranges)."""
         cfg = self.cfg
         if cfg.learner.anneal_lr and cfg.max_env_steps:
-            frac = max(0.0, 1.0 - self.env_steps / cfg.max_env_steps)
+            # The group's steps, so every rank steps with the same learning rate.
+            frac = max(0.0, 1.0 - self.group.total(self.env_steps) / cfg.max_env_steps)
             self.ppo.set_lr(max(cfg.ppo.lr * frac, cfg.ppo.lr * 1e-3))
         self.metrics = self.ppo.update(fragments, self.version, self.group.mean)
         self.trained_steps += sum(f.num_steps for f in fragments)

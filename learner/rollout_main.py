@@ -39,6 +39,7 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
             learner_rank=int(value.get("learner_rank", 0)),
             env_kwargs=dict(value.get("env_kwargs") or {}),
             model=dict(value.get("model") or {}),
+            weights_timeout_s=float(value.get("weights_timeout_s", 120.0)),
             fragments_per_version=float(value.get("fragments_per_version", 0.0)),
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -27,6 +27,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "node",
     "train",
     "eval",
+    "export",
     "chaos",
     "completion",
     "console",

@@ -208,6 +208,7 @@ def export_pretrained(model: PolicyModel, directory: Path) -> Path:
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
+    _transformers().utils.logging.disable_progress_bar()  # one line of ours says it is done
     model.lm.save_pretrained(directory, safe_serialization=True)
     head = {k: v.detach().cpu().contiguous() for k, v in model.value_head.state_dict().items()}
     save_file(head, str(directory / VALUE_HEAD_FILE))

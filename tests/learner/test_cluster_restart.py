@@ -66,6 +66,13 @@ def _wait(what: str, check: Any, deadline: float, proc: subprocess.Popen[str]) -
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _status(run_dir: Path, rank: int) -> dict[str, Any]:
+    try:
+        return dict(json.loads((run_dir / f"status-{rank}.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
 def _learner_starts(run_dir: Path) -> list[dict[str, Any]]:
     return [
         e for e in _events(run_dir) if e.get("event") == "start" and e.get("process") == "learner"
@@ -73,9 +80,11 @@ def _learner_starts(run_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    ("victim", "sig", "whys"),
+    ("victim", "sig", "whys", "sharding"),
     [
-        (1, signal.SIGKILL, ("task {job}-learner-1 failed: killed by SIGKILL",)),
+        (1, signal.SIGKILL, ("task {job}-learner-1 failed: killed by SIGKILL",), "replicate"),
+        # Mid-FSDP2 step: rank 1 dies inside the update's collectives, rank 0 is left in them.
+        (1, signal.SIGKILL, ("task {job}-learner-1 failed: killed by SIGKILL",), "fsdp"),
         # As when rank 0's node daemon dies (its children get SIGTERM): rank 0 stops cleanly
         # while its job runs, rank 1 stops with it but was not asked to (status 3); whichever
         # report reaches the leader first names the group's restart.
@@ -86,19 +95,25 @@ def _learner_starts(run_dir: Path) -> list[dict[str, Any]]:
                 "task {job}-learner-0 stopped: exited with status 0",
                 "task {job}-learner-1 failed: exited with status 3",
             ),
+            "replicate",
         ),
     ],
-    ids=["sigkill-rank1", "sigterm-rank0"],
+    ids=["sigkill-rank1", "sigkill-rank1-fsdp", "sigterm-rank0"],
 )
 def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
-    cluster: LocalCluster, tmp_path: Path, victim: int, sig: signal.Signals, whys: tuple[str, ...]
+    cluster: LocalCluster,
+    tmp_path: Path,
+    victim: int,
+    sig: signal.Signals,
+    whys: tuple[str, ...],
+    sharding: str,
 ) -> None:
     run_dir = tmp_path / "run"
     argv = [
         sys.executable, "-m", "shoal", "train", "cartpole", "--cluster", str(cluster.run_dir),
         "--run-dir", str(run_dir), "--ranks", "2", "--workers", "2", "--time-limit", "200",
         "--target-return", "100000", "--checkpoint-interval", "1", "--quiet", "--json",
-        "--no-eval",
+        "--no-eval", "--sharding", sharding,
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -116,6 +131,13 @@ def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
         )
         assert first
         old = {e["rank"]: e for e in _learner_starts(run_dir)}
+        _wait(
+            "both ranks training",
+            lambda: all(_status(run_dir, r).get("version", 0) > 0 for r in (0, 1)),
+            deadline,
+            proc,
+        )
+        assert _status(run_dir, 0)["parallel"] == sharding
         os.kill(old[victim]["pid"], sig)
         killed_at = time.time()
         new = _wait(

@@ -25,8 +25,10 @@ def train(run_dir: Path, ranks: int, max_steps: int) -> dict[str, Any]:
         "--quiet", "--json", "--no-eval",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=500)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 1, done.stderr[-3000:]  # 1: stopped unsolved, as asked
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["stopped_by"] == "max_env_steps"
+    return dict(summary)
 
 
 def learner_starts(run_dir: Path) -> list[dict[str, Any]]:
@@ -38,23 +40,32 @@ def status(run_dir: Path, rank: int) -> dict[str, Any]:
     return json.loads((run_dir / f"status-{rank}.json").read_text())
 
 
+def resumed(run_dir: Path, rank: int, previous: dict[str, Any]) -> dict[str, Any]:
+    """This run's start event of `rank`, checked to have resumed from the previous run's final
+    checkpoint; rank 0 takes over the group's counts, the others count on top of them."""
+    pid = status(run_dir, rank)["pid"]
+    starts = [e for e in learner_starts(run_dir) if e["pid"] == pid]
+    assert starts
+    start = starts[0]
+    assert start["resumed_from"] == previous["checkpoint"]
+    trainer = json.loads((Path(start["resumed_from"]) / "trainer.json").read_text())
+    assert start["step"] == trainer["version"] == previous["checkpoint_step"] > 0
+    assert start["env_steps"] == (trainer["env_steps"] if rank == 0 else 0)
+    assert trainer["env_steps"] > 0
+    return start
+
+
 def test_two_ranks_to_one_and_back_resume_the_sharded_checkpoint(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     first = train(run_dir, ranks=2, max_steps=6000)
     assert status(run_dir, 0)["parallel"] == "fsdp"
-    steps_after_first = first["env_steps"]
 
-    second = train(run_dir, ranks=1, max_steps=steps_after_first + 6000)
-    one = [e for e in learner_starts(run_dir) if e["pid"] == status(run_dir, 0)["pid"]]
-    assert one
-    assert one[0]["resumed_from"], "the 1-rank run did not resume"
-    assert one[0]["env_steps"] >= steps_after_first
+    second = train(run_dir, ranks=1, max_steps=first["env_steps"] + 6000)
+    one = resumed(run_dir, 0, first)
     assert status(run_dir, 0)["parallel"] == "single"
 
     train(run_dir, ranks=2, max_steps=second["env_steps"] + 6000)
-    again = [e for e in learner_starts(run_dir) if e["pid"] == status(run_dir, 1)["pid"]]
-    assert again
-    assert again[0]["resumed_from"]
-    assert again[0]["env_steps"] >= second["env_steps"]
+    for rank in (0, 1):
+        resumed(run_dir, rank, second)
     assert status(run_dir, 0)["parallel"] == "fsdp"
-    assert status(run_dir, 0)["version"] > one[0]["step"] > 0
+    assert status(run_dir, 0)["version"] > one["step"]
