@@ -72,6 +72,8 @@ class Intake:
         self.capacity = capacity
         self.max_staleness = max_staleness
         self.version = 0
+        self.source = ""
+        self.lineage_version = 0
         self.accounts: dict[str, ActorAccount] = {}
         self.trained_seqs: dict[str, SeqRanges] = {}
         self.stale_seqs: dict[str, SeqRanges] = {}
@@ -94,11 +96,21 @@ class Intake:
     def queued_steps(self) -> int:
         return self._queued_steps
 
+    def set_lineage(self, source: str, version: int) -> None:
+        """This learner's weights are `source`'s, which started from version `version` (the
+        checkpoint it resumed from; 0 for a fresh start, every rank initialised alike)."""
+        self.source = source
+        self.lineage_version = version
+
     def is_stale(self, fragment: Fragment) -> bool:
-        """Too old, or newer than this learner: made by a previous incarnation's weights
-        (the learner restarted from an older checkpoint), so its version means nothing here."""
+        """Too old, newer than this learner, or made by another incarnation's weights past
+        the version this learner resumed from: versions up to that one are the same weights
+        in both lineages, later ones branched off (the old incarnation went on without a
+        checkpoint), so their number says nothing about how stale they are."""
         lag = self.version - fragment.policy_version
-        return lag > self.max_staleness or lag < 0
+        foreign = fragment.policy_source != self.source
+        branched = foreign and fragment.policy_version > self.lineage_version
+        return lag > self.max_staleness or lag < 0 or branched
 
     def offer(self, fragment: Fragment) -> Admission:
         """Admit or drop one fragment now; raises IntakeFull (counting nothing) when full."""

@@ -26,7 +26,14 @@ _STEP_ARRAYS: dict[str, type[np.generic]] = {
 }
 OBS_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int64))
 """What observations travel as: float32 (mlp), uint8 images (cnn), int64 token ids (causal-lm)."""
-_SCALARS: dict[str, type] = {"actor_id": str, "seq": int, "policy_version": int, "env_hash": str}
+_SCALARS: dict[str, type] = {
+    "actor_id": str,
+    "seq": int,
+    "policy_version": int,
+    "env_hash": str,
+    "policy_source": str,
+}
+MAX_SOURCE_CHARS = 64
 
 
 @dataclass
@@ -57,6 +64,10 @@ class Fragment:
     final_values: np.ndarray
     episode_returns: np.ndarray
     episode_lengths: np.ndarray
+    policy_source: str = ""
+    """The learner incarnation whose weights acted (empty: none known). A version number only
+    means something within one lineage of weights: after a restart from a checkpoint at
+    version V, the old incarnation's V+1 is not the new one's (see Intake.is_stale)."""
 
     def __post_init__(self) -> None:
         self._validate()
@@ -102,6 +113,11 @@ class Fragment:
             value = getattr(self, name)
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise BadFragment(f"fragment.{name} must be {kind.__name__}, got {value!r}")
+        if len(self.policy_source) > MAX_SOURCE_CHARS:
+            raise BadFragment(
+                f"fragment.policy_source has {len(self.policy_source)} characters, at most "
+                f"{MAX_SOURCE_CHARS}"
+            )
         if self.seq < 0 or self.policy_version < 0:
             raise BadFragment(
                 f"fragment.seq and policy_version must be >= 0, got {self.seq}, {self.policy_version}"

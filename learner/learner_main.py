@@ -131,6 +131,7 @@ class LearnerCore:
         self.weights = WeightBroadcaster(cfg.weight_sync, source=self.incarnation)
         self.journal = open_learner_journal(run_dir / "accounting", group.rank, self.incarnation)
         self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness, self.journal)
+        self.intake.set_lineage(self.incarnation, 0)
         self.checkpoints = CheckpointManager(checkpoint_dir(cfg, run_dir), keep=cfg.checkpoint.keep)
         self.publication = publication or Publication()
         self._progress_at = -math.inf
@@ -201,6 +202,7 @@ class LearnerCore:
         self.base_ranges = ranges_by_actor(trainer.get("trained_ranges", {}))
         self.journal.append({"resumed_from": str(info.path), "base": ranges_json(self.base_ranges)})
         self.intake.set_version(self.version)
+        self.intake.set_lineage(self.incarnation, self.version)
         self.resumed_from = info
         return info
 

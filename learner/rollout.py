@@ -84,6 +84,7 @@ class Collector:
         self.horizon = horizon
         self.env_hash = env_hash
         self.policy_version = 0
+        self.policy_source = ""
         self.seq = 0
         self.env_steps = 0
         self._obs = env.reset(seed)
@@ -91,10 +92,14 @@ class Collector:
         self._action_shape: tuple[int, ...] = tuple(getattr(space, "shape", None) or ())
         self._action_dtype = np.float32 if self._action_shape else np.int64
 
-    def set_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
-        """Adopt a complete policy version; takes effect from the next step."""
+    def set_weights(
+        self, version: int, weights: Mapping[str, torch.Tensor], source: str = ""
+    ) -> None:
+        """Adopt a complete policy version of learner incarnation `source`; takes effect from
+        the next step."""
         self.policy.set_weights(weights)
         self.policy_version = version
+        self.policy_source = source
 
     def step(self, buf: _Buffers, t: int) -> None:
         """Act and step once, writing row `t` of the fragment being built."""
@@ -129,6 +134,7 @@ class Collector:
             actor_id=self.actor_id,
             seq=self.seq,
             policy_version=version,
+            policy_source=self.policy_source,
             env_hash=self.env_hash,
             obs=buf.obs,
             actions=buf.actions,
@@ -472,7 +478,7 @@ class RolloutActor(Actor):
             return
         version, source, weights = pending
         if source != self._held_source or version > collector.policy_version:
-            collector.set_weights(version, weights)
+            collector.set_weights(version, weights, source)
             self._held_source = source
 
     async def _push(self, learner: ActorRef, fragment: Fragment) -> bool:

@@ -15,12 +15,15 @@ from shoal.learner.fragment import Fragment
 from shoal.learner.seqranges import SeqRanges
 
 
-def fragment(actor: str = "a", seq: int = 0, version: int = 0, t: int = 2, n: int = 3) -> Fragment:
+def fragment(
+    actor: str = "a", seq: int = 0, version: int = 0, t: int = 2, n: int = 3, source: str = ""
+) -> Fragment:
     z = np.zeros((t, n), np.float32)
     return Fragment(
         actor_id=actor,
         seq=seq,
         policy_version=version,
+        policy_source=source,
         env_hash="h",
         obs=np.zeros((t, n, 4), np.float32),
         actions=np.zeros((t, n), np.int64),
@@ -177,3 +180,39 @@ def _ledger_matches_counts(intake: Intake, trained: set[tuple[str, int]]) -> Non
         assert not kinds["trained"] & kinds["stale"]
         assert not kinds["queued"] & (kinds["trained"] | kinds["stale"])
         assert len(ledger["duplicate"].get(actor, SeqRanges())) <= account.duplicates
+
+
+def test_a_restarted_learner_counts_versions_by_lineage() -> None:
+    """Resumed at version 5 as incarnation "new": the old incarnation's versions up to 5 are
+    the same weights (their lag counts), its later ones branched off and are stale whatever
+    their number, and the new lineage's own versions count as usual."""
+    intake = Intake(capacity=8, max_staleness=4)
+    intake.set_lineage("new", 5)
+    intake.set_version(7)
+    assert intake.offer(fragment("a", 0, version=5, source="old")) is Admission.ACCEPTED
+    assert intake.offer(fragment("a", 1, version=3, source="old")) is Admission.ACCEPTED
+    assert intake.offer(fragment("a", 2, version=6, source="old")) is Admission.STALE
+    assert intake.offer(fragment("a", 3, version=7, source="old")) is Admission.STALE
+    assert intake.offer(fragment("a", 4, version=6, source="new")) is Admission.ACCEPTED
+    assert intake.offer(fragment("a", 5, version=2, source="old")) is Admission.STALE  # lag 5
+
+
+@given(
+    lineage=st.integers(0, 20),
+    current=st.integers(0, 40),
+    version=st.integers(0, 40),
+    same=st.booleans(),
+    staleness=st.integers(0, 8),
+)
+def test_staleness_by_lineage_properties(lineage, current, version, same, staleness) -> None:
+    intake = Intake(capacity=1, max_staleness=staleness)
+    intake.set_lineage("me", lineage)
+    intake.set_version(current)
+    stale = intake.is_stale(fragment(version=version, source="me" if same else "other"))
+    lag = current - version
+    if not 0 <= lag <= staleness:
+        assert stale
+    elif same or version <= lineage:
+        assert not stale
+    else:
+        assert stale
