@@ -145,13 +145,18 @@ def _param_total(model: nn.Module) -> int:
 
 
 def step_memory(task: dict[str, Any]) -> dict[str, Any]:
-    """Peak resident memory of one training step, unsharded (world 1) or under FSDP2."""
+    """Peak resident memory of one training step, unsharded (world 1) or under FSDP2, and
+    the process's own before the model (torch, transformers and the group set up)."""
+    from transformers import Qwen2ForCausalLM  # noqa: F401 - its import is not the model's
+
+    before = peak_rss_bytes()
     trainer = Trainer(task)
     start = time.perf_counter()
     trainer.step()
     return {
         "params": _param_total(trainer.model),
         "peak_rss": peak_rss_bytes(),
+        "process_rss": before,
         "step_s": time.perf_counter() - start,
     }
 
@@ -223,15 +228,17 @@ def wire_bytes(model: nn.Module, dtype: torch.dtype) -> int:
 def baseline_sync(task: dict[str, Any]) -> dict[str, Any]:
     """Rank 0 sends the model's parameters in the wire dtype to rank 1, twice per case: with
     torch.distributed.broadcast over gloo, then over a plain TCP socket on 127.0.0.1 (the
-    ceiling). Both times run from the fp32 parameters to the last byte received."""
+    ceiling). Both times run from the fp32 parameters to the last byte received; the best of
+    `repeats` of each."""
     rank = dist.get_rank()
     results = []
     for case in task["cases"]:
         model = build_policy(case["shape"], 64)
         dtype = getattr(torch, case["dtype"])
         total = wire_bytes(model, dtype)
-        gloo_s = _gloo_broadcast(model, dtype, total, task["bucket_bytes"], rank)
-        tcp_s = _tcp_send(model, dtype, total, task["bucket_bytes"], rank, case["port"])
+        bucket, repeats = task["bucket_bytes"], range(task["repeats"])
+        gloo_s = min(_gloo_broadcast(model, dtype, total, bucket, rank) for _ in repeats)
+        tcp_s = min(_tcp_send(model, dtype, total, bucket, rank, case["port"]) for _ in repeats)
         results.append(
             {
                 "params": _param_total(model),
@@ -294,38 +301,38 @@ def _tcp_send(
     return elapsed
 
 
-def _state(trainer: Trainer) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
-    return {"model": model_state, "optim": optim_state}
-
-
 def _checksum(model: nn.Module) -> float:
     from shoal.learner.parallel import full_tensor
 
     return float(sum(full_tensor(p.detach()).double().sum().item() for p in model.parameters()))
 
 
+TRAINER_STATE = {"version": 1, "bench": "shoal bench learner"}
+
+
 def dcp_save(task: dict[str, Any]) -> dict[str, Any]:
-    """Two ranks under FSDP2 after one step save model + AdamW state with DCP: blocking, then
-    asynchronously (how long the call holds the step, and how long until it is on disk)."""
-    import torch.distributed.checkpoint as dcp
+    """Two ranks under FSDP2, after one step, save model + AdamW state through shoal's
+    CheckpointManager (DCP, each rank its shards, then the hashed manifest): blocking, then
+    asynchronously (how long the call holds the step, and how long until it is complete)."""
+    from shoal.learner.checkpoint import CheckpointManager
+    from shoal.learner.train_state import model_optimizer_state
 
     trainer = Trainer(task)
     trainer.step()
-    root = Path(task["directory"])
-    dist.barrier()
-    start = time.perf_counter()
-    dcp.save(_state(trainer), checkpoint_id=str(root / "blocking"))
-    blocking = time.perf_counter() - start
-    dist.barrier()
-    start = time.perf_counter()
-    future = dcp.async_save(_state(trainer), checkpoint_id=str(root / "async"))
-    held = time.perf_counter() - start
-    future.result()  # type: ignore[union-attr]
-    async_total = time.perf_counter() - start
-    dist.barrier()
+    with CheckpointManager(task["directory"]) as manager:
+        dist.barrier()
+        start = time.perf_counter()
+        manager.save(
+            model_optimizer_state(trainer.model, trainer.optimizer), 1, TRAINER_STATE, block=True
+        )
+        blocking = time.perf_counter() - start
+        dist.barrier()
+        start = time.perf_counter()
+        manager.save(model_optimizer_state(trainer.model, trainer.optimizer), 2, TRAINER_STATE)
+        held = time.perf_counter() - start
+        manager.wait()
+        async_total = time.perf_counter() - start
+        dist.barrier()
     return {
         "params": _param_total(trainer.model),
         "blocking_s": blocking,
@@ -336,15 +343,15 @@ def dcp_save(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def dcp_load(task: dict[str, Any]) -> dict[str, Any]:
-    """One rank loads what two ranks saved (resharding 2 → 1), beside torch.save/torch.load
-    of the same state, unsharded, in the same process."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    """One rank resumes from what two ranks saved (the newest checkpoint found and every file
+    hashed against its manifest, then DCP resharding 2 -> 1), beside torch.save/torch.load of
+    the same state, unsharded, in the same process."""
+    from shoal.learner.checkpoint import CheckpointManager
+    from shoal.learner.train_state import restore_model_optimizer
 
     trainer = Trainer(task)
     trainer.step()
-    root = Path(task["directory"])
-    plain = root / "plain.pt"
+    plain = Path(task["directory"]).parent / "plain.pt"
     start = time.perf_counter()
     torch.save(
         {"model": trainer.model.state_dict(), "optim": trainer.optimizer.state_dict()}, plain
@@ -356,22 +363,22 @@ def dcp_load(task: dict[str, Any]) -> dict[str, Any]:
     trainer.optimizer.load_state_dict(loaded["optim"])
     torch_load = time.perf_counter() - start
     del loaded
-    start = time.perf_counter()
-    state = _state(trainer)
-    dcp.load(state, checkpoint_id=str(root / "blocking"), no_dist=True)
-    set_state_dict(
-        trainer.model,
-        trainer.optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optim"],
-    )
-    resharded = time.perf_counter() - start
+    with CheckpointManager(task["directory"]) as manager:
+        start = time.perf_counter()
+        info = manager.latest()
+        if info is None:
+            raise RuntimeError(f"no complete checkpoint in {task['directory']}")
+        found = time.perf_counter() - start
+        restore_model_optimizer(trainer.model, trainer.optimizer, manager, info)
+        resharded = time.perf_counter() - start
     return {
         "torch_save_s": torch_save,
         "torch_load_s": torch_load,
+        "verify_s": found,
         "dcp_load_s": resharded,
         "checksum": _checksum(trainer.model),
         "bytes_torch": plain.stat().st_size,
+        "bytes_dcp": info.size,
     }
 
 
