@@ -16,6 +16,8 @@ from typing import Any
 from shoal.learner.group import GroupError
 from shoal.task_exchange import publish, read_peers, wait_for_peer
 
+LEARNER_NAME = "learner"
+"""The name of the actor every learner rank serves on its transport."""
 LEARNER_ROLE = "learner"
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from shoal.learner.errors import LearnerError
-from shoal.learner.learner_main import append_event
+from shoal.learner.events import append_event
 from shoal.learner.rollout import RolloutActor, RolloutSpec
 
 
@@ -49,8 +49,7 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
 def locator(spec: RolloutSpec) -> Callable[[], str | None]:
     """Where the actor's learner rank is now: its fixed path, else the address the rank
     last published."""
-    from shoal.learner.learner_main import LEARNER_NAME
-    from shoal.learner.peers import learner_address
+    from shoal.learner.peers import LEARNER_NAME, learner_address
 
     def locate() -> str | None:
         if spec.learner_path:

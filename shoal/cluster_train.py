@@ -385,7 +385,7 @@ class ClusterRun:
         return job_tasks(self.job_id, learners, rollouts, learner, rollout)
 
     def _submit(self, tasks: list[dict[str, Any]]) -> None:
-        from shoal.learner.learner_main import append_event
+        from shoal.learner.events import append_event
 
         spec = {
             "placement": "auto",
@@ -422,7 +422,7 @@ class ClusterRun:
     def run(self, started: float | None = None) -> TrainResult:
         """Submit, watch and stop the job; `started` (time.monotonic()) is when the run began
         (before its cluster started, for an embedded one). Ctrl-C is an orderly stop."""
-        from shoal.learner.learner_main import append_event
+        from shoal.learner.events import append_event
 
         tasks = self._lay_out()
         started = time.monotonic() if started is None else started
@@ -616,7 +616,7 @@ class ClusterRun:
             if not any(t.get("state") in ACTIVE for t in tasks):
                 return
             time.sleep(POLL_S)
-        from shoal.learner.learner_main import append_event
+        from shoal.learner.events import append_event
 
         # Not raised: an error that ended the run early (no rank ever started) matters more.
         append_event(self.run_dir, {"event": "stop_timeout", "job": self.job_id})

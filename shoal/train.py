@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from shoal.learner.config import TrainConfig
     from shoal.local import LocalCluster
 
-LEARNER_NAME = "learner"
 MIN_FREE_BYTES = 16 << 20
 """Free space a run directory needs to start: journals, logs and a few small checkpoints."""
 

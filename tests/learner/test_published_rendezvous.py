@@ -159,7 +159,7 @@ def test_collectives_are_bound_to_the_interface_holding_the_nodes_address(
     ("value", "gpu"), [("3,5", 3), ("0", 0), ("", None), ("x", None), (" 7 ,1", 7)]
 )
 def test_a_rank_trains_on_the_first_gpu_its_placement_gave_it(value: str, gpu: int | None) -> None:
-    from shoal.learner.learner_main import assigned_gpu
+    from shoal.learner.trainer import assigned_gpu
 
     assert assigned_gpu({"SHOAL_TASK_GPUS": value}) == gpu
 
