@@ -326,21 +326,27 @@ class RolloutActor(Actor):
         except WeightSyncError as exc:
             self._refused(exc)
 
-    def weights_bucket(self, version: int, index: int, data: np.ndarray, checksum: int) -> None:
-        """One bucket of the version being received; a bad one drops that version."""
+    async def weights_bucket(
+        self, version: int, index: int, data: np.ndarray, checksum: int
+    ) -> None:
+        """One bucket of the version being received; a bad one drops that version. Checked
+        and copied in a worker thread (CRC-32 and numpy copies release the GIL): hundreds of
+        MB per bucket would otherwise hold the event loop, and with it the link's pings and
+        the environment steps, for a fraction of a second each."""
         if self._assembler is None:
             return
         try:
-            self._assembler.bucket(version, index, data, checksum)
+            await asyncio.to_thread(self._assembler.bucket, version, index, data, checksum)
         except WeightSyncError as exc:
             self._refused(exc)
 
-    def weights_commit(self, version: int) -> None:
-        """The version is complete: it becomes the pending one, adopted between steps."""
+    async def weights_commit(self, version: int) -> None:
+        """The version is complete: it becomes the pending one, adopted between steps (its
+        tensors are cast to the local dtypes in a worker thread)."""
         if self._assembler is None:
             return
         try:
-            done = self._assembler.commit(version)
+            done = await asyncio.to_thread(self._assembler.commit, version)
         except WeightSyncError as exc:
             self._refused(exc)
             return

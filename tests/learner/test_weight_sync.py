@@ -262,7 +262,7 @@ class HeldRollout(RolloutActor):
         if version in self.held and not self.gate.is_set():
             self.holding.set()
             await self.gate.wait()
-        super().weights_bucket(version, index, data, checksum)
+        await super().weights_bucket(version, index, data, checksum)
 
 
 async def until(check: Callable[[], object], what: str, timeout: float = 60.0) -> None:
