@@ -40,7 +40,7 @@ SLOW_ASK_S = 600.0
 
 class Receiver(Actor):
     """The rollout side of a sync: one policy, one assembler, the last version adopted (what
-    RolloutActor does with weights, without collecting)."""
+    RolloutActor does with weights, in worker threads as it does, without collecting)."""
 
     def __init__(self) -> None:
         self.model: Any = None
@@ -58,13 +58,13 @@ class Receiver(Actor):
     def weights_begin(self, version: int, manifest: dict[str, Any]) -> None:
         self._assembler().begin(version, manifest)
 
-    def weights_bucket(self, version: int, index: int, data: Any, crc: int) -> None:
-        self._assembler().bucket(version, index, data, crc)
+    async def weights_bucket(self, version: int, index: int, data: Any, crc: int) -> None:
+        await asyncio.to_thread(self._assembler().bucket, version, index, data, crc)
 
-    def weights_commit(self, version: int) -> None:
-        complete = self._assembler().commit(version)
+    async def weights_commit(self, version: int) -> None:
+        complete = await asyncio.to_thread(self._assembler().commit, version)
         if complete is not None:
-            self.model.set_weights(complete[1])
+            await asyncio.to_thread(self.model.set_weights, complete[1])
             self.version = version
 
     def adopted(self) -> int:

@@ -166,7 +166,7 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
         if fragments is None:
             return
         agreed, checkpoint = await asyncio.to_thread(core.train_step, fragments, stopping.is_set())
-        core.publish(await asyncio.to_thread(core.snapshot, core.version + 1))
+        await core.advance()
         core.mark("trained")
         if checkpoint:
             trained = await asyncio.to_thread(core.gather_trained)
@@ -232,7 +232,7 @@ async def serve(
             await asyncio.to_thread(core.shard)
             resumed = await asyncio.to_thread(core.restore)
             core.mark("restored")
-            core.weights.publish(await asyncio.to_thread(core.snapshot, core.version))
+            await core.stream(core.version)
             core.mark("ready")
             await system.spawn(LearnerActor, core, name=LEARNER_NAME, mailbox_size=4096)
             write_json_atomically(

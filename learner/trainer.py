@@ -4,12 +4,14 @@
 PPO and its optimiser, the intake, the sharded checkpoints (saved and restored in one place,
 with learner/train_state.py), the weight snapshots its broadcaster streams, and the counts and
 status other processes read. The process around it (learner/learner_main.py) owns the event
-loop, the transport, signals and the training loop; the core is driven from there: `train_step`
-and `snapshot` in a worker thread, the rest on the loop thread.
+loop, the transport, signals and the training loop; the core is driven from there:
+`train_step` in a worker thread, `advance` and `stream` on the loop (they cut buckets in a
+worker thread).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -273,17 +275,22 @@ class LearnerCore:
         due = self.group.is_leader and (self.schedule.due() or self.checkpoint_requested)
         return agreed, self.group.all_agree(due)
 
-    def snapshot(self, version: int) -> WeightSnapshot:
-        """The weights as `version`, in host buckets gathered tensor by tensor from the shards
-        (call from a worker thread: for a sharded model each gather is a collective)."""
-        tensors = list(self.policy.state_dict().items())
-        return WeightSnapshot.build(version, tensors, full_tensor, self.cfg.weight_sync)
-
-    def publish(self, snapshot: WeightSnapshot) -> None:
-        """Advance the version and stream it to every registered rollout actor."""
-        self.version = snapshot.version
+    async def advance(self) -> None:
+        """The update is done: the next version, streamed to every registered actor."""
+        self.version += 1
         self.intake.set_version(self.version)
+        await self.stream(self.version)
+
+    async def stream(self, version: int) -> None:
+        """Publish the model's weights as `version` and cut them into host buckets in a worker
+        thread, tensor by tensor from the shards (for a sharded model every gather is a
+        collective, so every rank calls this in step); the transfers send each bucket as soon
+        as it is ready, so sending overlaps cutting."""
+        tensors = list(self.policy.state_dict().items())
+        snapshot = WeightSnapshot.plan_for(version, tensors, self.cfg.weight_sync)
+        snapshot.attach(asyncio.get_running_loop())
         self.weights.publish(snapshot)
+        await asyncio.to_thread(snapshot.fill, tensors, full_tensor)
 
     # -- reporting ---------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ See docs/weight-sync.md for the limits and failure behaviour.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -174,21 +175,68 @@ def _wire_dtype(dtype: torch.dtype, cfg: WeightSyncConfig) -> torch.dtype:
 # -- the learner side --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class WeightSnapshot:
     """One policy version in host memory, cut into buckets, ready to send to any number of actors.
 
-    Buckets are never written after `build`: a transfer hands their memory to the socket."""
+    Made in two steps so that sending overlaps building: `plan` lays the buckets out from the
+    tensors' shapes (no data yet, so it can be published at once), `fill` gathers and copies
+    the tensors in a worker thread and marks each bucket ready as its last byte lands, and a
+    transfer awaits `bucket(i)`, so bucket 0 is on the wire while later ones are still being
+    cut. `build` does both, for callers that want the whole snapshot first. Buckets are never
+    written after they are ready: a transfer hands their memory to the socket."""
 
-    version: int
-    manifest: dict[str, Any]
-    buckets: list[np.ndarray]
-    checksums: list[int]
-    build_s: float
+    def __init__(
+        self,
+        version: int,
+        specs: list[tuple[str, torch.dtype, tuple[int, ...]]],
+        plan: list[list[Chunk]],
+        limit: int,
+    ) -> None:
+        self.version = version
+        self.specs = specs
+        self.plan = plan
+        sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape in specs]
+        self.manifest: dict[str, Any] = {
+            "tensors": [[name, _WIRE_NAMES[dtype], list(shape)] for name, dtype, shape in specs],
+            "bucket_bytes": limit,
+            "buckets": len(plan),
+            "nbytes": sum(sizes),
+        }
+        self.buckets = [np.empty(sum(c.length for c in chunks), np.uint8) for chunks in plan]
+        self.checksums = [0] * len(plan)
+        self.build_s = 0.0
+        self.ready = 0
+        """Buckets 0 .. ready-1 are complete (written by the filling thread, read anywhere)."""
+        self.failure: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Event | None = None
+
+    def __repr__(self) -> str:
+        return f"<WeightSnapshot v{self.version} {self.ready}/{len(self.plan)} buckets ready>"
 
     @property
     def nbytes(self) -> int:
         return sum(int(bucket.nbytes) for bucket in self.buckets)
+
+    @classmethod
+    def plan_for(
+        cls,
+        version: int,
+        params: Sequence[tuple[str, torch.Tensor]],
+        cfg: WeightSyncConfig,
+        *,
+        max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
+    ) -> WeightSnapshot:
+        """The buckets of `params` (names, wire dtypes, shapes), not filled yet."""
+        limit = cfg.bucket_bytes(max_frame_bytes)
+        specs = [(name, _wire_dtype(t.dtype, cfg), tuple(t.shape)) for name, t in params]
+        sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape in specs]
+        if bucket_count(sum(sizes), limit) > MAX_BUCKETS:
+            raise WeightSyncError(
+                f"{sum(sizes)} bytes in buckets of {limit} make more than {MAX_BUCKETS} buckets: "
+                "raise weight_sync.bucket_mb"
+            )
+        return cls(version, specs, plan_buckets(sizes, limit), limit)
 
     @classmethod
     def build(
@@ -200,37 +248,73 @@ class WeightSnapshot:
         *,
         max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
     ) -> WeightSnapshot:
+        """`plan_for` and `fill` in one call: the whole snapshot, ready."""
+        snapshot = cls.plan_for(version, params, cfg, max_frame_bytes=max_frame_bytes)
+        snapshot.fill(params, gather)
+        return snapshot
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Let transfers on `loop` wait for buckets (before `fill` starts in its thread)."""
+        self._loop = loop
+        self._changed = asyncio.Event()
+
+    def fill(
+        self,
+        params: Sequence[tuple[str, torch.Tensor]],
+        gather: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
         """Gather each tensor in order (one whole tensor at a time on its device, never the
-        model), cast it to the wire dtype there, and copy its bytes into the host buckets."""
+        model; `gather` may be a collective, so every rank fills in the same order), cast it
+        to its wire dtype there, copy its bytes into the buckets, and mark each bucket ready
+        once complete. Any thread; a failure is recorded for the waiting transfers, then raised."""
         started = time.perf_counter()
-        limit = cfg.bucket_bytes(max_frame_bytes)
-        specs = [(name, _wire_dtype(t.dtype, cfg), tuple(t.shape)) for name, t in params]
-        sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape in specs]
-        if bucket_count(sum(sizes), limit) > MAX_BUCKETS:
-            raise WeightSyncError(
-                f"{sum(sizes)} bytes in buckets of {limit} make more than {MAX_BUCKETS} buckets: "
-                "raise weight_sync.bucket_mb"
-            )
-        plan = plan_buckets(sizes, limit)
-        by_tensor: list[list[tuple[int, Chunk]]] = [[] for _ in specs]
-        for b, chunks in enumerate(plan):
+        last_tensor = [max(chunk.tensor for chunk in chunks) for chunks in self.plan]
+        by_tensor: list[list[tuple[int, Chunk]]] = [[] for _ in self.specs]
+        for b, chunks in enumerate(self.plan):
             for chunk in chunks:
                 by_tensor[chunk.tensor].append((b, chunk))
-        buckets = [np.empty(sum(c.length for c in chunks), np.uint8) for chunks in plan]
-        for (_, tensor), (_, dtype, _), placed in zip(params, specs, by_tensor):
-            full = gather(tensor).detach().to(dtype).contiguous().reshape(-1).view(torch.uint8)
-            for b, chunk in placed:
-                target = torch.from_numpy(buckets[b])[chunk.at : chunk.at + chunk.length]
-                target.copy_(full[chunk.start : chunk.start + chunk.length])
-            del full
-        manifest = {
-            "tensors": [[name, _WIRE_NAMES[dtype], list(shape)] for name, dtype, shape in specs],
-            "bucket_bytes": limit,
-            "buckets": len(plan),
-            "nbytes": sum(sizes),
-        }
-        checksums = [checksum(bucket) for bucket in buckets]
-        return cls(version, manifest, buckets, checksums, time.perf_counter() - started)
+        try:
+            for t, ((_, tensor), (_, dtype, _), placed) in enumerate(
+                zip(params, self.specs, by_tensor)
+            ):
+                full = gather(tensor).detach().to(dtype).contiguous().reshape(-1).view(torch.uint8)
+                for b, chunk in placed:
+                    target = torch.from_numpy(self.buckets[b])[chunk.at : chunk.at + chunk.length]
+                    target.copy_(full[chunk.start : chunk.start + chunk.length])
+                del full
+                done = self.ready
+                while done < len(self.plan) and last_tensor[done] <= t:
+                    self.checksums[done] = checksum(self.buckets[done])
+                    done += 1
+                self._mark(done)
+        except BaseException as exc:
+            self.failure = f"building version {self.version} failed: {exc}"
+            self._mark(self.ready)
+            raise
+        finally:
+            self.build_s = time.perf_counter() - started
+
+    def _mark(self, ready: int) -> None:
+        self.ready = ready
+        if self._loop is not None and self._changed is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                self._loop.call_soon_threadsafe(self._changed.set)
+
+    async def bucket(self, index: int) -> tuple[np.ndarray, int]:
+        """Bucket `index` and its checksum once ready (on the loop `attach` named)."""
+        while self.ready <= index:
+            if self.failure is not None:
+                raise WeightSyncError(self.failure)
+            if self._changed is None:
+                raise WeightSyncError(
+                    f"bucket {index} of version {self.version} is not built and nothing fills "
+                    "it: attach() the snapshot before filling it in another thread"
+                )
+            self._changed.clear()
+            if self.ready > index or self.failure is not None:
+                continue
+            await self._changed.wait()
+        return self.buckets[index], self.checksums[index]
 
 
 class _Transfer(NamedTuple):
@@ -334,7 +418,8 @@ class WeightBroadcaster:
             async with asyncio.timeout(self.cfg.deadline_s):
                 manifest = {**snapshot.manifest, "source": self.source}
                 await ref.tell.weights_begin(snapshot.version, manifest)
-                for index, (data, crc) in enumerate(zip(snapshot.buckets, snapshot.checksums)):
+                for index in range(len(snapshot.buckets)):
+                    data, crc = await snapshot.bucket(index)
                     await ref.tell.weights_bucket(snapshot.version, index, data, crc)
                     sent += 1
                     self._stats["bytes"] += int(data.nbytes)
@@ -348,7 +433,7 @@ class WeightBroadcaster:
                 len(snapshot.buckets),
             )  # fmt: skip
             return
-        except (ActorError, WireError) as exc:
+        except (ActorError, WireError, WeightSyncError) as exc:
             self._stats["failed"] += 1
             log.warning(
                 "weights version %d to actor %s failed after %d buckets: %s",

@@ -66,7 +66,7 @@ def test_train_cli_reaches_a_small_target_and_cleans_up(
     assert summary["env_steps"] > 0
     assert summary["wall_s"] > 0
     assert 0 < summary["startup_s"] <= summary["solve_s"]
-    assert Path(summary["checkpoint"]).is_file()
+    assert Path(summary["checkpoint"]).is_dir()  # a DCP checkpoint directory
     assert Path(summary["report"]).is_file()
     assert Path(summary["report_html"]).is_file()
     assert f"checkpoint: {summary['checkpoint']}" in out

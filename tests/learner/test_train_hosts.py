@@ -252,5 +252,5 @@ def test_a_job_submitted_through_the_api_alone_trains_across_hosts(two_hosts: Lo
 
     last = eventually(final, "rank 0's final publication", PATIENT_S)
     assert Path(last["checkpoint"]).parent == Path(storage) / "api-job"
-    assert Path(last["checkpoint"]).is_file()
+    assert Path(last["checkpoint"]).is_dir()  # a DCP checkpoint directory
     assert last["checkpoint_step"] >= 3

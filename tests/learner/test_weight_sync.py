@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import time
@@ -363,9 +362,8 @@ def test_a_corrupt_or_foreign_version_is_refused_and_the_last_one_kept() -> None
             good = {k: v.clone() for k, v in _weights(actor).items()}
 
             corrupt = _snapshot(2, cfg)
-            checksums = list(corrupt.checksums)
-            checksums[3] ^= 0xFFFF
-            broadcaster.publish(dataclasses.replace(corrupt, checksums=checksums))
+            corrupt.checksums[3] ^= 0xFFFF
+            broadcaster.publish(corrupt)
             await until(
                 lambda: _stats(actor)["weights_refused"] == 1, "the corrupt version refused"
             )
@@ -487,5 +485,62 @@ def test_a_restarted_learner_at_an_older_version_is_followed_not_its_predecessor
             assert actor.registrations == 2
             sent = _model(HIDDEN, seed=2).state_dict()
             assert all(torch.equal(sent[k], v) for k, v in _weights(actor).items())
+
+    run(main())
+
+
+def test_buckets_are_sent_as_they_are_cut_and_equal_a_whole_build() -> None:
+    """A transfer may start before the snapshot is filled: it waits bucket by bucket, and
+    bucket 0 is handed out before the last tensor has been copied."""
+    cfg = WeightSyncConfig(bucket_mb=0.25)
+    params = list(_model(HIDDEN, seed=3).state_dict().items())
+    whole = WeightSnapshot.build(1, params, lambda t: t, cfg)
+    copied: list[str] = []
+    first_bucket_seen_after: list[int] = []
+
+    def gather(tensor: torch.Tensor) -> torch.Tensor:
+        copied.append("x")
+        return tensor
+
+    async def main() -> list[tuple[np.ndarray, int]]:
+        streamed = WeightSnapshot.plan_for(1, params, cfg)
+        streamed.attach(asyncio.get_running_loop())
+        assert streamed.manifest == whole.manifest
+
+        async def consume() -> list[tuple[np.ndarray, int]]:
+            got = []
+            for index in range(len(streamed.buckets)):
+                got.append(await streamed.bucket(index))
+                if index == 0:
+                    first_bucket_seen_after.append(len(copied))
+            return got
+
+        consumer = asyncio.create_task(consume())
+        await asyncio.to_thread(streamed.fill, params, gather)
+        return await consumer
+
+    got = run(main())
+    assert len(got) == len(whole.buckets) > 2
+    for (data, crc), expected, expected_crc in zip(got, whole.buckets, whole.checksums):
+        assert np.array_equal(data, expected)
+        assert crc == expected_crc
+    assert first_bucket_seen_after[0] < len(params)
+
+
+def test_a_fill_that_fails_ends_the_waiting_transfers() -> None:
+    cfg = WeightSyncConfig(bucket_mb=0.25)
+    params = list(_model(HIDDEN).state_dict().items())
+
+    def broken(tensor: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("a peer rank is gone")
+
+    async def main() -> None:
+        snapshot = WeightSnapshot.plan_for(1, params, cfg)
+        snapshot.attach(asyncio.get_running_loop())
+        waiting = asyncio.create_task(snapshot.bucket(len(snapshot.buckets) - 1))
+        with pytest.raises(RuntimeError, match="peer rank is gone"):
+            await asyncio.to_thread(snapshot.fill, params, broken)
+        with pytest.raises(WeightSyncError, match="building version 1 failed"):
+            await waiting
 
     run(main())
