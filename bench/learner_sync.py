@@ -3,8 +3,9 @@ parameters sent by a WeightBroadcaster over the actor runtime's transport to a r
 second process that does what a rollout actor does with it (assemble the buckets, check every
 checksum, load the complete version into its own copy of the model).
 
-The time runs from the learner's fp32 parameters (snapshot build: cast to the wire dtype and
-copy into buckets) to the receiver answering that it adopted the version: an ask on the same
+The time runs from the learner's fp32 parameters (the snapshot is cut into buckets — cast to
+the wire dtype, copied, checksummed — while the ready buckets are already sent, as the learner
+does) to the receiver answering that it adopted the version: an ask on the same
 link after the commit, which the receiver's mailbox handles after it.
 """
 
@@ -148,8 +149,10 @@ async def _one_sync(receiver: Any, model: Any, version: int, cfg: WeightSyncConf
     try:
         start = time.perf_counter()
         params = list(model.state_dict().items())
-        snapshot = await asyncio.to_thread(WeightSnapshot.build, version, params, _whole, cfg)
+        snapshot = WeightSnapshot.plan_for(version, params, cfg)  # as LearnerCore.stream does
+        snapshot.attach(asyncio.get_running_loop())
         broadcaster.publish(snapshot)
+        await asyncio.to_thread(snapshot.fill, params, _whole)
         while broadcaster.stats()["completed"] < 1:
             if broadcaster.stats()["in_flight"] == 0:
                 raise ShoalError(
