@@ -1,4 +1,5 @@
-"""Fixtures shared by the learner tests that train through a `shoal up` cluster."""
+"""Fixtures shared by the learner tests: one torch thread in the test process, and a `shoal up`
+cluster for the tests that train through one."""
 
 from __future__ import annotations
 
@@ -6,11 +7,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from shoal.cli import main
 from shoal.local import LocalCluster
 
 StartCluster = Callable[..., LocalCluster]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny networks run fastest on one thread; two fight each other on a busy 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture

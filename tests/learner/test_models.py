@@ -27,17 +27,6 @@ def obs_space(*shape: int) -> spaces.Box:
     return spaces.Box(-np.inf, np.inf, shape=shape, dtype=np.float32)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny networks run fastest on one thread; two fight each other on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @given(batch=st.integers(1, 64), box=st.booleans(), deterministic=st.booleans())
 @settings(max_examples=25, deadline=None)
 def test_act_shapes_dtypes_and_logprobs_match_forward(batch, box, deterministic):

@@ -16,16 +16,6 @@ def image(*shape: int) -> spaces.Box:
     return spaces.Box(0, 255, shape=shape, dtype=np.uint8)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("shape", [(40, 44, 3), (4, 40, 44)])
 def test_cnn_acts_on_uint8_images_in_either_layout(shape):
     torch.manual_seed(0)

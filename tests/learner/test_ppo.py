@@ -25,17 +25,6 @@ def mlp_policy(obs_shape: tuple[int, ...], action_space: spaces.Space) -> MLPPol
     return MLPPolicy(spaces.Box(-np.inf, np.inf, obs_shape, np.float32), action_space)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny networks run fastest on one thread; two fight each other on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def rollout(
     policy: MLPPolicy, version: int = 0, t: int = 16, n: int = 8, seed: int = 0
 ) -> Fragment:
