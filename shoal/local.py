@@ -21,7 +21,6 @@ pid is never signalled.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -42,6 +41,7 @@ from typing import Any
 from shoal import hosts
 from shoal.boundedjson import JsonRefused, loads
 from shoal.errors import ShoalError
+from shoal.process import signal_on_parent_death
 from shoal.runtime.tls import CA_FILE, TLS_DIR_ENV, TlsFiles
 from shoal.scheduler.health.presence import read_states, read_util_source
 
@@ -62,7 +62,6 @@ append_period = 0.02
 min_timeout = 0.07
 max_timeout = 0.1
 """
-_PR_SET_PDEATHSIG = 1
 MAX_CLUSTER_JSON = 4 << 20
 """cluster.json of 9 replicas and 64 nodes is a few tens of KiB; anything larger was not written
 by `shoal up`."""
@@ -294,7 +293,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_sigterm_on_parent_death if die_with_parent else None,
+                preexec_fn=signal_on_parent_death if die_with_parent else None,
                 env={**os.environ, **spec.env} if spec.env else None,
             )
         (self.run_dir / "pids" / f"{name}.pid").write_text(str(proc.pid))
@@ -495,12 +494,6 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
-
-
-def _sigterm_on_parent_death() -> None:
-    """In the child before exec: SIGTERM when the parent dies (Linux; elsewhere a no-op)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def embedded_specs(run_dir: Path) -> list[ProcessSpec]:

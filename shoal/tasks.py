@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
 import importlib
 import importlib.util
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.errors import ShoalError
+from shoal.process import signal_on_parent_death
 from shoal.runtime.actor import Actor
 from shoal.runtime.ref import ActorRef
 from shoal.runtime.system import ActorSystem
@@ -39,7 +39,6 @@ from shoal.runtime.system import ActorSystem
 PROCESS_KINDS = frozenset({"learner-rank", "rollout-worker"})
 ACTIVE_STATES = ("pending", "running")
 _IMPORT_PATH = re.compile(r"(?P<module>[A-Za-z_][\w.]*):(?P<name>[A-Za-z_]\w*)")
-_PR_SET_PDEATHSIG = 1
 LOG_TAIL_BYTES = 4096
 
 
@@ -297,9 +296,7 @@ class ProcessTask:
 
 def _die_with_parent() -> None:
     """Ask Linux to send us SIGTERM when the node daemon dies, so no orphan rank lives on."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal_on_parent_death(signal.SIGTERM)
     parent = os.environ.get("SHOAL_PARENT_PID")
     if parent and parent.isdigit() and os.getppid() != int(parent):
         sys.exit(f"shoal task: the node daemon (pid {parent}) is already gone")
