@@ -11,6 +11,12 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+LEARNER_KIND = "learner-rank"
+"""A learner rank: the leader gang-places all of a job's ranks and restarts them together."""
+ROLLOUT_KIND = "rollout-worker"
+"""A rollout worker: placed one by one, spread over the nodes."""
+PROCESS_KINDS = frozenset({LEARNER_KIND, ROLLOUT_KIND})
+"""Task kinds a node runs as a child process (`shoal.tasks`); any other kind is an actor."""
 LIVENESS = ("alive", "suspect", "dead")
 TASK_STATES = ("pending", "running", "stopped", "failed")
 JOB_STATES = ("running", "stopped", "failed")

@@ -41,6 +41,7 @@ from typing import Any
 from shoal.raft.context import ApiContext
 from shoal.raft.errors import RaftError
 from shoal.raft.machine import StateMachine
+from shoal.raft.model import LEARNER_KIND
 from shoal.raft.model import Node as RaftNode
 from shoal.raft.model import Task as RaftTask
 from shoal.scheduler.balancer import balance
@@ -61,8 +62,6 @@ from shoal.scheduler.topology import Topology
 
 log = logging.getLogger(__name__)
 
-LEARNER_KIND = "learner-rank"
-"""The task kind of a learner rank (shoal.tasks.PROCESS_KIND; raft/ may not import shoal/)."""
 ACTIVE = ("pending", "running")
 ENDED = ("failed", "stopped")
 """A task of a running job in one of these states is restarted: the job still wants it."""

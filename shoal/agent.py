@@ -36,9 +36,10 @@ from shoal.raft.errors import (
     ValidationError,
 )
 from shoal.raft.metrics import Metrics
+from shoal.raft.model import LEARNER_KIND, PROCESS_KINDS
 from shoal.runtime.system import ActorSystem
 from shoal.task_exchange import NodeExchange, PublishedStateError, host_of, parse_published
-from shoal.tasks import PROCESS_KINDS, ActorTask, ProcessTask, TaskError, TaskSpec, actor_name
+from shoal.tasks import ActorTask, ProcessTask, TaskError, TaskSpec, actor_name
 
 log = logging.getLogger("shoal.node")
 
@@ -170,7 +171,7 @@ class Backoff:
         self.next = self.first
 
 
-STOP_FIRST = "learner-rank"
+STOP_FIRST = LEARNER_KIND
 FENCED_HELP = "times this node stopped its tasks after --fence-after without an accepted heartbeat"
 FIRST_REGISTRATION_PERIOD_S = 0.1
 REGISTER_WARN_EVERY_S = 5.0

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shoal.raft.model import LEARNER_KIND, ROLLOUT_KIND
 from shoal.train import RunStatus, TrainError, TrainResult, write_job_record
 
 if TYPE_CHECKING:
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
     from shoal.raft.client import CoordinatorClient
 
 T = TypeVar("T")
-LEARNER_KIND = "learner-rank"
-ROLLOUT_KIND = "rollout-worker"
 LEARNER_ENTRY = "shoal.learner.learner_main:main"
 ROLLOUT_ENTRY = "shoal.learner.rollout_main:main"
 POLL_S = 0.05

@@ -2,9 +2,9 @@
 
 A task names its code as `package.module:Name`, so the runtime never imports the learner.
 Two kinds of task:
-- an actor (any kind not in `PROCESS_KINDS`): `Name` is an `Actor` subclass, built with the
-  task's `args` as keyword arguments (or by `Name.from_task_args(args)` when the class defines
-  it) and spawned in the node's own ActorSystem;
+- an actor (any kind not in `shoal.raft.model.PROCESS_KINDS`): `Name` is an `Actor` subclass,
+  built with the task's `args` as keyword arguments (or by `Name.from_task_args(args)` when the
+  class defines it) and spawned in the node's own ActorSystem;
 - a process (`learner-rank`, `rollout-worker`): `Name` is a function `main(argv) -> int` run in a
   child process (`python -m shoal.tasks module:main ARGV...`), so torch.distributed (or a whole
   rollout worker's ActorSystem) owns that process. `args` may hold `argv` (list of strings) and
@@ -36,7 +36,6 @@ from shoal.runtime.actor import Actor
 from shoal.runtime.ref import ActorRef
 from shoal.runtime.system import ActorSystem
 
-PROCESS_KINDS = frozenset({"learner-rank", "rollout-worker"})
 ACTIVE_STATES = ("pending", "running")
 _IMPORT_PATH = re.compile(r"(?P<module>[A-Za-z_][\w.]*):(?P<name>[A-Za-z_]\w*)")
 LOG_TAIL_BYTES = 4096

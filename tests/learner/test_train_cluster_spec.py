@@ -17,9 +17,7 @@ from hypothesis import strategies as st
 from shoal.cli import main
 from shoal.cluster_train import (
     LEARNER_ENTRY,
-    LEARNER_KIND,
     ROLLOUT_ENTRY,
-    ROLLOUT_KIND,
     Coordinators,
     find_cluster,
     job_tasks,
@@ -28,6 +26,7 @@ from shoal.cluster_train import (
 from shoal.errors import ConfigError
 from shoal.learner.errors import LearnerError
 from shoal.learner.job_metrics import MetricsTarget, loss_name, metrics_fields, post_once
+from shoal.raft.model import LEARNER_KIND, ROLLOUT_KIND
 
 words = st.lists(st.text("abc-_0123", min_size=1, max_size=6), max_size=4)
 envs = st.dictionaries(st.sampled_from(["SHOAL_GROUP_RANK", "A", "B"]), st.text(max_size=4))

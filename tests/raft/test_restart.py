@@ -16,7 +16,8 @@ from shoal.raft.commands import make_command, validate_args
 from shoal.raft.config import LivenessConfig, SchedulingConfig
 from shoal.raft.errors import ValidationError
 from shoal.raft.machine import StateMachine
-from shoal.raft.scheduling import LEARNER_KIND, Memory, decide, read_inputs
+from shoal.raft.model import LEARNER_KIND
+from shoal.raft.scheduling import Memory, decide, read_inputs
 from shoal.scheduler.signals import BalancerConfig
 from tests.raft.inprocess import InProcessReplica
 from tests.raft.test_scheduling import add_node, apply_round, run
