@@ -27,6 +27,17 @@ import aiohttp
 
 from shoal.runtime import auth, wire
 from shoal.runtime.credit import ReceiveCredit, SendCredit
+from shoal.runtime.envelope import (
+    ASK,
+    CREDIT,
+    ERROR,
+    FAIL,
+    MAX_ASK_TIMEOUT,
+    REPLY,
+    REQUESTS,
+    TELL,
+    check_envelope,
+)
 from shoal.runtime.errors import (
     ActorError,
     ActorNotFound,
@@ -252,14 +263,14 @@ class Link:
     async def tell(
         self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        frame = self._encode(["t", target, method, list(args), kwargs])
+        frame = self._encode([TELL, target, method, list(args), kwargs])
         await self._send_credit.take(frame.nbytes)
         await self._send(frame)
 
     def tell_nowait(
         self, target: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        frame = self._encode(["t", target, method, list(args), kwargs])
+        frame = self._encode([TELL, target, method, list(args), kwargs])
         self._send_credit.take_nowait(frame.nbytes)
         self._write(frame)
 
@@ -271,13 +282,13 @@ class Link:
         kwargs: dict[str, Any],
         timeout: float,
     ) -> Any:
-        if not 0 < timeout <= _MAX_ASK_TIMEOUT:  # also refuses NaN
+        if not 0 < timeout <= MAX_ASK_TIMEOUT:  # also refuses NaN
             raise InvalidTimeout(
                 f"ask timeout={timeout!r} is invalid: a remote ask takes seconds in "
-                f"(0, {_MAX_ASK_TIMEOUT:.0f}]"
+                f"(0, {MAX_ASK_TIMEOUT:.0f}]"
             )
         request = next(self._ids)
-        frame = self._encode(["a", request, target, method, list(args), kwargs, float(timeout)])
+        frame = self._encode([ASK, request, target, method, list(args), kwargs, float(timeout)])
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()
         # A timer on the future is much cheaper than asyncio.timeout on this hot path.
@@ -346,8 +357,8 @@ class Link:
                         f"the peer sent a {msg.type.name} websocket message; shoal links carry binary frames"
                     )
                 for frame in reader.feed(msg.data):
-                    envelope = _envelope(wire.decode(frame, self._config.max_frame_bytes))
-                    if self._stream is not None and envelope[0] != "e":
+                    envelope = check_envelope(wire.decode(frame, self._config.max_frame_bytes))
+                    if self._stream is not None and envelope[0] != ERROR:
                         raise MalformedFrame(
                             f"a {envelope[0]!r} frame came on the websocket, but this link "
                             "carries its frames on its stream"
@@ -371,7 +382,9 @@ class Link:
         if self._failing or self.error is not None:
             return
         try:
-            self._dispatch(_envelope(wire.decode(frame, self._config.max_frame_bytes)), len(frame))
+            self._dispatch(
+                check_envelope(wire.decode(frame, self._config.max_frame_bytes)), len(frame)
+            )
         except _Broken as exc:
             self._fail(exc.error, tell_peer=False)
         except WireError as exc:
@@ -379,29 +392,33 @@ class Link:
 
     def _dispatch(self, envelope: list[Any], nbytes: int) -> None:
         kind = envelope[0]
-        if kind in ("t", "a"):
+        if kind in REQUESTS:
             self._receive_credit.received(nbytes)
-        if kind == "t" and not self._inbox and self._deliver_now(envelope, nbytes):
+        if kind == TELL and not self._inbox and self._deliver_now(envelope, nbytes):
             return
-        if kind == "a" and not self._inbox and self._ask_now(envelope, nbytes):
+        if kind == ASK and not self._inbox and self._ask_now(envelope, nbytes):
             return
-        if kind in ("t", "a"):
+        if kind in REQUESTS:
             envelope.append(nbytes)
             self._inbox.append(envelope)
             self._wake_delivery.set()
-        elif kind == "r":
-            reply = self._pending.pop(envelope[1], None)
+        elif kind == REPLY:
+            _, request, result = envelope
+            reply = self._pending.pop(request, None)
             if reply is not None and not reply.done():
-                reply.set_result(envelope[2])
-        elif kind == "f":
-            reply = self._pending.pop(envelope[1], None)
+                reply.set_result(result)
+        elif kind == FAIL:
+            _, request, runtime, type_name, message = envelope
+            reply = self._pending.pop(request, None)
             if reply is not None and not reply.done():
-                reply.set_exception(_failure(*envelope[2:]))
-        elif kind == "c":
-            self._send_credit.grant(envelope[1], envelope[2])
+                reply.set_exception(_failure(runtime, type_name, message))
+        elif kind == CREDIT:
+            _, frames, granted_bytes = envelope
+            self._send_credit.grant(frames, granted_bytes)
         else:
-            cls = _WIRE_ERRORS.get(envelope[1], LinkClosed)
-            raise _Broken(cls(f"{self.peer} refused what this process sent: {envelope[2]}"))
+            _, type_name, message = envelope
+            cls = _WIRE_ERRORS.get(type_name, LinkClosed)
+            raise _Broken(cls(f"{self.peer} refused what this process sent: {message}"))
 
     async def _deliver_loop(self) -> None:
         """Hand requests to local actors in arrival order; a full mailbox holds back only this
@@ -414,7 +431,7 @@ class Link:
                 continue
             # Stays at the head until delivered, so the fast paths see the line is not empty.
             envelope = inbox[0]
-            if envelope[0] == "t":
+            if envelope[0] == TELL:
                 _, target, method, args, kwargs, nbytes = envelope
                 await self._deliver_tell(target, method, tuple(args), kwargs)
                 self._consumed(nbytes)
@@ -484,7 +501,7 @@ class Link:
         if self.error is not None:
             return
         try:
-            frame = wire.encode(["r", request, result], self._config.max_frame_bytes)
+            frame = wire.encode([REPLY, request, result], self._config.max_frame_bytes)
         except WireError as exc:
             frame = _fail_frame(request, exc)
         self._write(frame)
@@ -497,7 +514,7 @@ class Link:
     def _consumed(self, nbytes: int) -> None:
         grant = self._receive_credit.consumed(nbytes)
         if grant is not None and self.error is None:
-            self._write(wire.encode(["c", *grant]))
+            self._write(wire.encode([CREDIT, *grant]))
 
     # -- closing -------------------------------------------------------------------------
 
@@ -523,7 +540,7 @@ class Link:
             # Bounded: a peer that stopped reading must not keep this link half-closed.
             async with asyncio.timeout(_CLOSE_TIMEOUT):
                 if tell_peer and not self._ws.closed:
-                    frame = wire.encode(["e", type(error).__name__, str(error)])
+                    frame = wire.encode([ERROR, type(error).__name__, str(error)])
                     await self._ws.send_bytes(b"".join(bytes(p) for p in frame.parts))
                 await self._ws.close()
         except (ConnectionError, aiohttp.ClientError, RuntimeError, TimeoutError):
@@ -623,35 +640,7 @@ class _Broken(Exception):
         self.error = error
 
 
-_MAX_ASK_TIMEOUT = 7 * 24 * 3600.0
 _CLOSE_TIMEOUT = 2.0
-
-_SHAPES: dict[str, tuple[type | tuple[type, ...], ...]] = {
-    "t": (str, str, list, dict),
-    "a": (int, str, str, list, dict, float),
-    "r": (int, object),
-    "f": (int, bool, str, str),
-    "c": (int, int),
-    "e": (str, str),
-}
-
-
-def _envelope(value: Any) -> list[Any]:
-    """Check a decoded frame is one of the link's envelopes, so handlers can trust its fields."""
-    if not isinstance(value, list) or not value or not isinstance(value[0], str):
-        raise MalformedFrame("a link frame must be a list starting with its kind")
-    shape = _SHAPES.get(value[0])
-    if shape is None:
-        raise UnknownMessageType(f"unknown link frame kind {value[0]!r}")
-    if len(value) != len(shape) + 1:
-        raise MalformedFrame(f"a {value[0]!r} frame has the wrong fields")
-    if not all(map(isinstance, value[1:], shape)):
-        raise MalformedFrame(f"a {value[0]!r} frame has the wrong fields")
-    if value[0] == "c" and (value[1] < 0 or value[2] < 0):
-        raise MalformedFrame("a credit grant cannot be negative")
-    if value[0] == "a" and not 0 < value[6] <= _MAX_ASK_TIMEOUT:
-        raise MalformedFrame(f"an ask timeout must be in (0, {_MAX_ASK_TIMEOUT}] seconds")
-    return value
 
 
 def _fail_frame(request: int, error: BaseException) -> wire.EncodedFrame:
@@ -663,7 +652,7 @@ def _fail_frame(request: int, error: BaseException) -> wire.EncodedFrame:
         name = type(error).__name__
         runtime = isinstance(error, ActorError | WireError) and name in _RUNTIME_ERRORS
         fields = [runtime, name, str(error)]
-    return wire.encode(["f", request, *fields])
+    return wire.encode([FAIL, request, *fields])
 
 
 def _failure(runtime: bool, type_name: str, message: str) -> Exception:
