@@ -1,7 +1,9 @@
 """Plain records the scheduler reads and writes: nodes, GPUs, tasks, placements.
 
-They are frozen and JSON-able (`to_dict`/`from_dict`) because the Raft coordinator replicates
-them and node daemons receive them over the wire; nothing here knows about Raft.
+They are frozen values, so equal inputs give equal plans. The Raft coordinator replicates its
+own records (raft/model.py) and builds these from them each round; only `NodeHealth` crosses
+a process boundary, as JSON in a node's heartbeat (`to_dict` there, `from_dict` on the
+leader). Nothing here knows about Raft.
 """
 
 from __future__ import annotations
@@ -42,13 +44,6 @@ class Gpu:
         )
         _require(bool(self.island), f"GPU {self.index}: island label must be a non-empty string")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "island": self.island}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Gpu:
-        return cls(index=int(data["index"]), island=str(data["island"]))
-
 
 @dataclass(frozen=True)
 class Node:
@@ -85,27 +80,6 @@ class Node:
             if gpu.index == index:
                 return gpu.island
         raise TopologyError(f"node {self.name!r} has no GPU {index}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "cpus": self.cpus,
-            "memory_mb": self.memory_mb,
-            "gpus": [gpu.to_dict() for gpu in self.gpus],
-            "domain": self.domain,
-            "state": self.state,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Node:
-        return cls(
-            name=str(data["name"]),
-            cpus=float(data["cpus"]),
-            memory_mb=int(data["memory_mb"]),
-            gpus=tuple(Gpu.from_dict(g) for g in data.get("gpus", ())),
-            domain=str(data.get("domain", "default")),
-            state=str(data.get("state", "ready")),
-        )
 
 
 @dataclass(frozen=True)
@@ -144,25 +118,6 @@ class LearnerGroup:
         """The task name of one rank, e.g. `ppo/rank3`."""
         return f"{self.name}/rank{rank}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "ranks": self.ranks,
-            "gpus_per_rank": self.gpus_per_rank,
-            "cpus_per_rank": self.cpus_per_rank,
-            "memory_mb_per_rank": self.memory_mb_per_rank,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LearnerGroup:
-        return cls(
-            name=str(data["name"]),
-            ranks=int(data["ranks"]),
-            gpus_per_rank=int(data["gpus_per_rank"]),
-            cpus_per_rank=float(data.get("cpus_per_rank", 1.0)),
-            memory_mb_per_rank=int(data.get("memory_mb_per_rank", 0)),
-        )
-
 
 @dataclass(frozen=True)
 class RolloutActor:
@@ -181,25 +136,6 @@ class RolloutActor:
         _require(
             isinstance(self.gpus, int) and self.gpus >= 0,
             f"rollout actor {self.name!r}: gpus must be an int >= 0, got {self.gpus!r}",
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "cpus": self.cpus,
-            "memory_mb": self.memory_mb,
-            "gpus": self.gpus,
-            "movable": self.movable,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RolloutActor:
-        return cls(
-            name=str(data["name"]),
-            cpus=float(data.get("cpus", 1.0)),
-            memory_mb=int(data.get("memory_mb", 0)),
-            gpus=int(data.get("gpus", 0)),
-            movable=bool(data.get("movable", True)),
         )
 
 
@@ -246,31 +182,6 @@ class Placement:
             movable=self.movable,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "node": self.node,
-            "kind": self.kind,
-            "gpus": list(self.gpus),
-            "cpus": self.cpus,
-            "memory_mb": self.memory_mb,
-            "group": self.group,
-            "movable": self.movable,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Placement:
-        return cls(
-            task=str(data["task"]),
-            node=str(data["node"]),
-            kind=str(data["kind"]),
-            gpus=tuple(int(g) for g in data.get("gpus", ())),
-            cpus=float(data.get("cpus", 0.0)),
-            memory_mb=int(data.get("memory_mb", 0)),
-            group=str(data.get("group", "")),
-            movable=bool(data.get("movable", True)),
-        )
-
 
 @dataclass(frozen=True)
 class Refusal:
@@ -279,13 +190,6 @@ class Refusal:
     task: str
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "reason": self.reason}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Refusal:
-        return cls(task=str(data["task"]), reason=str(data["reason"]))
-
 
 @dataclass(frozen=True)
 class PlacementPlan:
@@ -293,19 +197,6 @@ class PlacementPlan:
 
     placements: tuple[Placement, ...] = ()
     refused: tuple[Refusal, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "placements": [p.to_dict() for p in self.placements],
-            "refused": [r.to_dict() for r in self.refused],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PlacementPlan:
-        return cls(
-            placements=tuple(Placement.from_dict(p) for p in data.get("placements", ())),
-            refused=tuple(Refusal.from_dict(r) for r in data.get("refused", ())),
-        )
 
 
 @dataclass(frozen=True)
@@ -389,26 +280,6 @@ class Migration:
     def steps(self) -> tuple[tuple[str, str], ...]:
         return (("start", self.target), ("stop", self.source))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "source": self.source,
-            "target": self.target,
-            "gpus": list(self.gpus),
-            "reason": self.reason,
-            "steps": [list(s) for s in self.steps],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Migration:
-        return cls(
-            task=str(data["task"]),
-            source=str(data["source"]),
-            target=str(data["target"]),
-            gpus=tuple(int(g) for g in data.get("gpus", ())),
-            reason=str(data["reason"]),
-        )
-
 
 DECISION_ACTIONS = ("overloaded", "recovered", "drain", "degraded", "hold", "stuck")
 
@@ -429,15 +300,6 @@ class Decision:
             f"decision action {self.action!r} is not one of {', '.join(DECISION_ACTIONS)}",
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "action": self.action, "reason": self.reason, "task": self.task}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Decision:
-        return cls(
-            str(data["node"]), str(data["action"]), str(data["reason"]), str(data.get("task", ""))
-        )
-
 
 @dataclass(frozen=True)
 class BalancerState:
@@ -454,29 +316,6 @@ class BalancerState:
     task_moved_at: tuple[tuple[str, float], ...] = ()
     node_moved_at: tuple[tuple[str, float], ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "overloaded": sorted(self.overloaded),
-            "degraded": sorted(self.degraded),
-            "streak": dict(self.streak),
-            "task_moved_at": dict(self.task_moved_at),
-            "node_moved_at": dict(self.node_moved_at),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BalancerState:
-        return cls(
-            overloaded=frozenset(data.get("overloaded", ())),
-            degraded=frozenset(data.get("degraded", ())),
-            streak=tuple(sorted((str(k), int(v)) for k, v in data.get("streak", {}).items())),
-            task_moved_at=tuple(
-                sorted((str(k), float(v)) for k, v in data.get("task_moved_at", {}).items())
-            ),
-            node_moved_at=tuple(
-                sorted((str(k), float(v)) for k, v in data.get("node_moved_at", {}).items())
-            ),
-        )
-
 
 @dataclass(frozen=True)
 class BalancePlan:
@@ -485,18 +324,3 @@ class BalancePlan:
     migrations: tuple[Migration, ...]
     decisions: tuple[Decision, ...]
     state: BalancerState
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "migrations": [m.to_dict() for m in self.migrations],
-            "decisions": [d.to_dict() for d in self.decisions],
-            "state": self.state.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BalancePlan:
-        return cls(
-            migrations=tuple(Migration.from_dict(m) for m in data.get("migrations", ())),
-            decisions=tuple(Decision.from_dict(d) for d in data.get("decisions", ())),
-            state=BalancerState.from_dict(data.get("state", {})),
-        )

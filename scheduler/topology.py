@@ -7,7 +7,6 @@ node's eight GPUs or, as in the seed's cluster, sixteen GPUs spread over two nod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from shoal.scheduler.errors import TopologyError
 from shoal.scheduler.model import Gpu, Node
@@ -72,13 +71,6 @@ class Topology:
                 for n in self.nodes
             )
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"nodes": [node.to_dict() for node in self.nodes]}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Topology:
-        return cls(tuple(Node.from_dict(n) for n in data.get("nodes", ())))
 
 
 def _check_positive(name: str, value: int) -> None:

@@ -173,10 +173,9 @@ def test_no_ping_pong_once_the_load_has_followed_the_tasks(data, dt):
 
 @settings(max_examples=60, deadline=None)
 @given(st.data())
-def test_plan_and_state_roundtrip_through_json(data):
-    topo, placements, health = data.draw(clusters())
-    plan = balance(topo, placements, health, data.draw(states(topo)), now=5.0)
-    assert BalancePlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+def test_health_roundtrips_through_json(data):
+    """NodeHealth travels as JSON in a node's heartbeat; the leader must read back what was sent."""
+    _, _, health = data.draw(clusters())
     for h in health:
         assert NodeHealth.from_dict(json.loads(json.dumps(h.to_dict()))) == h
 

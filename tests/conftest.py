@@ -1,1 +1,0 @@
-"""Shared fixtures: every test that starts processes or ports cleans them up, even on failure."""
