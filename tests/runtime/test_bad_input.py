@@ -19,6 +19,7 @@ from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import ROUTE, Transport, TransportConfig, attach
 from tests.runtime.hostile_frames import HOSTILE_HEADERS, header_only_frame
+from tests.support.serving import good_client_works
 
 pytestmark = pytest.mark.usefixtures("no_asyncio_errors")
 
@@ -53,15 +54,6 @@ async def server(credit_frames: int = 1024) -> AsyncIterator[tuple[ActorSystem, 
         transport = await attach(system, config)
         try:
             yield system, transport
-        finally:
-            await transport.close()
-
-
-async def good_client_works(address: str) -> None:
-    async with ActorSystem() as system:
-        transport = await attach(system, TransportConfig(token=TOKEN))
-        try:
-            assert await system.ref(f"{address}/echo").ask.echo("ok") == "ok"
         finally:
             await transport.close()
 
@@ -139,7 +131,7 @@ def test_bad_frames_close_only_their_link(case: str) -> None:
                 type_name, message = await refusal(ws)
             assert type_name == error
             assert needle in message
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -183,7 +175,7 @@ def test_bad_handshakes_are_refused_with_a_reason(case: str) -> None:
                 await behave(ws)
                 _, message = await refusal(ws)
             assert needle in message
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -198,7 +190,7 @@ def test_client_with_the_wrong_token_gets_authentication_failed() -> None:
                     await system.ref(f"{transport.address}/echo").ask.echo(1)
             finally:
                 await client.close()
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -215,7 +207,7 @@ def test_a_peer_that_dies_mid_frame(cut: str) -> None:
             await auth.client_handshake(ws, TOKEN.encode(), auth.Window(8, LIMIT), 5)
             await ws.send_bytes(part)
             await session.close()  # drops the TCP connection without a websocket close
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -230,7 +222,7 @@ def test_text_messages_are_refused() -> None:
                 type_name, message = await refusal(ws)
             assert type_name == "MalformedFrame"
             assert "TEXT" in message
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -254,7 +246,7 @@ def test_dead_actor_timeout_and_raising_handler_over_the_link() -> None:
                     assert "no such slot" in info.value.message
                 finally:
                     await link.close()
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -281,7 +273,7 @@ def test_a_replayed_handshake_is_refused() -> None:
                 type_name, message = await refusal(ws)
             assert type_name == "AuthenticationFailed"
             assert "different cluster token" in message
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -299,7 +291,7 @@ def test_a_peer_that_ignores_its_credit_window_is_cut_off() -> None:
                 type_name, message = await refusal(ws)
             assert type_name == "MalformedFrame"
             assert "beyond the credit window" in message
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -406,7 +398,7 @@ def test_bad_stream_hellos_are_refused_without_harming_the_link(case: str) -> No
             assert needle in answer["message"]
             assert await peer.reader.read() == b""  # then the server closes the connection
             await peer.link_still_serves(on_stream=False)
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -467,7 +459,7 @@ def test_bad_stream_frames_close_only_their_link(case: str) -> None:
                 assert await peer.reader.read() == b""  # the stream closes with its link
             assert type_name == error
             assert needle in message
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -483,7 +475,7 @@ def test_a_peer_that_dies_mid_stream_frame_closes_its_link_only(cut: str) -> Non
             peer.writer.transport.abort()  # a reset, no goodbye
             closing = await peer.ws.receive(timeout=5)
             assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -499,6 +491,6 @@ def test_stream_frames_beyond_the_credit_window_cut_the_peer_off() -> None:
                 type_name, message = await refusal(peer.ws)
             assert type_name == "MalformedFrame"
             assert "beyond the credit window" in message
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())

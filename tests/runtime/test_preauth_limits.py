@@ -15,6 +15,7 @@ from shoal.runtime.actor import Actor
 from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import Transport, TransportConfig, attach
+from tests.support.serving import good_client_works
 
 pytestmark = pytest.mark.usefixtures("no_asyncio_errors")
 
@@ -37,15 +38,6 @@ async def server(handshake_timeout: float = 30.0) -> AsyncIterator[Transport]:
         transport = await attach(system, config)
         try:
             yield transport
-        finally:
-            await transport.close()
-
-
-async def good_client_works(address: str) -> None:
-    async with ActorSystem() as system:
-        transport = await attach(system, TransportConfig(token=TOKEN))
-        try:
-            assert await system.ref(f"{address}/echo").ask.echo("ok") == "ok"
         finally:
             await transport.close()
 
@@ -80,7 +72,7 @@ def test_connections_beyond_the_cap_are_closed_on_arrival(listener: str) -> None
             assert closed == [True] * 4
             for _, writer in held + extra:
                 writer.close()
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
@@ -107,7 +99,7 @@ def test_slow_strangers_are_closed_at_the_handshake_timeout(behaviour: str) -> N
             await writer.drain()
             await reader.read()  # returns only when the server closes the connection
             writer.close()
-            await good_client_works(transport.address)
+            await good_client_works(transport.address, TOKEN)
 
     run(main())
 
