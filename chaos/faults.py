@@ -33,6 +33,7 @@ from typing import Protocol
 from shoal.chaos.cluster import Cluster
 from shoal.chaos.errors import FaultError
 from shoal.errors import ShoalError
+from shoal.files import write_atomically
 from shoal.scheduler.errors import HealthError
 from shoal.scheduler.health.clock import OffsetClock as OffsetClock
 from shoal.scheduler.health.simgpu import SimGpuBackend
@@ -162,18 +163,12 @@ class ClockSkew:
         self.target = target or str(offset_file)
 
     def inject(self) -> str:
-        _write_atomic(self.offset_file, repr(self.seconds))
+        write_atomically(self.offset_file, repr(self.seconds), durable=False)
         return f"clock of {self.target} skewed by {self.seconds:+g} s"
 
     def heal(self) -> str:
-        _write_atomic(self.offset_file, "0.0")
+        write_atomically(self.offset_file, "0.0", durable=False)
         return f"clock of {self.target} back to true time"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class DiskFull:

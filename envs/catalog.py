@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from shoal.envs.errors import EnvError
+from shoal.files import write_atomically
 
 PROBE_STEPS = 3
 DEFAULT_TIMEOUT_S = 30.0
@@ -262,9 +263,7 @@ def load_catalog(
             cached[result.id] = asdict(result)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(json.dumps({"key": key, "results": cached}))
-            partial.replace(path)
+            write_atomically(path, json.dumps({"key": key, "results": cached}), durable=False)
         except OSError:
             pass  # the cache only saves time; a read-only SHOAL_HOME probes again next time
     return [ProbeResult(**cached[env_id]) for env_id in env_ids]

@@ -21,6 +21,7 @@ import numpy as np
 
 from shoal.envs.errors import EnvError
 from shoal.envs.registry import Registry, default_registry
+from shoal.files import write_atomically
 
 MANIFEST_FORMAT = 1
 HASH_LENGTH = 64
@@ -114,9 +115,7 @@ class HashStore:
             return path
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(canonical_json(manifest) + "\n")
-            partial.replace(path)
+            write_atomically(path, canonical_json(manifest) + "\n", durable=False)
         except OSError as exc:
             raise HashStoreError(
                 f"cannot record environment hash in {self.root}: {exc}; set SHOAL_HOME to a "

@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from shoal.config import check_int, check_number
+from shoal.files import fsync_directory, write_atomically
 from shoal.learner.checkpoint_files import (
     FORMAT,
     LEGACY_FORMAT,
@@ -85,7 +86,7 @@ _STALE = re.compile(r"^\.ckpt-\d{12}\..*(\.tmp|\.partial)$")
 GROUP_TIMEOUT = timedelta(minutes=10)
 """How long a checkpoint collective waits for a peer (a rank that died mid-save)."""
 
-__all__ = ["CheckpointInfo", "CheckpointManager", "MetaValue", "SaveSchedule", "write_atomically"]
+__all__ = ["CheckpointInfo", "CheckpointManager", "MetaValue", "SaveSchedule"]
 
 
 @dataclass(frozen=True)
@@ -123,29 +124,6 @@ def _dir_name(step: int) -> str:
 
 def _manifest_name(step: int) -> str:
     return f"ckpt-{step:012d}.json"
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, payload: bytes) -> None:
-    """temp file → write → fsync → rename over `path` → fsync the directory."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def _remove_tree(path: Path) -> None:
@@ -440,12 +418,12 @@ class CheckpointManager:
         final = self.directory / _dir_name(job.step)
         manifest_path = self.directory / _manifest_name(job.step)
         try:
-            write_atomically(job.partial / TRAINER_FILE, job.trainer)
+            write_atomically(job.partial / TRAINER_FILE, job.trainer, durable=True)
             manifest_path.unlink(missing_ok=True)  # the same step again: incomplete from here
             _remove_tree(final)
             os.replace(job.partial, final)
-            _fsync_dir(self.directory)
-            write_atomically(manifest_path, manifest_json(manifest))
+            fsync_directory(self.directory)
+            write_atomically(manifest_path, manifest_json(manifest), durable=True)
         except OSError as exc:
             _remove_tree(job.partial)
             if not manifest_path.exists():

@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from shoal.files import write_json_atomically
 from shoal.learner.config import TrainConfig
 from shoal.learner.diskfull import unless_disk_full
 from shoal.learner.errors import BadFragment, LearnerError
@@ -60,7 +61,6 @@ from shoal.learner.trainer import LearnerCore
 from shoal.runtime.actor import Actor
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import Transport, TransportConfig
-from shoal.task_exchange import write_json_atomically
 
 log = logging.getLogger("shoal.learner")
 
@@ -183,7 +183,9 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
         if now - last_status >= STATUS_EVERY_S:
             last_status = now
             status = core.run_dir / f"status-{core.group.rank}.json"
-            unless_disk_full("the status", partial(write_json_atomically, status, core.status()))
+            unless_disk_full(
+                "the status", partial(write_json_atomically, status, core.status(), durable=False)
+            )
         core.publish_progress()
         if agreed:
             return
@@ -236,7 +238,9 @@ async def serve(
             core.mark("ready")
             await system.spawn(LearnerActor, core, name=LEARNER_NAME, mailbox_size=4096)
             write_json_atomically(
-                run_dir / f"learner-{group.rank}.addr", {"address": transport.address}
+                run_dir / f"learner-{group.rank}.addr",
+                {"address": transport.address},
+                durable=False,
             )
             append_event(
                 run_dir,
@@ -269,7 +273,9 @@ async def serve(
             await asyncio.to_thread(core.save_checkpoint, trained, True)
             if group.is_leader:
                 append_event(run_dir, {"event": "stop", "rank": group.rank, "step": core.version})
-            write_json_atomically(run_dir / f"status-{group.rank}.json", core.status())
+            write_json_atomically(
+                run_dir / f"status-{group.rank}.json", core.status(), durable=False
+            )
             core.publish_progress(final=True)
             core.write_ledger(final=True)
         except GroupError as exc:

@@ -32,7 +32,8 @@ import torch
 from shoal.config import check_int
 from shoal.envs.vector import VectorEnvironment, make_vector
 from shoal.errors import ConfigError
-from shoal.learner.checkpoint import CheckpointManager, write_atomically
+from shoal.files import write_atomically
+from shoal.learner.checkpoint import CheckpointManager
 from shoal.learner.config import SEED_MAX
 from shoal.learner.errors import PipelineError
 from shoal.learner.models import ModelConfig, PolicyModel, build_model
@@ -300,9 +301,8 @@ class Recorder:
         self.flush()
 
     def flush(self) -> None:
-        write_atomically(
-            self.path, (json.dumps(self.manifest, indent=2, allow_nan=True) + "\n").encode()
-        )
+        text = json.dumps(self.manifest, indent=2, allow_nan=True) + "\n"
+        write_atomically(self.path, text, durable=True)
 
 
 def run_pipeline(cfg: PipelineConfig, run_dir: str | Path) -> dict[str, Any]:

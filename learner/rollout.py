@@ -42,6 +42,7 @@ import torch
 from shoal.config import load
 from shoal.envs.vector import VectorEnvironment
 from shoal.errors import ConfigError
+from shoal.files import write_atomically
 from shoal.learner.errors import PolicyError, WeightSyncError
 from shoal.learner.fragment import Fragment
 from shoal.learner.journal import Journal
@@ -386,9 +387,7 @@ class RolloutActor(Actor):
         self._ledger_written = time.monotonic()
         self.ledger_dir.mkdir(parents=True, exist_ok=True)
         path = self.ledger_dir / f"rollout-{collector.actor_id}.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.ledger()))
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(self.ledger()), durable=False)
 
     def stats(self) -> dict[str, Any]:
         collector = self._collector

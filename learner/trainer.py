@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shoal.files import write_json_atomically
 from shoal.learner.buffer import Intake
 from shoal.learner.checkpoint import CheckpointInfo, CheckpointManager
 from shoal.learner.config import TrainConfig
@@ -50,7 +51,6 @@ from shoal.learner.seqranges import SeqRanges, ranges_by_actor, ranges_json
 from shoal.learner.train_state import model_optimizer_state, restore_model_optimizer
 from shoal.learner.weight_sync import WeightBroadcaster, WeightSnapshot
 from shoal.runtime.ref import ActorRef
-from shoal.task_exchange import write_json_atomically
 
 log = logging.getLogger("shoal.learner")
 
@@ -216,7 +216,7 @@ class LearnerCore:
         folder = self.run_dir / "accounting"
         folder.mkdir(exist_ok=True)
         name = f"learner-{self.group.rank}-{self.incarnation}.json"
-        write_json_atomically(folder / name, self.ledger(final))
+        write_json_atomically(folder / name, self.ledger(final), durable=False)
 
     def save_checkpoint(self, trained: dict[str, SeqRanges], block: bool = False) -> None:
         """Every rank writes its shards (a collective); rank 0 the trainer state and, once

@@ -29,6 +29,7 @@ from typing import Any
 
 from shoal.agent import AgentConfig, NodeAgent, Registration
 from shoal.errors import ConfigError
+from shoal.files import write_atomically
 from shoal.node_faults import NodeFaults
 from shoal.node_metrics import add_xids, node_gauges
 from shoal.scheduler.health.collector import (
@@ -165,9 +166,7 @@ def node_identity(data_dir: Path, wanted: str | None) -> str:
         return stored
     host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname()).strip(".-")[:100] or "node"
     node_id = wanted or f"{host}-{secrets.token_hex(3)}"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(node_id + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, node_id + "\n", durable=True)
     return node_id
 
 
@@ -510,9 +509,7 @@ def _write_node_file(data_dir: Path, reg: Registration, metrics_url: str | None)
         "gpus": reg.gpus,
         "metrics": metrics_url,
     }
-    tmp = data_dir / "node.json.tmp"
-    tmp.write_text(json.dumps(info, indent=1))
-    os.replace(tmp, data_dir / "node.json")
+    write_atomically(data_dir / "node.json", json.dumps(info, indent=1), durable=False)
 
 
 async def serve_until_signalled(config: NodeConfig) -> None:

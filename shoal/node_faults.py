@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.errors import ShoalError
+from shoal.files import write_atomically
 from shoal.raft.client import RETRYABLE, CoordinatorClient
 from shoal.raft.errors import RaftError
 from shoal.tasks import ActorTask, ProcessTask
@@ -55,12 +56,8 @@ class FaultLedger:
         self.entries[fault_id] = (state, message)
         while len(self.entries) > MAX_LEDGER:
             del self.entries[next(iter(self.entries))]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w") as handle:
-            json.dump({k: list(v) for k, v in self.entries.items()}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        entries = {k: list(v) for k, v in self.entries.items()}
+        write_atomically(self.path, json.dumps(entries), durable=True)
 
 
 def _load(path: Path) -> dict[str, Outcome]:
@@ -290,9 +287,7 @@ class FaultRefused(ShoalError):
 
 def _write_offset(path: Path, seconds: float) -> None:
     """The chaos clock hook's file (scheduler/health/clock.py OffsetClock), replaced whole."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(repr(seconds))
-    os.replace(tmp, path)
+    write_atomically(path, repr(seconds), durable=False)
 
 
 def _kill_self() -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from shoal import boundedjson
 from shoal.errors import ShoalError
+from shoal.files import write_atomically, write_json_atomically
 
 PUBLISHED = "published.json"
 PEERS = "peers.json"
@@ -43,17 +44,6 @@ PEER_POLL_S = 0.05
 
 class PublishedStateError(ShoalError, ValueError):
     """A task's published state breaks the rules the coordinators enforce; the message says which."""
-
-
-def write_json_atomically(path: Path, value: Any) -> None:
-    """Write `value` as JSON to a temporary name in the same directory, then rename it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(value, separators=(",", ":")))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def check_published(state: Any) -> dict[str, Any]:
@@ -122,7 +112,7 @@ def publish(state: dict[str, Any], directory: Path | None = None) -> bool:
     directory = directory or task_dir()
     if directory is None:
         return False
-    write_json_atomically(directory / PUBLISHED, check_published(state))
+    write_json_atomically(directory / PUBLISHED, check_published(state), durable=False)
     return True
 
 
@@ -229,7 +219,5 @@ class NodeExchange:
     def _show(self, directory: Path, data: bytes | None) -> None:
         if data is None or self._shown.get(directory) == data or not directory.is_dir():
             return
-        tmp = directory / f".{PEERS}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, directory / PEERS)
+        write_atomically(directory / PEERS, data, durable=False)
         self._shown[directory] = data

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from typing import Any
 
 import pynvml
 
+from shoal.files import write_atomically
 from shoal.scheduler.errors import HealthError
 from shoal.scheduler.health.nvml import NvmlCollector
 
@@ -89,9 +89,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 def _write(path: Path, data: dict[str, Any]) -> None:
     """Write beside, then rename: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(data), durable=False)
 
 
 @dataclass(frozen=True)

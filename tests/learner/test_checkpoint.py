@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
+from shoal.files import temp_path
 from shoal.learner.checkpoint import CheckpointManager, SaveSchedule
 from shoal.learner.errors import CheckpointError
 
@@ -169,7 +170,7 @@ def _full_manifest_temp(manager: CheckpointManager, step: int) -> Path:
     """The temp file of `step`'s manifest made a link to /dev/full: a real ENOSPC on its write."""
     if not os.path.exists("/dev/full"):
         pytest.skip("/dev/full is not available on this system")
-    link = manager.directory / f".ckpt-{step:012d}.json.tmp"
+    link = temp_path(manager.directory / f"ckpt-{step:012d}.json")
     link.symlink_to("/dev/full")
     return link
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shoal.errors import ConfigError
+from shoal.files import write_json_atomically
 from shoal.learner.group import (
     GroupError,
     GroupSpec,
@@ -22,7 +23,7 @@ from shoal.learner.group import (
     interface_of,
 )
 from shoal.learner.peers import Publication, PublishedRendezvous, learner_address
-from shoal.task_exchange import PEERS, PUBLISHED, read_peers, write_json_atomically
+from shoal.task_exchange import PEERS, PUBLISHED, read_peers
 from tests.shoal.waiting import eventually
 
 _RANK = textwrap.dedent(
@@ -63,7 +64,7 @@ def _relay(dirs: list[Path], generation: int) -> bool:
                 }
             )
     for directory in dirs:
-        write_json_atomically(directory / PEERS, {"tasks": tasks})
+        write_json_atomically(directory / PEERS, {"tasks": tasks}, durable=False)
     return len(tasks) == len(dirs)
 
 
@@ -123,6 +124,7 @@ def test_a_rank_waits_for_its_own_epoch_and_names_it_when_none_comes(
     write_json_atomically(
         tmp_path / PEERS,
         {"tasks": [{"id": "j-learner-0", "generation": 3, "node": "n1", "published": old}]},
+        durable=False,
     )
     rendezvous = PublishedRendezvous(Publication(), "4")
     with pytest.raises(GroupError, match="epoch '4' published no rendezvous"):
@@ -131,6 +133,7 @@ def test_a_rank_waits_for_its_own_epoch_and_names_it_when_none_comes(
     write_json_atomically(
         tmp_path / PEERS,
         {"tasks": [{"id": "j-learner-0", "generation": 4, "node": "n2", "published": new}]},
+        durable=False,
     )
     assert rendezvous.locate(5.0) == ("10.0.0.2", 4242)
     assert learner_address(0) == "shoal://10.0.0.2:1"
@@ -178,7 +181,7 @@ def test_a_rank_looks_again_when_its_epochs_rank_0_was_restarted_on_a_new_port(
     def show(port: int) -> None:
         state = {"role": "learner", "rank": 0, "epoch": "4", "rendezvous": f"127.0.0.1:{port}"}
         record = {"id": "j-learner-0", "generation": 4, "node": "n1", "published": state}
-        write_json_atomically(tmp_path / PEERS, {"tasks": [record]})
+        write_json_atomically(tmp_path / PEERS, {"tasks": [record]}, durable=False)
 
     with socket.socket() as dead:
         dead.bind(("127.0.0.1", 0))
