@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import signal
 import socket
@@ -21,6 +20,7 @@ from aiohttp import web
 from pysyncobj import SyncObj, SyncObjConf
 
 from shoal.errors import ConfigError
+from shoal.files import lock_directory
 from shoal.raft.api import build_app
 from shoal.raft.bridge import RaftBridge
 from shoal.raft.config import CoordinatorConfig, RaftTimings, parse_address
@@ -129,13 +129,8 @@ class Coordinator:
 @contextlib.contextmanager
 def _claim(data_dir: Path) -> Iterator[None]:
     """Hold an exclusive lock on the data directory: two replicas on one journal corrupt it."""
-    with open(data_dir / "lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"--data-dir={data_dir} is in use by another coordinator; give each replica its own"
-            ) from None
+    in_use = f"--data-dir={data_dir} is in use by another coordinator; give each replica its own"
+    with lock_directory(data_dir, in_use):
         yield
 
 

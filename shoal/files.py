@@ -18,15 +18,21 @@ loss would be wrong after a reboot pay it, and every caller says which it wants 
   the task/node exchange files, a chaos clock offset, a simulated GPU's state, caches. They are
   rewritten by their next writer, or describe processes a host crash has ended anyway.
 
-This module imports only the standard library, so any package may use it.
+`lock_directory` is the one exclusive lock on a data directory (a node daemon's, a coordinator
+replica's): two processes on one directory would corrupt its journal or fight over its tasks.
+
+This module imports only the standard library and the error root, so any package may use it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from shoal.errors import ConfigError
 
 
 def temp_path(path: Path) -> Path:
@@ -65,3 +71,22 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def lock_directory(directory: Path, in_use: str) -> IO[str]:
+    """Take the exclusive lock on `directory/lock` without waiting, and return its open file:
+    the lock lasts until that file is closed (or the process dies, even by kill -9).
+
+    Another process holding it is a `ConfigError` with the message `in_use` (which should say
+    what to do); a directory that cannot be written raises the `OSError` for the caller to word.
+    """
+    handle = open(directory / "lock", "w")  # noqa: SIM115 (returned: the caller closes it)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ConfigError(in_use) from None
+    except BaseException:
+        handle.close()
+        raise
+    return handle

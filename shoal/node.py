@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -29,7 +28,7 @@ from typing import Any
 
 from shoal.agent import AgentConfig, NodeAgent, Registration
 from shoal.errors import ConfigError
-from shoal.files import write_atomically
+from shoal.files import lock_directory, write_atomically
 from shoal.node_faults import NodeFaults
 from shoal.node_metrics import add_xids, node_gauges
 from shoal.scheduler.health.collector import (
@@ -380,16 +379,13 @@ def claim(data_dir: Path) -> Iterator[None]:
     Creates the directory; one it cannot create or write is a ConfigError."""
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(data_dir / "lock", "w")  # noqa: SIM115 (closed by the with below)
+        handle = lock_directory(
+            data_dir,
+            f"--data-dir={data_dir} is used by another running node daemon; give each its own",
+        )
     except OSError as exc:
         raise data_dir_error(data_dir, exc) from None
     with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"--data-dir={data_dir} is used by another running node daemon; give each its own"
-            ) from None
         yield
 
 
