@@ -8,11 +8,16 @@ from __future__ import annotations
 import errno
 import logging
 import re
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+NO_ROOM_BYTES = 64 * 1024
+"""Free space under which a file system counts as full: less than one status write and a log
+line or two."""
 
 
 _LOGGED_ERRNO = re.compile(r"\[Errno (\d+)\]")
@@ -26,6 +31,15 @@ def logs_disk_full(text: str) -> bool:
     """Whether a log (another process's, which only left text behind) reports an OSError
     that means no room: `[Errno 28] No space left on device` and the like."""
     return any(int(m.group(1)) in DISK_FULL_ERRNOS for m in _LOGGED_ERRNO.finditer(text))
+
+
+def has_no_room(path: Path) -> bool:
+    """Whether the file system holding `path` is full now. A process that died of a full disk
+    often could not log why (its log is on the same disk), so its silence is read with this."""
+    try:
+        return shutil.disk_usage(path).free < NO_ROOM_BYTES
+    except OSError:
+        return False
 
 
 def unless_disk_full(what: str, write: Callable[[], None]) -> None:

@@ -162,10 +162,11 @@ def started_pids(lines: list[str], job_id: str) -> set[int]:
 
 def exit_reason(log_tail: str, run_dir: Path) -> str:
     """Why a process of the embedded cluster stopped, in one line: a full disk (its log names
-    the errno) as such, with what to do, else the last line of its log."""
-    from shoal.learner.diskfull import logs_disk_full
+    the errno, or the disk has no room left for it to have logged one) as such, with what to
+    do, else the last line of its log."""
+    from shoal.learner.diskfull import has_no_room, logs_disk_full
 
-    if logs_disk_full(log_tail):
+    if logs_disk_full(log_tail) or has_no_room(run_dir):
         return (
             f"the disk holding {run_dir} is full; free space or choose a --run-dir on a larger disk"
         )

@@ -149,6 +149,17 @@ def test_a_process_that_died_of_a_full_disk_is_named_with_the_fix(tmp_path: Path
     assert exit_reason("", tmp_path) == "its log is empty"
 
 
+def test_a_process_silent_on_a_full_disk_is_named_with_the_fix(small_disk: Path) -> None:
+    """A replica that died of the full disk could not log why (its log is on that disk): the
+    disk itself says so."""
+    silent = "c1 leads term 1\n"
+    assert exit_reason(silent, small_disk) == "c1 leads term 1"
+    _fill(small_disk, 0)
+    assert exit_reason(silent, small_disk) == (
+        f"the disk holding {small_disk} is full; free space or choose a --run-dir on a larger disk"
+    )
+
+
 def test_a_run_dir_without_room_to_start_is_refused_before_anything_starts(
     small_disk: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
