@@ -27,7 +27,7 @@ from shoal.chaos.scenario import parse
 from shoal.chaos.workload import make_client
 from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 

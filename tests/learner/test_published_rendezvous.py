@@ -24,7 +24,7 @@ from shoal.learner.group import (
 )
 from shoal.learner.peers import Publication, PublishedRendezvous, learner_address
 from shoal.task_exchange import PEERS, PUBLISHED, read_peers
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 _RANK = textwrap.dedent(
     """

@@ -18,7 +18,7 @@ import pytest
 
 from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 from tests.support.netns import netns_cluster
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]

@@ -18,7 +18,7 @@ from shoal.local import free_port
 from shoal.raft.client import CoordinatorClient
 from shoal.runtime.local_ca import make_local_ca
 from shoal.runtime.tls import TLS_DIR_ENV
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 from .inprocess import SECRET, TOKEN
 

@@ -20,7 +20,7 @@ import pytest
 from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.errors import Conflict, NotFound
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.config import parse_address
 from shoal.raft.pysyncobj_seam import PREAUTH_CONNECTIONS_MAX
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 

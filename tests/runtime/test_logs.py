@@ -36,7 +36,7 @@ from shoal.runtime.logs import (
 from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import TransportConfig, attach
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 LEVELS = (logging.INFO, logging.ERROR)

@@ -21,7 +21,7 @@ import pytest
 from shoal.node import HealthMonitor, NodeConfig, build_collectors
 from shoal.scheduler.health.clock import PtpCollector
 from shoal.scheduler.health.collector import Report
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 PTP4L, PMC, UNSHARE = shutil.which("ptp4l"), shutil.which("pmc"), shutil.which("unshare")
 

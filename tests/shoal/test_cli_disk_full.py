@@ -23,7 +23,7 @@ from shoal.cluster_train import exit_reason
 from shoal.learner.checkpoint import CheckpointInfo, CheckpointManager
 from shoal.local import LocalCluster
 from shoal.train import MIN_FREE_BYTES, find_checkpoint
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 DISK_BYTES = MIN_FREE_BYTES + (8 << 20)
 """Room to start a run (the command refuses less) and to write its first checkpoints."""

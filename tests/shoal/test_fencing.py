@@ -35,7 +35,7 @@ from shoal.chaos.proxy import FaultProxy
 from shoal.errors import ConfigError
 from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 HERE = Path(__file__).parent
 T = TypeVar("T")

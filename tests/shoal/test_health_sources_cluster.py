@@ -19,7 +19,7 @@ import pytest
 
 from shoal.local import LocalCluster, coordinator_specs, node_specs
 from tests.scheduler.fake_sensors import fake_dcgmi, fake_pmc, set_dcgm
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 

@@ -21,7 +21,7 @@ import pytest
 from shoal import hosts
 from shoal.hosts import Network
 from shoal.local import LocalCluster
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 from tests.support.netns import netns_cluster, reach, skip_unless_hosts
 
 pytestmark = pytest.mark.timeout(300)

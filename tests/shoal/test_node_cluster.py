@@ -26,6 +26,7 @@ from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import TransportConfig, attach
+from tests.support.waiting import eventually_async
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -134,23 +135,12 @@ def run(cluster: Cluster, body: Callable[[CoordinatorClient], Awaitable[T]]) -> 
     return asyncio.run(go())
 
 
-async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout} s: {check}")
-        await asyncio.sleep(0.1)
-
-
 async def task_in(client: CoordinatorClient, task_id: str, *states: str) -> dict[str, Any]:
     async def check() -> dict[str, Any] | None:
         task = (await client.request("GET", f"/v1/tasks/{task_id}")) or {}
         return task if task.get("state") in states else None
 
-    return await eventually(check)
+    return await eventually_async(check, f"task {task_id} in {states}")
 
 
 async def alive(client: CoordinatorClient, node: str) -> bool:
@@ -159,7 +149,7 @@ async def alive(client: CoordinatorClient, node: str) -> bool:
     async def check() -> bool:
         return bool((await client.node(node))["liveness"] == "alive")
 
-    return await eventually(check)
+    return await eventually_async(check, f"node {node} alive")
 
 
 async def submit_and_place(
@@ -201,7 +191,7 @@ def test_nodes_register_their_gpus_and_heartbeat_health(cluster: Cluster) -> Non
                 return nodes
             return None
 
-        return await eventually(registered)
+        return await eventually_async(registered, "the node registered")
 
     nodes = run(cluster, body)
     n1 = nodes["n1"]
@@ -364,7 +354,7 @@ def test_a_migration_starts_the_new_copy_before_it_stops_the_old_one(cluster: Cl
                 return None
             return task
 
-        moved = await eventually(promoted)
+        moved = await eventually_async(promoted, "a task promoted")
         await asyncio.to_thread(wait_for_file, Path(f"{base}.g1"))
 
         async def logged() -> list[dict[str, Any]] | None:
@@ -372,7 +362,7 @@ def test_a_migration_starts_the_new_copy_before_it_stops_the_old_one(cluster: Cl
             mine = [e for e in events if e["kind"] == "migration"]
             return mine if len(mine) >= 2 else None
 
-        return moved, await eventually(logged)
+        return moved, await eventually_async(logged, "the move logged")
 
     moved, events = run(cluster, body)
     assert (moved["generation"], moved["incoming"]) == (2, None)
@@ -472,7 +462,7 @@ def test_kill_9_makes_the_node_suspect_then_dead(cluster: Cluster) -> None:
             ]
             return changes if ("suspect", "dead") in changes else None
 
-        return await eventually(dead)
+        return await eventually_async(dead, "the node declared dead")
 
     changes = run(cluster, liveness_changes)
     assert changes[-2:] == [("alive", "suspect"), ("suspect", "dead")]
@@ -526,7 +516,7 @@ def test_sigterm_drains_the_node_and_exits_zero(cluster: Cluster) -> None:
             record = await client.node("n3")
             return None if record["cordoned"] else record
 
-        return await eventually(uncordoned)
+        return await eventually_async(uncordoned, "the node uncordoned")
 
     record = run(cluster, back)
     assert record["draining"] is False

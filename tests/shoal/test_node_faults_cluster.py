@@ -22,7 +22,7 @@ from shoal.local import LocalCluster, coordinator_specs, node_specs
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.errors import Conflict
 from shoal.runtime import loop
-from tests.shoal.waiting import eventually
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
