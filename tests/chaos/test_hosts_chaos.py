@@ -19,8 +19,8 @@ from shoal import hosts
 from shoal.chaos import invariants
 from shoal.chaos.scenario import INVARIANTS
 from shoal.local import LocalCluster, coordinator_specs
-from tests.support.waiting import eventually
 from tests.support.netns import netns_cluster, reach, skip_unless_hosts
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow]
 

@@ -18,8 +18,8 @@ import pytest
 
 from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
-from tests.support.waiting import eventually
 from tests.support.netns import netns_cluster
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

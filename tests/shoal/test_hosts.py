@@ -21,8 +21,8 @@ import pytest
 from shoal import hosts
 from shoal.hosts import Network
 from shoal.local import LocalCluster
-from tests.support.waiting import eventually
 from tests.support.netns import netns_cluster, reach, skip_unless_hosts
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
