@@ -16,7 +16,8 @@ from typing import Any
 from shoal.bench.report import Row
 from shoal.raft.commands import make_command
 from shoal.raft.machine import StateMachine
-from shoal.raft.scheduling import Memory, decide, read_inputs
+from shoal.raft.scheduling_decide import Memory, decide
+from shoal.raft.scheduling_inputs import read_inputs
 from shoal.scheduler.model import RolloutActor
 from shoal.scheduler.placement import place
 from shoal.scheduler.signals import BalancerConfig

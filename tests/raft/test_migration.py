@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shoal.raft.machine import StateMachine
 from shoal.raft.model import Task
-from shoal.raft.scheduling import Memory
+from shoal.raft.scheduling_decide import Memory
 from shoal.tasks import TaskSpec
 
 from .test_scheduling import BUSY, IDLE, add_node, health, one_round, run, submit

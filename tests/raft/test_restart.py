@@ -17,7 +17,8 @@ from shoal.raft.config import LivenessConfig, SchedulingConfig
 from shoal.raft.errors import ValidationError
 from shoal.raft.machine import StateMachine
 from shoal.raft.model import LEARNER_KIND
-from shoal.raft.scheduling import Memory, decide, read_inputs
+from shoal.raft.scheduling_decide import Memory, decide
+from shoal.raft.scheduling_inputs import read_inputs
 from shoal.scheduler.signals import BalancerConfig
 from tests.raft.inprocess import InProcessReplica
 from tests.raft.test_scheduling import add_node, apply_round, run

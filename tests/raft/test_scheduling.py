@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from shoal.raft.commands import make_command
 from shoal.raft.machine import StateMachine
 from shoal.raft.model import LEARNER_KIND
-from shoal.raft.scheduling import ACTIVE, Memory, Round, decide, read_inputs
+from shoal.raft.scheduling_decide import Memory, Round, decide
+from shoal.raft.scheduling_inputs import ACTIVE, read_inputs
 from shoal.scheduler.ledger import Ledger
 from shoal.scheduler.signals import BalancerConfig
 
