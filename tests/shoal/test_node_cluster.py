@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import TransportConfig, attach
-from tests.support.waiting import eventually_async
+from tests.support.waiting import eventually, eventually_async
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -101,7 +100,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         local.wait_ready()
         for name in NODES:
             nodes[name] = start_node(local, name, tmp)
-        yield Cluster(local, nodes, tmp)
+        cluster = Cluster(local, nodes, tmp)
+        run(cluster, all_alive)
+        yield cluster
     finally:
         for node in nodes.values():
             stop_process(node.process)
@@ -152,6 +153,17 @@ async def alive(client: CoordinatorClient, node: str) -> bool:
     return await eventually_async(check, f"node {node} alive")
 
 
+async def all_alive(client: CoordinatorClient) -> None:
+    """Every node registered and alive: each test may place on any node and read its record,
+    whichever test runs first (or alone)."""
+
+    async def check() -> bool:
+        known = {n["id"]: n["liveness"] for n in await client.nodes()}
+        return all(known.get(name) == "alive" for name in NODES)
+
+    await eventually_async(check, f"nodes {NODES} registered and alive")
+
+
 async def submit_and_place(
     client: CoordinatorClient, job_id: str, node: str, tasks: list[dict[str, Any]]
 ) -> None:
@@ -159,12 +171,8 @@ async def submit_and_place(
     await client.place_tasks({t["task_id"]: node for t in tasks})
 
 
-def wait_for_file(path: Path, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists() or not path.read_text():
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
-        time.sleep(0.05)
-    return path.read_text()
+def wait_for_file(path: Path) -> str:
+    return eventually(lambda: path.exists() and path.read_text(), f"{path} written")
 
 
 def test_a_node_with_a_wrong_token_exits_with_one_line(cluster: Cluster) -> None:
@@ -397,10 +405,10 @@ def test_a_report_made_while_every_coordinator_is_down_arrives_later(cluster: Cl
             "cannot report task rank-outage stopped yet",
             "heartbeat of n1 failed: coordinators",
         )
-        deadline = time.monotonic() + 30
-        while not all(line in log.read_text() for line in lines):
-            assert time.monotonic() < deadline, cluster.nodes["n1"].tail()
-            time.sleep(0.1)
+        eventually(
+            lambda: all(line in log.read_text() for line in lines),
+            f"n1 logged {lines}",
+        )
         assert cluster.nodes["n1"].process.poll() is None
     finally:
         for name in names:
@@ -491,10 +499,8 @@ def test_sigterm_drains_the_node_and_exits_zero(cluster: Cluster) -> None:
     run(cluster, place)
     wait_for_file(Path(f"{marker}.pid"))
     node = cluster.nodes["n3"]
-    started = time.monotonic()
     node.process.send_signal(signal.SIGTERM)
-    assert node.process.wait(timeout=30) == 0
-    assert time.monotonic() - started < 30
+    assert node.process.wait(timeout=60) == 0
     assert wait_for_file(marker).startswith("terminated")
 
     async def after(client: CoordinatorClient) -> tuple[dict[str, Any], list[dict[str, Any]]]:
