@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -17,69 +16,22 @@ from hypothesis import strategies as st
 
 from shoal.chaos.relay import LinkRelay
 from shoal.errors import ConfigError
+from shoal.local import free_port
 from shoal.runtime import tunnel
 from shoal.runtime.errors import LinkClosed
 from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import TransportConfig, attach
+from tests.support.processes import worker_process
 
 TOKEN = "relay-token"
-
-CHILD = """
-import asyncio, os, sys
-import torch  # before listening: under load a first tensor must not wait for the import
-from shoal.runtime.actor import Actor
-from shoal.runtime.loop import run
-from shoal.runtime.system import ActorSystem
-from shoal.runtime.transport import TransportConfig, attach
-
-class Worker(Actor):
-    def pid(self):
-        return os.getpid()
-
-    def double(self, tensor):
-        return tensor * 2
-
-async def main():
-    async with ActorSystem() as system:
-        await system.spawn(Worker, name="worker")
-        transport = await attach(system, TransportConfig(token=sys.argv[1], relay=None))
-        print(transport.address, flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-        await transport.close()
-
-run(main())
-"""
 
 
 @pytest.fixture
 def child() -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """A child process serving a `worker` actor; killed and reaped even if the test fails."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, TOKEN],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        address = proc.stdout.readline().strip()
-        assert address.startswith("shoal://127.0.0.1:"), address
-        yield proc, address
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A child process serving a `worker` actor; its group is killed even if the test fails."""
+    with worker_process(TOKEN) as found:
+        yield found
 
 
 @pytest.mark.timeout(60)
@@ -159,7 +111,7 @@ def test_a_dead_relay_fails_the_link_like_a_dead_peer(
     child: tuple[subprocess.Popen[str], str],
 ) -> None:
     _, address = child
-    relay = f"127.0.0.1:{_free_port()}"
+    relay = f"127.0.0.1:{free_port()}"
 
     async def main() -> None:
         async with ActorSystem() as system:

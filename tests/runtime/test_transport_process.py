@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import aiohttp
@@ -19,60 +18,16 @@ from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import ROUTE, TransportConfig, attach
 from tests.runtime.hostile_frames import HOSTILE_HEADERS, header_only_frame
+from tests.support.processes import worker_process
 
 TOKEN = "two-process-token"
-
-CHILD = """
-import asyncio, os, sys
-import torch  # before listening: under load a first tensor must not wait for the import
-from shoal.runtime.actor import Actor
-from shoal.runtime.loop import run
-from shoal.runtime.system import ActorSystem
-from shoal.runtime.transport import ROUTE, TransportConfig, attach
-from tests.runtime.hostile_frames import HOSTILE_HEADERS, header_only_frame
-
-class Worker(Actor):
-    def pid(self):
-        return os.getpid()
-
-    def double(self, tensor):
-        return tensor * 2
-
-    async def nap(self, seconds):
-        await asyncio.sleep(seconds)
-
-async def main():
-    async with ActorSystem() as system:
-        await system.spawn(Worker, name="worker")
-        transport = await attach(system, TransportConfig(token=sys.argv[1]))
-        print(transport.address, flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-        await transport.close()
-
-run(main())
-"""
 
 
 @pytest.fixture
 def child() -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """A child process serving a `worker` actor; killed and reaped even if the test fails."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, TOKEN],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        address = proc.stdout.readline().strip()
-        assert address.startswith("shoal://127.0.0.1:"), address
-        yield proc, address
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
+    """A child process serving a `worker` actor; its group is killed even if the test fails."""
+    with worker_process(TOKEN) as found:
+        yield found
 
 
 @pytest.mark.timeout(60)

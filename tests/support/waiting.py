@@ -17,26 +17,40 @@ POLL_S = 0.1
 DEFAULT_TIMEOUT_S = 40.0
 
 
-def eventually(check: Callable[[], T | None], what: str, timeout: float = DEFAULT_TIMEOUT_S) -> T:
-    """`check()`'s first truthy value, polled every POLL_S; fails naming `what` after `timeout`."""
+def eventually(
+    check: Callable[[], T | None],
+    what: str,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    detail: Callable[[], str] | None = None,
+) -> T:
+    """`check()`'s first truthy value, polled every POLL_S; fails naming `what` after `timeout`,
+    followed by `detail()` (a log tail, the last answer) when given."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        assert time.monotonic() < deadline, _failure(what, timeout, detail)
         time.sleep(POLL_S)
 
 
 async def eventually_async(
-    check: Callable[[], Awaitable[T | None]], what: str, timeout: float = DEFAULT_TIMEOUT_S
+    check: Callable[[], Awaitable[T | None]],
+    what: str,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    detail: Callable[[], str] | None = None,
 ) -> T:
     """`await check()`'s first truthy value, polled every POLL_S without blocking the loop;
-    fails naming `what` after `timeout`."""
+    fails as `eventually` does."""
     deadline = time.monotonic() + timeout
     while True:
         value = await check()
         if value:
             return value
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        assert time.monotonic() < deadline, _failure(what, timeout, detail)
         await asyncio.sleep(POLL_S)
+
+
+def _failure(what: str, timeout: float, detail: Callable[[], str] | None) -> str:
+    message = f"not within {timeout} s: {what}"
+    return message if detail is None else f"{message}\n{detail()}"
