@@ -3,28 +3,37 @@ assigns, reports task states, and drains on request.
 
 The heartbeat reply lists every task placed on this node with its generation (for a task
 migrating here make-before-break, its incoming copy's generation), so the agent's watch IS
-the heartbeat: each reply is reconciled against what runs here (`plan`, pure), so an
-assignment starts within one heartbeat interval. Reports carry the generation the task was
+the heartbeat: each reply is reconciled against what runs here (`plan`, pure, in
+shoal/agent_policy.py with the agent's other decisions), so an assignment starts within one
+heartbeat interval. Reports carry the generation the task was
 started under; the coordinator refuses a stale one (the task moved), which is then dropped.
 Coordinators that do not answer are retried with growing pauses and one log line per try;
 the tasks keep running meanwhile, unless the node fences (`fence_after_s`): after that long
 without an accepted heartbeat it stops its tasks itself, before the leader declares it dead and
-starts them elsewhere, and lets the next accepted reply decide what runs again. Event-loop only.
+starts them elsewhere, and lets the next accepted reply decide what runs again. Task states
+go out through an outbox (shoal/agent_reports.py). Event-loop only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from shoal.errors import ConfigError
+from shoal.agent_policy import (
+    AgentConfig,
+    FenceClock,
+    Registration,
+    heartbeat_backoff,
+    plan,
+    registration_backoff,
+    stop_waves,
+)
+from shoal.agent_reports import TaskReports
 from shoal.node_faults import NodeFaults
 from shoal.raft.client import RETRYABLE, CoordinatorClient
 from shoal.raft.errors import (
@@ -36,7 +45,7 @@ from shoal.raft.errors import (
     ValidationError,
 )
 from shoal.raft.metrics import Metrics
-from shoal.raft.model import LEARNER_KIND, PROCESS_KINDS
+from shoal.raft.model import PROCESS_KINDS
 from shoal.runtime.system import ActorSystem
 from shoal.task_exchange import NodeExchange, PublishedStateError, host_of, parse_published
 from shoal.tasks import ActorTask, ProcessTask, TaskError, TaskSpec, actor_name
@@ -44,168 +53,12 @@ from shoal.tasks import ActorTask, ProcessTask, TaskError, TaskSpec, actor_name
 log = logging.getLogger("shoal.node")
 
 RunningTask = ActorTask | ProcessTask
-T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What to change locally: tasks to start (in the coordinator's order) and ids to stop."""
-
-    start: tuple[TaskSpec, ...] = ()
-    stop: tuple[str, ...] = ()
-
-
-def plan(
-    assigned: Sequence[TaskSpec],
-    local: Mapping[str, int],
-    done: Set[tuple[str, int]],
-    accepting: bool = True,
-) -> Plan:
-    """Reconcile the coordinator's view with this node's.
-
-    `local` maps each task running here to the generation it was started under; `done` holds
-    the (task, generation) pairs that already ended here, which are never started again (their
-    end may not be reported yet, and the coordinator may still say "running"). A local task
-    stops when the coordinator no longer places it here, moved it (newer generation) or no
-    longer wants it active. A task starts when it is wanted, not done and not already running at
-    its generation; a draining node (`accepting=False`) starts nothing.
-    """
-    wanted = {t.id: t for t in assigned if t.active}
-    stop = tuple(
-        task_id
-        for task_id, generation in local.items()
-        if task_id not in wanted or wanted[task_id].generation != generation
-    )
-    start = tuple(
-        t
-        for t in wanted.values()
-        if accepting and t.key not in done and local.get(t.id) != t.generation
-    )
-    return Plan(start, stop)
-
-
-@dataclass(frozen=True)
-class Registration:
-    """What this node tells the coordinator about itself (see `register_node`)."""
-
-    node_id: str
-    address: str
-    cpus: float
-    memory: int
-    gpus: list[dict[str, Any]] = field(default_factory=list)
-    labels: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    heartbeat_s: float = 1.0
-    """Heartbeat period; also how long an assignment may wait before it starts."""
-    backoff_max_s: float = 5.0
-    """Longest pause between tries while no coordinator answers."""
-    stop_timeout_s: float = 20.0
-    """How long a task may take to stop (a learner rank checkpoints) before SIGKILL."""
-    fence_after_s: float | None = None
-    """Stop every task here once no heartbeat was accepted for this long; None never does.
-    Below the coordinators' dead-after minus a heartbeat, the node's copies are stopped before
-    the leader places them elsewhere, so no task runs twice through a partition."""
-
-    def __post_init__(self) -> None:
-        for key in ("heartbeat_s", "backoff_max_s", "stop_timeout_s"):
-            if not _seconds(getattr(self, key)):
-                raise ConfigError(
-                    f"{key}={getattr(self, key)!r} is invalid: use a number of seconds > 0"
-                )
-        if self.fence_after_s is not None and not _seconds(self.fence_after_s):
-            raise ConfigError(
-                f"fence_after_s={self.fence_after_s!r} is invalid: use a number of seconds > 0 "
-                "(below the coordinators' dead-after minus a heartbeat), or leave it unset "
-                "to never fence"
-            )
-
-
-def _seconds(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < math.inf
-
-
-class FenceClock:
-    """When a node cut off from the coordinators fences, as a pure function of the times it
-    is given (monotonic seconds): once per silence of `after` seconds since the last contact,
-    and lifted by the next contact. The agent's clock starts at registration."""
-
-    def __init__(self, after: float, now: float) -> None:
-        self.after = after
-        self.last = now
-        self.fenced = False
-
-    def contact(self, now: float) -> bool:
-        """A coordinator accepted a heartbeat at `now`; True when that lifts a fence."""
-        self.last = max(self.last, now)
-        lifted, self.fenced = self.fenced, False
-        return lifted
-
-    def check(self, now: float) -> bool:
-        """True exactly when the node must fence now: silent for `after` and not yet fenced."""
-        if self.fenced or now < self.last + self.after:
-            return False
-        self.fenced = True
-        return True
-
-    def wait(self, now: float) -> float:
-        """How long to sleep before checking again: until the silence would reach `after`; a
-        whole `after` while fenced (only a contact, which moves `last`, changes anything)."""
-        return self.after if self.fenced else max(0.0, self.last + self.after - now)
-
-
-class Backoff:
-    """Doubling pauses from `first` up to `most`; `reset` after a success."""
-
-    def __init__(self, first: float, most: float) -> None:
-        self.first, self.most = first, most
-        self.next = first
-
-    def take(self) -> float:
-        pause, self.next = self.next, min(self.most, self.next * 2)
-        return pause
-
-    def reset(self) -> None:
-        self.next = self.first
-
-
-STOP_FIRST = LEARNER_KIND
 FENCED_HELP = "times this node stopped its tasks after --fence-after without an accepted heartbeat"
-FIRST_REGISTRATION_PERIOD_S = 0.1
 REGISTER_WARN_EVERY_S = 5.0
 PUBLISH_POLL_S = 0.1
 """How often the agent looks for a new published.json of its process tasks."""
-
-
-def registration_backoff(first: bool, most: float) -> Backoff:
-    """The pauses between registration tries. The node's first registration is what a
-    starting cluster (an embedded `shoal train`) waits on, and its coordinator is usually a
-    moment from ready: retry at a steady short period. Later ones (the coordinator forgot us)
-    back off, doubling, as the heartbeat does."""
-    if first:
-        return Backoff(FIRST_REGISTRATION_PERIOD_S, FIRST_REGISTRATION_PERIOD_S)
-    return Backoff(FIRST_REGISTRATION_PERIOD_S, most)
-
-
-def heartbeat_backoff(config: AgentConfig) -> Backoff:
-    """The pauses between failed heartbeats: doubling from the period to `backoff_max_s`, or,
-    on a fencing node, the period itself (as often as a healthy node sends them): doubling
-    pauses could by themselves outlast `fence_after_s` after a leader election and fence a
-    node that no coordinator lost."""
-    most = config.backoff_max_s if config.fence_after_s is None else config.heartbeat_s
-    return Backoff(config.heartbeat_s, most)
-
-
-def stop_waves(tasks: Sequence[T], kind: Callable[[T], str]) -> list[list[T]]:
-    """The order tasks stopped together stop in: learner ranks first, then the rest once
-    they are gone. A rank told to stop may be inside an all-reduce that needs one more batch
-    from a rollout worker; stopping the workers with it can leave it stuck until SIGKILL,
-    without its final checkpoint and ledger. Empty waves are left out."""
-    first = [t for t in tasks if kind(t) == STOP_FIRST]
-    rest = [t for t in tasks if kind(t) != STOP_FIRST]
-    return [wave for wave in (first, rest) if wave]
 
 
 class NodeAgent:
@@ -234,10 +87,8 @@ class NodeAgent:
         self.running: dict[str, RunningTask] = {}
         self.done: set[tuple[str, int]] = set()
         self.accepting = True
-        self._pending: dict[str, tuple[int, str, str]] = {}
-        self._report_wake = asyncio.Event()
-        self._reports_idle = asyncio.Event()
-        self._reports_idle.set()
+        self.reports = TaskReports(client, config.backoff_max_s)
+        """The states of the tasks here, on their way to the coordinator."""
         self._lock = asyncio.Lock()
         self._assigned: list[TaskSpec] = []
         self._assigned_fresh = asyncio.Event()
@@ -284,7 +135,7 @@ class NodeAgent:
         loops = [
             asyncio.create_task(self._heartbeat_loop(), name="shoal-heartbeat"),
             asyncio.create_task(self._reconcile_loop(stop), name="shoal-reconcile"),
-            asyncio.create_task(self._report_loop(), name="shoal-reports"),
+            asyncio.create_task(self.reports.run(), name="shoal-reports"),
             asyncio.create_task(self._publish_loop(), name="shoal-publish"),
         ]
         if self._fence is not None:
@@ -464,7 +315,7 @@ class NodeAgent:
             return
         self.running[spec.id] = task
         log.info("task %s generation %d running (%s)", spec.id, spec.generation, spec.actor)
-        self._report(spec, "running", "")
+        self.reports.add(spec, "running", "")
         if isinstance(task, ProcessTask):
             watcher = asyncio.create_task(self._watch(task), name=f"shoal-task-{spec.id}")
             self._watchers.add(watcher)
@@ -491,7 +342,7 @@ class NodeAgent:
             state=state,
             kind=spec.kind,
         )
-        self._report(spec, state, message)
+        self.reports.add(spec, state, message)
 
     # -- what process tasks publish -----------------------------------------------------------
 
@@ -581,41 +432,6 @@ class NodeAgent:
             reason or "exited with status 0",
         )
 
-    # -- reports -----------------------------------------------------------------------------
-
-    def _report(self, spec: TaskSpec, state: str, message: str) -> None:
-        self._pending[spec.id] = (spec.generation, state, message[:4000])
-        self._reports_idle.clear()
-        self._report_wake.set()
-
-    async def _report_loop(self) -> None:
-        backoff = Backoff(0.1, self.config.backoff_max_s)
-        while True:
-            await self._report_wake.wait()
-            self._report_wake.clear()
-            while self._pending:
-                task_id, report = next(iter(self._pending.items()))
-                if await self._send(task_id, *report):
-                    backoff.reset()
-                    if self._pending.get(task_id) == report:
-                        del self._pending[task_id]
-                else:
-                    await asyncio.sleep(backoff.take())
-            self._reports_idle.set()
-
-    async def _send(self, task_id: str, generation: int, state: str, message: str) -> bool:
-        """Report one state; False when it should be retried later."""
-        try:
-            await self.client.set_task_state(task_id, state, generation, message)
-        except (NotFound, Conflict) as exc:
-            log.info("dropped the %s report of task %s: %s", state, task_id, exc)
-        except RETRYABLE as exc:
-            log.warning("cannot report task %s %s yet (%s); will retry", task_id, state, exc)
-            return False
-        except RaftError as exc:
-            log.error("the coordinator refused the %s report of task %s: %s", state, task_id, exc)
-        return True
-
     # -- draining ----------------------------------------------------------------------------
 
     async def drain(self) -> None:
@@ -628,10 +444,11 @@ class NodeAgent:
         except RaftError as exc:
             log.warning("could not mark node %s draining: %s", self.node_id, exc)
         await self._stop_all(f"node {self.node_id} drained")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._reports_idle.wait(), self.client.timeout)
-        if self._pending:
-            log.warning("%d task report(s) were not delivered before exit", len(self._pending))
+        await self.reports.flush(self.client.timeout)
+        if self.reports.pending:
+            log.warning(
+                "%d task report(s) were not delivered before exit", len(self.reports.pending)
+            )
 
     async def _stop_all(self, message: str) -> None:
         async with self._lock:

@@ -97,9 +97,10 @@ def parse_labels(items: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shoal.agent import AgentConfig
+    from shoal.agent_policy import AgentConfig
     from shoal.commands.coordinator import read_secret_file
-    from shoal.node import NodeConfig, serve_until_signalled
+    from shoal.node import serve_until_signalled
+    from shoal.node_config import NodeConfig
     from shoal.runtime.logs import configure_logging
     from shoal.runtime.loop import run as run_loop
 

@@ -29,13 +29,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.agent import AgentConfig, FenceClock, heartbeat_backoff
+from shoal.agent_policy import AgentConfig, FenceClock, heartbeat_backoff
 from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.proxy import FaultProxy
 from shoal.errors import ConfigError
 from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, eventually_async
 
 HERE = Path(__file__).parent
 T = TypeVar("T")
@@ -285,10 +285,7 @@ async def place_ranks(client: CoordinatorClient, nodes: list[Node]) -> None:
         known = {n["id"]: n for n in await client.nodes()}
         return all(n.name in known and known[n.name]["liveness"] == "alive" for n in nodes)
 
-    deadline = time.monotonic() + 30
-    while not await registered():
-        assert time.monotonic() < deadline, "the nodes did not register within 30 s"
-        await asyncio.sleep(0.1)
+    await eventually_async(registered, "the nodes registered")
     tasks = [rank_task(n) for n in nodes]
     spec = {"test": True, "placement": "manual"}
     await client.submit_job(spec=spec, tasks=tasks, job_id="fence-job")

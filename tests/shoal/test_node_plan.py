@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.agent import AgentConfig, Backoff, plan
+from shoal.agent_policy import AgentConfig, Backoff, plan
 from shoal.commands.node import parse_labels
 from shoal.errors import ConfigError
 from shoal.node import NodeConfig, gpu_topology, health_summary, node_identity

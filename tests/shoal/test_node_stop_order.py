@@ -9,7 +9,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.agent import FIRST_REGISTRATION_PERIOD_S, registration_backoff, stop_waves
+from shoal.agent_policy import FIRST_REGISTRATION_PERIOD_S, registration_backoff, stop_waves
 
 KINDS = st.sampled_from(["learner-rank", "rollout-worker", "echo"])
 
