@@ -20,36 +20,9 @@ from shoal.envs.sandbox import (
     Status,
     TestCase,
 )
-
-LIMITS = Limits(
-    cpu_s=1, memory_mb=256, file_size_mb=1, disk_mb=4, open_files=16, processes=8, timeout_s=4.0
-)
-SQUARE = [TestCase("f(2)", 4), TestCase("f(3)", 9)]
-GOOD = "def f(x):\n    return x * x\n"
-
-
-def _uid_processes(uids: list[int]) -> list[int]:
-    """Pids of live processes running as any of `uids` (the sandbox's unprivileged users)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as handle:
-                for line in handle:
-                    if line.startswith("Uid:") and int(line.split()[1]) in uids:
-                        found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+from tests.envs.sandbox_cases import GOOD, LIMITS, SQUARE
+from tests.support.processes import running, uid_processes
+from tests.support.waiting import eventually
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +98,7 @@ def test_bad_code_costs_only_its_episode(pool, case):
     assert result.status is status, result
     assert needle in result.message
     assert result.reward == 0.0
-    assert _uid_processes(pool.uids()) == []
+    assert uid_processes(pool.uids()) == []
     _assert_still_works(pool)
 
 
@@ -189,7 +162,7 @@ def test_a_descendant_that_escaped_the_session_is_killed(pool):
     )
     result = pool.run(source + GOOD, SQUARE)
     assert result.status is Status.OK
-    assert _uid_processes(pool.uids()) == []
+    assert uid_processes(pool.uids()) == []
 
 
 def _uid_of(pid: int) -> int | None:
@@ -200,19 +173,18 @@ def _uid_of(pid: int) -> int | None:
         return None
 
 
-def _confined_child(server_pid: int, uid: int, deadline: float) -> int:
+def _confined_child(server_pid: int, uid: int) -> int:
     """The server's episode child once it is confined (it changes uid last, after its limits)."""
-    while time.monotonic() < deadline:
+
+    def confined() -> int | None:
         try:
             with open(f"/proc/{server_pid}/task/{server_pid}/children") as handle:
                 pids = [int(p) for p in handle.read().split()]
         except OSError:
             pids = []
-        for pid in pids:
-            if _uid_of(pid) == uid:
-                return pid
-        time.sleep(0.005)
-    raise AssertionError("no confined episode child appeared")
+        return next((pid for pid in pids if _uid_of(pid) == uid), None)
+
+    return eventually(confined, "a confined episode child")
 
 
 def _limits_of(pid: int) -> dict[str, str]:
@@ -229,7 +201,7 @@ def test_limits_and_isolation_are_really_applied_to_the_child(pool):
     )
     runner.start()
     try:
-        child = _confined_child(pool.server_pids()[0], pool.uids()[0], time.monotonic() + 10)
+        child = _confined_child(pool.server_pids()[0], pool.uids()[0])
         limits = _limits_of(child)
         root = os.readlink(f"/proc/{child}/root")
         child_net = os.readlink(f"/proc/{child}/ns/net")
@@ -271,8 +243,8 @@ def test_close_leaves_no_process_behind():
     p.run("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(100)\n")
     root = p._tmp.name
     p.close()
-    assert not any(_alive(pid) for pid in servers)
-    assert _uid_processes(uids) == []
+    assert not any(running(pid) for pid in servers)
+    assert uid_processes(uids) == []
     assert not os.path.exists(root)
     with pytest.raises(SandboxClosed, match="create a new one"):
         p.run(GOOD)

@@ -3,38 +3,16 @@ other as episodes run one after another (a uid, a tmpfs, network and IPC namespa
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from shoal.envs.sandbox import (
-    Limits,
     SandboxConfigError,
     SandboxPool,
     Status,
     TestCase,
 )
-
-LIMITS = Limits(
-    cpu_s=1, memory_mb=256, file_size_mb=1, disk_mb=4, open_files=16, processes=8, timeout_s=4.0
-)
-SQUARE = [TestCase("f(2)", 4), TestCase("f(3)", 9)]
-GOOD = "def f(x):\n    return x * x\n"
-
-
-def _uid_processes(uids: list[int]) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as handle:
-                for line in handle:
-                    if line.startswith("Uid:") and int(line.split()[1]) in uids:
-                        found.append(int(entry))
-        except OSError:
-            continue
-    return found
+from tests.envs.sandbox_cases import GOOD, LIMITS, SQUARE
+from tests.support.processes import uid_processes
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +43,7 @@ def test_results_come_back_in_order_each_judged_alone(pool):
     ]
     assert [r.reward for r in results] == [1.0, 0.5, 0.0, 0.0, 0.0, 1.0]
     assert results[5].stdout == "seven\n"
-    assert _uid_processes(pool.uids()) == []
+    assert uid_processes(pool.uids()) == []
 
 
 @pytest.mark.timeout(60)
@@ -180,7 +158,7 @@ def test_descendants_that_escaped_are_killed_before_the_slots_are_reused(pool):
     )
     results = pool.run_many([(escape, SQUARE)] * 4)
     assert all(r.status is Status.OK for r in results), results
-    assert _uid_processes(pool.uids()) == []
+    assert uid_processes(pool.uids()) == []
     assert all(r.reward == 1.0 for r in pool.run_many([(GOOD, SQUARE)] * 4))
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import pytest
 
 from shoal.envs.sandbox import Limits, SandboxPool, Status, TestCase
+from tests.envs.sandbox_cases import GOOD, SQUARE
 
 LIMITS = Limits(
     cpu_s=2, memory_mb=256, file_size_mb=1, disk_mb=4, open_files=16, processes=8, timeout_s=20.0
 )
-SQUARE = [TestCase("f(2)", 4), TestCase("f(3)", 9)]
-GOOD = "def f(x):\n    return x * x\n"
 ERROR = '{"type": "OSError", "errno": null, "message": ""}'
 
 
