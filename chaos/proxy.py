@@ -2,34 +2,26 @@
 real server, and the faults set on it (see `NetFaults`) apply to the real byte stream between
 two real processes.
 
-Each accepted connection gets an upstream connection and two directions; each direction is a
-reader task and a writer task joined by a bounded queue of (due time, chunk), so delay, jitter,
-stalls and the bandwidth limit hold data back without reordering it and without stopping the
-reads that keep the other faults responsive. For the event loop; `set_faults`, `heal` and
+Each accepted connection gets an upstream connection and two directions, each spliced by the
+fault pump (pump.py) that the link relay shares. For the event loop; `set_faults`, `heal` and
 `reset_connections` may be called at any time, from the loop's thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import socket
-import struct
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shoal.chaos.errors import ProxyError
-from shoal.chaos.netfaults import NetFaults, TokenBucket, due_time
+from shoal.chaos.netfaults import NetFaults, TokenBucket
+from shoal.chaos.pump import FaultPump, bucket_wait, listen, rst_close, shut_down
 from shoal.chaos.sockets import ConnectionFilter, Endpoint
 
 LinkFaults = Callable[[Endpoint, Endpoint], NetFaults | None]
 """(client end, server end) of a connection -> the faults for it alone, or None for the
 proxy's own. Only delay, jitter and loss can be set per connection."""
-
-CHUNK = 64 * 1024
-QUEUE_CHUNKS = 64
 
 
 @dataclass
@@ -48,15 +40,6 @@ class ProxyStats:
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
-
-
-def rst_close(writer: asyncio.StreamWriter) -> None:
-    """Close so the peer gets a RST, not a FIN: SO_LINGER on with a zero timeout."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
 
 
 @dataclass(eq=False)
@@ -95,7 +78,6 @@ class FaultProxy:
         self.listen_host = listen_host
         self.faults = NetFaults()
         self.stats = ProxyStats()
-        self._random = random.Random(seed)
         self._links: set[_Link] = set()
         self._flowing = asyncio.Event()
         self._flowing.set()
@@ -104,6 +86,7 @@ class FaultProxy:
         self._handlers: set[asyncio.Task[object]] = set()
         self._refused_from: ConnectionFilter | None = None
         self._link_faults: LinkFaults | None = None
+        self._pump = FaultPump(self, self.stats, random.Random(seed))
 
     def __repr__(self) -> str:
         return f"<FaultProxy :{self._listen_port} -> {self.target} {self.faults} links={len(self._links)}>"
@@ -115,28 +98,14 @@ class FaultProxy:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> FaultProxy:
-        try:
-            self._server = await asyncio.start_server(
-                self._accept, self.listen_host, self._listen_port
-            )
-        except OSError as exc:
-            raise ProxyError(
-                f"cannot listen on {self.listen_host}:{self._listen_port} ({exc}); pick a free "
-                "port or 0"
-            ) from exc
+        self._server = await listen(self._accept, self.listen_host, self._listen_port)
         self._listen_port = self.port
         return self
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for link in list(self._links):
-            link.reset()
         self._flowing.set()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        await shut_down(self._server, self._links, self._handlers)
+        self._server = None
 
     async def __aenter__(self) -> FaultProxy:
         return await self.start()
@@ -221,8 +190,8 @@ class FaultProxy:
                 rst_close(writer)
                 return
             link.tasks = [
-                asyncio.create_task(self._direction(link, reader, link.upstream, "up")),
-                asyncio.create_task(self._direction(link, up_reader, writer, "down")),
+                asyncio.create_task(self._pump.splice(link, reader, link.upstream, "up")),
+                asyncio.create_task(self._pump.splice(link, up_reader, writer, "down")),
             ]
             await asyncio.gather(*link.tasks, return_exceptions=True)
         finally:
@@ -234,80 +203,17 @@ class FaultProxy:
                 if end is not None and not end.transport.is_closing():
                     end.transport.abort()
 
-    async def _direction(
-        self, link: _Link, src: asyncio.StreamReader, dst: asyncio.StreamWriter, name: str
-    ) -> None:
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE_CHUNKS)
-        writer = asyncio.create_task(self._write(link, queue, dst, name))
-        try:
-            await self._read(link, src, queue)
-            await queue.join()
-            with contextlib.suppress(OSError):
-                dst.write_eof()
-            await asyncio.sleep(0)
-        finally:
-            writer.cancel()
-            await asyncio.gather(writer, return_exceptions=True)
+    # -- the pump's view of a connection (Shaper) ------------------------------------------
 
-    async def _read(
-        self, link: _Link, src: asyncio.StreamReader, queue: asyncio.Queue[tuple[float, bytes]]
-    ) -> None:
-        due = 0.0
-        while True:
-            await self._flowing.wait()
-            try:
-                data = await src.read(CHUNK)
-            except OSError:
-                link.reset()
-                return
-            if not data:
-                return
-            faults = link.faults or self.faults
-            if faults.loss and self._random.random() < faults.loss:
-                if faults.loss_mode == "drop":
-                    self.stats.dropped += 1
-                    link.reset()
-                    return
-                self.stats.stalled += 1
-                due = max(due, time.monotonic() + faults.stall_s)
-            unit = self._random.uniform(-1.0, 1.0)
-            due = due_time(time.monotonic(), due, faults.delay_s, faults.jitter_s, unit)
-            await queue.put((due, data))
+    def faults_of(self, conn: _Link) -> NetFaults:
+        return conn.faults or self.faults
 
-    async def _write(
-        self,
-        link: _Link,
-        queue: asyncio.Queue[tuple[float, bytes]],
-        dst: asyncio.StreamWriter,
-        name: str,
-    ) -> None:
-        while True:
-            due, data = await queue.get()
-            try:
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
-                await asyncio.sleep(self._bandwidth_wait(name, len(data)))
-                await self._flowing.wait()
-                dst.write(data)
-                await dst.drain()
-            except OSError:
-                link.reset()
-                return
-            finally:
-                queue.task_done()
-            if name == "up":
-                self.stats.bytes_up += len(data)
-            else:
-                self.stats.bytes_down += len(data)
+    def flowing_of(self, conn: _Link) -> asyncio.Event:
+        return self._flowing
 
-    def _bandwidth_wait(self, direction: str, size: int) -> float:
-        rate = self.faults.bandwidth_bps
-        if rate is None:
-            return 0.0
-        now = time.monotonic()
-        bucket = self._buckets.get(direction)
-        if bucket is None:
-            bucket = self._buckets[direction] = TokenBucket(rate, max(rate / 20, 1024.0), now)
-        return bucket.reserve(size, now)
+    def bandwidth_wait(self, conn: _Link, direction: str, size: int) -> float:
+        """The bandwidth limit is the whole proxy's, per direction."""
+        return bucket_wait(self._buckets, self.faults.bandwidth_bps, direction, size)
 
 
 def _per_link(faults: NetFaults | None) -> NetFaults | None:

@@ -23,15 +23,14 @@ import asyncio
 import contextlib
 import ipaddress
 import random
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
 from shoal.chaos.errors import ProxyError
-from shoal.chaos.netfaults import NetFaults, TokenBucket, due_time
-from shoal.chaos.proxy import CHUNK, QUEUE_CHUNKS, rst_close
+from shoal.chaos.netfaults import NetFaults, TokenBucket
+from shoal.chaos.pump import CHUNK, FaultPump, bucket_wait, listen, rst_close, shut_down
 from shoal.chaos.relay_http import RelayRequest, RelayRequestError, parse_request
 from shoal.chaos.sockets import Endpoint, link_of
 
@@ -117,9 +116,9 @@ class LinkRelay:
         self._listen_port = listen_port
         self.listen_host = listen_host
         self.reach = tuple(reach)
-        self._random = random.Random(seed)
         self._owner = owner
         self.stats = RelayStats()
+        self._pump = FaultPump(self, self.stats, random.Random(seed))
         self._faults: dict[str, LinkFault] = {}
         self._tunnels: set[_Tunnel] = set()
         self._server: asyncio.Server | None = None
@@ -140,27 +139,13 @@ class LinkRelay:
         return f"{self.listen_host}:{self.port}"
 
     async def start(self) -> LinkRelay:
-        try:
-            self._server = await asyncio.start_server(
-                self._accept, self.listen_host, self._listen_port
-            )
-        except OSError as exc:
-            raise ProxyError(
-                f"cannot listen on {self.listen_host}:{self._listen_port} ({exc}); pick a free "
-                "port or 0"
-            ) from exc
+        self._server = await listen(self._accept, self.listen_host, self._listen_port)
         self._listen_port = self.port
         return self
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for tunnel in list(self._tunnels):
-            tunnel.reset()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        await shut_down(self._server, self._tunnels, self._handlers)
+        self._server = None
 
     async def __aenter__(self) -> LinkRelay:
         return await self.start()
@@ -316,8 +301,8 @@ class LinkRelay:
         else:
             tunnel.upstream.write(request.forward)
         tunnel.tasks = [
-            asyncio.create_task(self._direction(tunnel, reader, tunnel.upstream, "up")),
-            asyncio.create_task(self._direction(tunnel, up_reader, tunnel.client, "down")),
+            asyncio.create_task(self._pump.splice(tunnel, reader, tunnel.upstream, "up")),
+            asyncio.create_task(self._pump.splice(tunnel, up_reader, tunnel.client, "down")),
         ]
         await asyncio.gather(*tunnel.tasks, return_exceptions=True)
 
@@ -341,81 +326,17 @@ class LinkRelay:
         await _reply(reader, client, error.status, str(error))
         return None
 
-    async def _direction(
-        self, tunnel: _Tunnel, src: asyncio.StreamReader, dst: asyncio.StreamWriter, name: str
-    ) -> None:
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE_CHUNKS)
-        writer = asyncio.create_task(self._write(tunnel, queue, dst, name))
-        try:
-            await self._read(tunnel, src, queue)
-            await queue.join()
-            with contextlib.suppress(OSError):
-                dst.write_eof()
-            await asyncio.sleep(0)
-        finally:
-            writer.cancel()
-            await asyncio.gather(writer, return_exceptions=True)
+    # -- the pump's view of a connection (Shaper) ------------------------------------------
 
-    async def _read(
-        self, tunnel: _Tunnel, src: asyncio.StreamReader, queue: asyncio.Queue[tuple[float, bytes]]
-    ) -> None:
-        due = 0.0
-        while True:
-            await tunnel.flowing.wait()
-            try:
-                data = await src.read(CHUNK)
-            except OSError:
-                tunnel.reset()
-                return
-            if not data:
-                return
-            faults = tunnel.faults
-            if faults.loss and self._random.random() < faults.loss:
-                if faults.loss_mode == "drop":
-                    self.stats.dropped += 1
-                    tunnel.reset()
-                    return
-                self.stats.stalled += 1
-                due = max(due, time.monotonic() + faults.stall_s)
-            unit = self._random.uniform(-1.0, 1.0)
-            due = due_time(time.monotonic(), due, faults.delay_s, faults.jitter_s, unit)
-            await queue.put((due, data))
+    def faults_of(self, conn: _Tunnel) -> NetFaults:
+        return conn.faults
 
-    async def _write(
-        self,
-        tunnel: _Tunnel,
-        queue: asyncio.Queue[tuple[float, bytes]],
-        dst: asyncio.StreamWriter,
-        name: str,
-    ) -> None:
-        while True:
-            due, data = await queue.get()
-            try:
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
-                await asyncio.sleep(_bandwidth_wait(tunnel, name, len(data)))
-                await tunnel.flowing.wait()
-                dst.write(data)
-                await dst.drain()
-            except OSError:
-                tunnel.reset()
-                return
-            finally:
-                queue.task_done()
-            if name == "up":
-                self.stats.bytes_up += len(data)
-            else:
-                self.stats.bytes_down += len(data)
+    def flowing_of(self, conn: _Tunnel) -> asyncio.Event:
+        return conn.flowing
 
-
-def _bandwidth_wait(tunnel: _Tunnel, direction: str, size: int) -> float:
-    rate = tunnel.faults.bandwidth_bps
-    if rate is None:
-        return 0.0
-    now = time.monotonic()
-    bucket = tunnel.buckets.get(direction)
-    if bucket is None:
-        bucket = tunnel.buckets[direction] = TokenBucket(rate, max(rate / 20, 1024.0), now)
-    return bucket.reserve(size, now)
+    def bandwidth_wait(self, conn: _Tunnel, direction: str, size: int) -> float:
+        """The bandwidth limit is each link's own, per direction."""
+        return bucket_wait(conn.buckets, conn.faults.bandwidth_bps, direction, size)
 
 
 async def _reply(
