@@ -13,11 +13,10 @@ import json
 from typing import Any
 
 from shoal.raft.errors import PayloadTooLarge, RuleViolation, ValidationError
+from shoal.raft.fault_ledger import FAULT_KINDS, FAULT_STATES
 from shoal.raft.model import (
     DEFAULT_BACKOFF_MAX_S,
     DEFAULT_BACKOFF_S,
-    FAULT_KINDS,
-    FAULT_STATES,
     LIVENESS,
     TASK_STATES,
 )

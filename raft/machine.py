@@ -20,11 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
+from shoal.raft import fault_ledger
 from shoal.raft.model import (
-    DEFAULT_XID,
-    FAULT_FINAL,
-    HEALED_BY_NODE,
-    TASK_FAULTS,
     Checkpoint,
     Event,
     Fault,
@@ -37,11 +34,10 @@ from shoal.raft.model import (
     Task,
     TaskResources,
 )
+from shoal.raft.results import Result, ok, refused
 
-Result = dict[str, Any]
 MAX_EVENTS = 5000
 MAX_APPLIED_OPS = 20_000
-MAX_FAULTS = 1000
 OP_ID_REUSED = (
     "operation id {op_id!r} was already used for a different command ({first}); an operation "
     "id names one command and its retries: send this write with a fresh X-Shoal-Op-Id"
@@ -51,15 +47,6 @@ OP_ID_UNBOUND = (
     "id carried, so a retry cannot be told from a new write: send it with a fresh "
     "X-Shoal-Op-Id (read the state first if the first attempt may have been applied)"
 )
-_FAULT_ORDER = {"requested": 0, "injected": 1, "healed": 2, "failed": 2}
-
-
-def ok(**fields: Any) -> Result:
-    return {"ok": True, **fields}
-
-
-def refused(error: str, message: str, field: str | None = None) -> Result:
-    return {"ok": False, "error": error, "message": message, "field": field}
 
 
 class StateMachine:
@@ -80,7 +67,7 @@ class StateMachine:
         an effect, so a replica restored from a dump older than this table still agrees."""
         self.applied_count = 0
         self.faults: dict[str, Fault] = {}
-        """Chaos faults by id, oldest first, the newest MAX_FAULTS kept."""
+        """Chaos faults by id, oldest first (raft/fault_ledger.py keeps and bounds them)."""
         # Derived index node -> task ids (an ordered set), kept so a heartbeat need not scan
         # every task; it is rebuilt from nothing but placements (current and incoming copies)
         # and left out of the digest.
@@ -146,9 +133,9 @@ class StateMachine:
         return result
 
     def _event(self, at: float, kind: str, message: str, **fields: Any) -> None:
-        self._append_event(at, kind, message, fields)
+        self.append_event(at, kind, message, fields)
 
-    def _append_event(self, at: float, kind: str, message: str, fields: dict[str, Any]) -> None:
+    def append_event(self, at: float, kind: str, message: str, fields: dict[str, Any]) -> None:
         self.event_seq += 1
         self.events.append(Event(self.event_seq, at, kind, message, fields))
 
@@ -191,7 +178,7 @@ class StateMachine:
             )
             if node.liveness == "dead":
                 self._abandon_on(node.id, at)
-                self._fail_faults_of(node.id, at)
+                fault_ledger.fail_faults_of(self, node.id, at)
         return ok(changed=changed)
 
     def _abandon_on(self, node_id: str, at: float) -> None:
@@ -565,7 +552,7 @@ class StateMachine:
             at, "task_state", f"task {task.id} {task.state}", task=task.id, state=task.state
         )
         if task.state == "running":
-            self._heal_kills(at)
+            fault_ledger.heal_kills(self, at)
         return ok(task=asdict(task))
 
     def _incoming_state(
@@ -575,7 +562,7 @@ class StateMachine:
         state = args["state"]
         if state == "running":
             self._promote(task, incoming, at)
-            self._heal_kills(at)
+            fault_ledger.heal_kills(self, at)
         elif state == "pending":
             incoming.state = state
         else:
@@ -649,7 +636,7 @@ class StateMachine:
         return ok(checkpoint=asdict(cp))
 
     def _add_event(self, args: dict[str, Any], at: float) -> Result:
-        self._append_event(at, args["kind"], args["message"], dict(args.get("fields", {})))
+        self.append_event(at, args["kind"], args["message"], dict(args.get("fields", {})))
         return ok(seq=self.event_seq)
 
     def _announce_leader(self, args: dict[str, Any], at: float) -> Result:
@@ -669,157 +656,11 @@ class StateMachine:
     def _barrier(self, args: dict[str, Any], at: float) -> Result:
         return ok(applied=self.applied_count)
 
-    # -- chaos faults (recorded here, executed by the node they name) ---------------------------
-
-    def _inject_fault(self, args: dict[str, Any], at: float) -> Result:
-        fault_id = args["fault_id"]
-        if fault_id in self.faults:
-            return refused("conflict", f"fault {fault_id!r} exists; pick another id", "fault_id")
-        kind, target = args["kind"], args["target"]
-        if kind in TASK_FAULTS:
-            where = self._fault_task(target)
-        else:
-            where = self._fault_node(target, args.get("gpu") if kind == "gpu-xid" else None)
-        if "ok" in where:
-            return where
-        fault = Fault(
-            fault_id,
-            kind,
-            target,
-            where["node"],
-            at,
-            float(args.get("duration_s", 0.0)),
-            where.get("generation", 0),
-            args.get("gpu"),
-            args.get("xid", DEFAULT_XID) if kind == "gpu-xid" else None,
-            args.get("offset_s"),
-            updated_at=at,
-            tasks=self._stopped_by(kind, where),
-        )
-        self.faults[fault_id] = fault
-        while len(self.faults) > MAX_FAULTS:
-            del self.faults[next(iter(self.faults))]
-        self._fault_event(at, fault, f"{kind} of {target} on node {fault.node} requested")
-        return ok(fault=asdict(fault))
-
-    def _fault_task(self, task_id: str) -> dict[str, Any]:
-        """The node and generation of the task a fault targets, or the refusal."""
-        task = self.tasks.get(task_id)
-        if task is None:
-            return refused("not_found", f"no task {task_id!r}; see GET /v1/tasks", "target")
-        if task.node is None or task.state not in ("pending", "running"):
-            return refused(
-                "conflict",
-                f"task {task_id!r} is {task.state} on no node: nothing runs to fault",
-                "target",
-            )
-        return {"node": task.node, "generation": task.generation, "target": task_id}
-
-    def _stopped_by(self, kind: str, where: dict[str, Any]) -> dict[str, int]:
-        """The tasks a kill stops, with their generations: the task itself, or the current
-        copies of the active tasks on the node."""
-        if kind == "task-kill":
-            return {where["target"]: where["generation"]}
-        if kind != "node-kill":
-            return {}
-        on = [self.tasks[t] for t in self.tasks_on(where["node"])]
-        return {
-            t.id: t.generation
-            for t in on
-            if t.node == where["node"] and t.state in ("pending", "running")
-        }
-
-    def _fault_node(self, node_id: str, gpu: int | None) -> dict[str, Any]:
-        node = self.nodes.get(node_id)
-        if node is None:
-            return refused("not_found", f"no node {node_id!r}; see GET /v1/nodes", "target")
-        if node.liveness == "dead":
-            return refused("conflict", f"node {node_id!r} is dead: nothing runs to fault", "target")
-        count = len(node.resources.gpus)
-        if gpu is not None and gpu >= count:
-            have = f"GPUs 0..{count - 1}" if count else "no GPUs"
-            return refused("conflict", f"node {node_id!r} registered {have}, not GPU {gpu}", "gpu")
-        return {"node": node_id}
-
-    def _fail_faults_of(self, node_id: str, at: float) -> None:
-        """A node declared dead never executes what it was sent: those faults fail now, rather
-        than fire late when the node comes back. A node-kill is left alone, since its node
-        dying is the fault (its report may come when the node is back). A pause or skew in
-        effect fails too: only the node could heal it and report so, and a heal reported after
-        the node returns would time the node's outage, not the fault."""
-        for fault in self.faults_for(node_id):
-            if fault.kind != "node-kill":
-                self._fail_fault(fault, at, "was declared dead before it executed the fault")
-        for fault in self.faults.values():
-            if fault.node == node_id and fault.state == "injected" and fault.kind in HEALED_BY_NODE:
-                self._fail_fault(fault, at, "was declared dead while the fault was in effect")
-
-    def _fail_fault(self, fault: Fault, at: float, why: str) -> None:
-        fault.state, fault.updated_at = "failed", at
-        fault.message = f"node {fault.node} {why}"
-        self._fault_event(at, fault, f"failed: {fault.message}")
-
-    def _report_fault(self, args: dict[str, Any], at: float) -> Result:
-        """A node's outcome. States only move forward; the same state again is a no-op, so a
-        node that re-sends a report it is unsure was applied changes nothing."""
-        fault = self.faults.get(args["fault_id"])
-        if fault is None:
-            return refused("not_found", f"no fault {args['fault_id']!r}", "fault_id")
-        state = args["state"]
-        if state == fault.state:
-            return ok(fault=asdict(fault), changed=False)
-        if fault.state in FAULT_FINAL or _FAULT_ORDER[state] < _FAULT_ORDER[fault.state]:
-            return refused(
-                "conflict", f"fault {fault.id!r} is already {fault.state}, not {state}", "state"
-            )
-        fault.state, fault.message, fault.updated_at = state, args.get("message", ""), at
-        if state == "injected":
-            fault.injected_at = at
-        elif state == "healed" and fault.injected_at is not None:
-            fault.recovery_s = at - fault.injected_at
-        self._fault_event(at, fault, f"{state}: {fault.message}" if fault.message else state)
-        if state == "injected":
-            self._heal_kills(at)
-        return ok(fault=asdict(fault), changed=True)
-
-    def _heal_kills(self, at: float) -> None:
-        """Mark healed each injected kill whose tasks all run again at a later generation (or
-        whose jobs ended): called whenever a task reports running, and on an injected report."""
-        for fault in self.faults.values():
-            if fault.state != "injected" or not fault.tasks or fault.injected_at is None:
-                continue
-            if all(self._recovered(t, g) for t, g in fault.tasks.items()):
-                fault.state, fault.updated_at = "healed", at
-                fault.recovery_s = at - fault.injected_at
-                fault.message = (
-                    f"{len(fault.tasks)} task(s) running again {fault.recovery_s:.2f} s after "
-                    "the fault was injected"
-                )
-                self._fault_event(at, fault, f"healed: {fault.message}")
-
-    def _recovered(self, task_id: str, generation: int) -> bool:
-        task = self.tasks.get(task_id)
-        if task is None or self.jobs[task.job_id].state != "running":
-            return True
-        return task.generation > generation and task.state == "running"
-
-    def _fault_event(self, at: float, fault: Fault, message: str) -> None:
-        self._event(
-            at,
-            "chaos_fault",
-            f"fault {fault.id}: {message}",
-            fault=fault.id,
-            fault_kind=fault.kind,
-            target=fault.target,
-            node=fault.node,
-            state=fault.state,
-        )
-
     # -- reads ----------------------------------------------------------------------------------
 
     def faults_for(self, node_id: str) -> list[Fault]:
         """The faults `node_id` has yet to execute (still `requested`), oldest first."""
-        return [f for f in self.faults.values() if f.node == node_id and f.state == "requested"]
+        return fault_ledger.faults_for(self, node_id)
 
     def assignments(self) -> dict[str, list[str]]:
         """node id -> ids of the tasks placed there (derived from the placements)."""
@@ -916,6 +757,6 @@ _HANDLERS: dict[str, Callable[[StateMachine, dict[str, Any], float], Result]] = 
     "add_event": StateMachine._add_event,
     "announce_leader": StateMachine._announce_leader,
     "barrier": StateMachine._barrier,
-    "inject_fault": StateMachine._inject_fault,
-    "report_fault": StateMachine._report_fault,
+    "inject_fault": fault_ledger.inject_fault,
+    "report_fault": fault_ledger.report_fault,
 }

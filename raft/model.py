@@ -20,13 +20,6 @@ PROCESS_KINDS = frozenset({LEARNER_KIND, ROLLOUT_KIND})
 LIVENESS = ("alive", "suspect", "dead")
 TASK_STATES = ("pending", "running", "stopped", "failed")
 JOB_STATES = ("running", "stopped", "failed")
-FAULT_KINDS = ("task-kill", "task-pause", "node-kill", "gpu-xid", "clock-skew")
-TASK_FAULTS = ("task-kill", "task-pause")
-HEALED_BY_NODE = ("task-pause", "clock-skew")
-"""Faults whose heal only the node can do and report (SIGCONT, the clock made true again)."""
-FAULT_STATES = ("requested", "injected", "healed", "failed")
-FAULT_FINAL = ("healed", "failed")
-DEFAULT_XID = 79
 DEFAULT_MAX_RESTARTS = 5
 DEFAULT_RESTART_WINDOW_S = 600.0
 DEFAULT_BACKOFF_S = 1.0
@@ -197,7 +190,11 @@ class LeaderRecord(Restorable):
 class Fault(Restorable):
     """A fault asked for through the chaos API, addressed to the node that executes it (the
     task's node, or the node itself). Replicas only record it; the node acts, once, and
-    reports the outcome: requested -> injected (-> healed, for a pause) or failed."""
+    reports the outcome: requested -> injected (-> healed, for a pause) or failed.
+
+    Its kinds, states and rules are in raft/fault_ledger.py; the record stays here with the
+    others because pysyncobj's dumps pickle it by this module's path (`shoal.raft.model.Fault`),
+    so a data directory written before the ledger moved still restores."""
 
     id: str
     kind: str
