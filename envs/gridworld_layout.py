@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shoal.config import check_int
 from shoal.envs.errors import EnvError
 from shoal.errors import ConfigError
 
@@ -66,8 +67,11 @@ class LayoutConfig:
 
 
 def _check_int(key: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{key}={value!r}: expected an integer in [{low}, {high}]")
+    """shoal.config.check_int in the words of the environment's other parameter errors."""
+    try:
+        check_int(key, value, low, high)
+    except ConfigError:
+        raise ConfigError(f"{key}={value!r}: expected an integer in [{low}, {high}]") from None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from shoal.config import check_int, check_number
 from shoal.errors import ConfigError
 from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
@@ -80,18 +81,18 @@ class PPOConfig:
     """Cap on the importance weight π_prox/μ that corrects for stale fragments (>= 1)."""
 
     def __post_init__(self) -> None:
-        _positive("lr", self.lr)
-        _positive("adam_eps", self.adam_eps)
-        _unit("gamma", self.gamma)
-        _unit("gae_lambda", self.gae_lambda)
-        _positive("clip_coef", self.clip_coef)
-        _non_negative("vf_coef", self.vf_coef)
-        _non_negative("ent_coef", self.ent_coef)
-        _positive("max_grad_norm", self.max_grad_norm)
-        _positive_int("update_epochs", self.update_epochs)
-        _positive_int("num_minibatches", self.num_minibatches)
+        _number("lr", self.lr, above=0)
+        _number("adam_eps", self.adam_eps, above=0)
+        _number("gamma", self.gamma, "a number in [0, 1]", low=0, high=1)
+        _number("gae_lambda", self.gae_lambda, "a number in [0, 1]", low=0, high=1)
+        _number("clip_coef", self.clip_coef, above=0)
+        _number("vf_coef", self.vf_coef, low=0)
+        _number("ent_coef", self.ent_coef, low=0)
+        _number("max_grad_norm", self.max_grad_norm, above=0)
+        check_int("ppo.update_epochs", self.update_epochs, 1)
+        check_int("ppo.num_minibatches", self.num_minibatches, 1)
         if self.target_kl is not None:
-            _positive("target_kl", self.target_kl)
+            _number("target_kl", self.target_kl, above=0)
         if (
             not (isinstance(self.is_cap, int | float) and math.isfinite(self.is_cap))
             or self.is_cap < 1
@@ -102,30 +103,25 @@ class PPOConfig:
             )
 
 
-def _number(key: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+def _number(
+    key: str,
+    value: object,
+    wanted: str | None = None,
+    *,
+    above: float | None = None,
+    low: float | None = None,
+    high: float | None = None,
+) -> None:
+    """shoal.config.check_number under `ppo.`, in this section's words: a NaN or an infinity
+    is told to be finite, and `wanted` says the range where the bounds read worse."""
+    if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"ppo.{key} = {value!r} is invalid: use a finite number")
-    return float(value)
-
-
-def _positive(key: str, value: object) -> None:
-    if _number(key, value) <= 0:
-        raise ConfigError(f"ppo.{key} = {value!r} is invalid: use a number > 0")
-
-
-def _non_negative(key: str, value: object) -> None:
-    if _number(key, value) < 0:
-        raise ConfigError(f"ppo.{key} = {value!r} is invalid: use a number >= 0")
-
-
-def _unit(key: str, value: object) -> None:
-    if not 0 <= _number(key, value) <= 1:
-        raise ConfigError(f"ppo.{key} = {value!r} is invalid: use a number in [0, 1]")
-
-
-def _positive_int(key: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"ppo.{key} = {value!r} is invalid: use an integer >= 1")
+    try:
+        check_number(f"ppo.{key}", value, above=above, low=low, high=high)
+    except ConfigError:
+        if wanted is None:
+            raise
+        raise ConfigError(f"ppo.{key} = {value!r} is invalid: use {wanted}") from None
 
 
 def gae(
@@ -278,7 +274,7 @@ class PPOLearner:
 
     def set_lr(self, lr: float) -> None:
         """Change the learning rate (annealing is the caller's: it knows the step budget)."""
-        _positive("lr", lr)
+        _number("lr", lr, above=0)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import aiohttp
 from aiohttp import web
 
+from shoal.config import check_int
 from shoal.errors import ConfigError
 from shoal.runtime import auth, tunnel, wire
 from shoal.runtime.errors import ActorNotFound, LinkClosed, WireError
@@ -130,9 +131,14 @@ class TransportConfig:
                 raise ConfigError(f"{key}={value!r} is invalid: use a number of seconds > 0")
 
     def _positive_int(self, key: str, minimum: int) -> None:
+        """shoal.config.check_int, worded like the transport's other errors (`key=value`)."""
         value = getattr(self, key)
-        if type(value) is not int or value < minimum:
-            raise ConfigError(f"{key}={value!r} is invalid: use a whole number >= {minimum}")
+        try:
+            check_int(key, value, minimum)
+        except ConfigError:
+            raise ConfigError(
+                f"{key}={value!r} is invalid: use a whole number >= {minimum}"
+            ) from None
 
     @property
     def token_bytes(self) -> bytes:

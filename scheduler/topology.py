@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shoal.config import check_int
+from shoal.errors import ConfigError
 from shoal.scheduler.errors import TopologyError
 from shoal.scheduler.model import Gpu, Node
 
@@ -74,8 +76,11 @@ class Topology:
 
 
 def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise TopologyError(f"simulated_cluster: {name} must be an int >= 1, got {value!r}")
+    """shoal.config.check_int, raised as the scheduler's own error."""
+    try:
+        check_int(name, value, 1)
+    except ConfigError as exc:
+        raise TopologyError(f"simulated_cluster: {exc}") from None
 
 
 def simulated_cluster(
