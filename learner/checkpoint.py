@@ -29,8 +29,6 @@ import io
 import json
 import logging
 import os
-import re
-import shutil
 import stat
 import time
 import warnings
@@ -45,12 +43,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from shoal.config import check_int, check_number
-from shoal.files import fsync_directory, write_atomically
+from shoal.config import check_int
+from shoal.learner.checkpoint_dcp import (
+    TensorsOnlyPlanner,
+    VerifiedReader,
+    causes,
+    check_tensors,
+    reason,
+)
 from shoal.learner.checkpoint_files import (
     FORMAT,
     LEGACY_FORMAT,
@@ -61,28 +63,30 @@ from shoal.learner.checkpoint_files import (
     FileEntry,
     Manifest,
     MetaValue,
-    check_name,
     file_sha256,
-    manifest_json,
     meta_dict,
     parse_manifest,
     parse_trainer,
     plain_directory,
     read_bounded,
-    read_metadata,
-    table_digest,
 )
-from shoal.learner.diskfull import is_disk_full
+from shoal.learner.checkpoint_layout import (
+    DATA,
+    DIR,
+    dir_name,
+    manifest_name,
+    manifest_steps,
+    partial_name,
+    remove_tree,
+)
+from shoal.learner.checkpoint_schedule import SaveSchedule
+from shoal.learner.checkpoint_write import Write, hash_share, publish, write_error
 from shoal.learner.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 # Without torch.distributed a checkpoint is a group of one on purpose, not a mistake to warn of.
 warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable")
 
-_MANIFEST = re.compile(r"^ckpt-(\d{12})\.json$")
-_DATA = re.compile(r"^ckpt-(\d{12})\.pt$")
-_DIR = re.compile(r"^ckpt-(\d{12})$")
-_STALE = re.compile(r"^\.ckpt-\d{12}\..*(\.tmp|\.partial)$")
 GROUP_TIMEOUT = timedelta(minutes=10)
 """How long a checkpoint collective waits for a peer (a rank that died mid-save)."""
 
@@ -104,52 +108,6 @@ class CheckpointInfo:
     format: int = FORMAT
 
 
-@dataclass(frozen=True)
-class _Write:
-    """One save in flight, as the writer thread finishes it."""
-
-    step: int
-    partial: Path
-    trainer: bytes
-    meta: dict[str, MetaValue]
-    created_unix: float
-    group: dist.ProcessGroup | None
-    rank: int
-    world: int
-
-
-def _dir_name(step: int) -> str:
-    return f"ckpt-{step:012d}"
-
-
-def _manifest_name(step: int) -> str:
-    return f"ckpt-{step:012d}.json"
-
-
-def _remove_tree(path: Path) -> None:
-    """Delete a checkpoint directory (a symlink is unlinked, never followed)."""
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _check_tensors(tree: object, where: str) -> None:
-    """Only tensors (plain or DTensor) in nested dicts: DCP would pickle anything else, and
-    loading a pickle is what checkpoints never do."""
-    if isinstance(tree, torch.Tensor):
-        return
-    if not isinstance(tree, Mapping):
-        raise CheckpointError(
-            f"{where} is a {type(tree).__name__}: checkpoint tensors must be tensors in dicts "
-            "(put numbers and strings in the trainer state)"
-        )
-    for key, value in tree.items():
-        if not isinstance(key, str):
-            raise CheckpointError(f"{where} has key {key!r}: tensor dict keys must be strings")
-        _check_tensors(value, f"{where}[{key!r}]")
-
-
 def _trainer_bytes(trainer: object) -> bytes:
     if not isinstance(trainer, dict):
         raise CheckpointError(f"trainer state must be a dict, got {type(trainer).__name__}")
@@ -163,68 +121,6 @@ def _trainer_bytes(trainer: object) -> bytes:
     if len(data) > MAX_TRAINER_BYTES:
         raise CheckpointError(f"trainer state is {len(data)} bytes, over {MAX_TRAINER_BYTES}")
     return data
-
-
-def _causes(exc: BaseException) -> list[BaseException]:
-    """`exc`, what DCP wrapped into it (per-rank failures) and its causes, breadth first."""
-    found: list[BaseException] = []
-    todo = [exc]
-    while todo and len(found) < 32:
-        item = todo.pop(0)
-        found.append(item)
-        if isinstance(item, CheckpointException):
-            todo.extend(failure for failure, _ in item.failures.values())
-        for nested in (item.__cause__, item.__context__):
-            if nested is not None:
-                todo.append(nested)
-    return found
-
-
-def _reason(exc: BaseException) -> str:
-    """A one-line cause: the innermost meaningful failure, not DCP's per-rank tracebacks."""
-    for item in _causes(exc):
-        if not isinstance(item, CheckpointException):
-            return f"{type(item).__name__}: {item}".splitlines()[0][:400]
-    return type(exc).__name__
-
-
-class _VerifiedReader(dcp.FileSystemReader):
-    """DCP's file reader, except that `.metadata` is unpickled only from bytes that match the
-    manifest, and only DCP's own metadata classes; its storage entries may name only files the
-    manifest lists."""
-
-    def __init__(self, path: Path, metadata_sha256: str, names: frozenset[str]) -> None:
-        super().__init__(path)
-        self._metadata_sha256 = metadata_sha256
-        self._names = names
-        self.refused: CheckpointError | None = None
-        """Why the metadata was refused (DCP turns the exception into text)."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            metadata = read_metadata(Path(self.path) / METADATA_FILE, self._metadata_sha256)
-            for info in (getattr(metadata, "storage_data", None) or {}).values():
-                if getattr(info, "relative_path", None) not in self._names:
-                    raise CheckpointError(
-                        f"{self.path}'s metadata points at a file its manifest does not list"
-                    )
-        except CheckpointError as exc:
-            self.refused = exc
-            raise
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class _TensorsOnlyPlanner(DefaultLoadPlanner):
-    """DCP's planner, refusing a pickled object (DCP loads those with weights_only=False)."""
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        raise CheckpointError(
-            f"the checkpoint stores {read_item.dest_index.fqn} as a pickled object, not a "
-            "tensor: refused; it was not written by this shoal"
-        )
 
 
 class CheckpointManager:
@@ -317,30 +213,30 @@ class CheckpointManager:
         write is done: `wait()` flushes and raises CheckpointError if it failed."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CheckpointError(f"checkpoint step must be an integer >= 0, got {step!r}")
-        _check_tensors(tensors, "tensors")
+        check_tensors(tensors, "tensors")
         trainer_json = _trainer_bytes(trainer)
         checked_meta = meta_dict(meta)
         self._settle()
         group = self._group()
         rank, world = (0, 1) if group is None else (dist.get_rank(group), group.size())
-        partial = self.directory / f".ckpt-{step:012d}.{self._nonce(group)}.partial"
-        job = _Write(step, partial, trainer_json, checked_meta, time.time(), group, rank, world)
+        partial = self.directory / partial_name(step, self._nonce(group))
+        job = Write(step, partial, trainer_json, checked_meta, time.time(), group, rank, world)
         try:
             started = dcp.async_save(
                 tensors, checkpoint_id=partial, process_group=group, no_dist=group is None
             )
         except (Exception, CheckpointException) as exc:
             raise CheckpointError(
-                f"checkpoint step {step} could not be staged in host memory: {_reason(exc)}"
+                f"checkpoint step {step} could not be staged in host memory: {reason(exc)}"
             ) from None
         upload = started.upload_completion if isinstance(started, AsyncSaveResponse) else started
         self._pending = self._writer.submit(self._finish_counted, job, upload)
         self._pending_step = step
         if block:
             self.wait()
-        return self.directory / _dir_name(step)
+        return self.directory / dir_name(step)
 
-    def _finish_counted(self, job: _Write, upload: Future[Any]) -> None:
+    def _finish_counted(self, job: Write, upload: Future[Any]) -> None:
         """The writer thread's job: finish, and record the outcome instead of raising it."""
         try:
             info = self._finish(job, upload)
@@ -352,16 +248,16 @@ class CheckpointManager:
         self.last_complete = info
         self._unsuperseded = None
 
-    def _finish(self, job: _Write, upload: Future[Any]) -> CheckpointInfo:
+    def _finish(self, job: Write, upload: Future[Any]) -> CheckpointInfo:
         """Every rank: wait for DCP, hash a share of the files, gather; rank 0 publishes and
         tells the others how it went (so every rank's `last_complete` agrees)."""
         try:
             upload.result()  # DCP raises on every rank when any rank's write failed
         except (Exception, CheckpointException) as exc:
             if job.rank == 0:
-                _remove_tree(job.partial)
-            raise self._write_error(job.step, exc) from None
-        share = self._hash_share(job)
+                remove_tree(job.partial)
+            raise write_error(self.directory, job.step, exc) from None
+        share = hash_share(job)
         parts: list[Any] = [share]
         outcome: list[Any] = [None]
         try:
@@ -374,7 +270,7 @@ class CheckpointManager:
         except RuntimeError as exc:  # a peer rank died or timed out mid-save
             raise CheckpointError(
                 f"checkpoint step {job.step}: rank {job.rank} lost its peers while finishing "
-                f"the write ({_reason(exc)}); no manifest was written — the group restarts "
+                f"the write ({reason(exc)}); no manifest was written — the group restarts "
                 "from the newest complete checkpoint"
             ) from None
         if isinstance(outcome[0], str):
@@ -382,103 +278,20 @@ class CheckpointManager:
         info: CheckpointInfo = outcome[0]
         return info
 
-    @staticmethod
-    def _hash_share(job: _Write) -> list[FileEntry] | str:
-        """This rank's share of the staging directory's files, hashed (or why not)."""
-        try:
-            names = sorted(os.listdir(job.partial))
-            entries = []
-            for name in names[job.rank :: job.world]:
-                path = job.partial / check_name(name)
-                entries.append(FileEntry(name, path.lstat().st_size, file_sha256(path)))
-        except (OSError, CheckpointError) as exc:
-            return f"checkpoint step {job.step}: rank {job.rank} could not hash its files: {exc}"
-        return entries
-
-    def _publish(self, job: _Write, parts: list[Any]) -> CheckpointInfo | str:
-        """Rank 0: trainer.json, the directory renamed into place, then the manifest LAST."""
-        failed = [part for part in parts if isinstance(part, str)]
-        if failed:
-            _remove_tree(job.partial)
-            return failed[0]
-        files = [entry for part in parts for entry in part]
-        files.append(
-            FileEntry(TRAINER_FILE, len(job.trainer), hashlib.sha256(job.trainer).hexdigest())
-        )
-        manifest = Manifest(
-            format=FORMAT,
-            step=job.step,
-            created_unix=job.created_unix,
-            meta=job.meta,
-            files=tuple(files),
-            sha256=table_digest(files),
-            size=sum(f.size for f in files),
-            world_size=job.world,
-        )
-        final = self.directory / _dir_name(job.step)
-        manifest_path = self.directory / _manifest_name(job.step)
-        try:
-            write_atomically(job.partial / TRAINER_FILE, job.trainer, durable=True)
-            manifest_path.unlink(missing_ok=True)  # the same step again: incomplete from here
-            _remove_tree(final)
-            os.replace(job.partial, final)
-            fsync_directory(self.directory)
-            write_atomically(manifest_path, manifest_json(manifest), durable=True)
-        except OSError as exc:
-            _remove_tree(job.partial)
-            if not manifest_path.exists():
-                _remove_tree(final)
-            return str(self._write_error(job.step, exc))
-        try:
-            self._prune(job.step)
-        except OSError as exc:  # the new checkpoint is complete; pruning waits for the next one
-            log.warning("pruning old checkpoints in %s failed: %s", self.directory, exc)
+    def _publish(self, job: Write, parts: list[Any]) -> CheckpointInfo | str:
+        """Rank 0: publish (checkpoint_write.py) and describe what became complete."""
+        done = publish(self.directory, self.keep, job, parts)
+        if isinstance(done, str):
+            return done
         return CheckpointInfo(
             step=job.step,
-            path=final,
-            manifest=manifest_path,
-            sha256=manifest.sha256,
-            size=manifest.size,
+            path=done.path,
+            manifest=done.manifest,
+            sha256=done.sha256,
+            size=done.size,
             created_unix=job.created_unix,
             meta=job.meta,
         )
-
-    def _write_error(self, step: int, exc: BaseException) -> CheckpointError:
-        os_error = next((e for e in _causes(exc) if isinstance(e, OSError)), None)
-        if os_error is not None and is_disk_full(os_error):
-            reason = f"the disk is full (or the file size limit was hit) [errno {os_error.errno}]"
-            fix = "free space or point checkpoint.directory at a larger disk"
-        elif os_error is not None:
-            reason = f"{os_error.strerror or os_error} [errno {os_error.errno}]"
-            fix = "check the directory's permissions and health"
-        else:
-            reason = _reason(exc)
-            fix = "check every learner rank's log for the cause"
-        return CheckpointError(
-            f"checkpoint step {step} could not be written to {self.directory}: {reason}; "
-            f"older checkpoints are untouched — {fix}"
-        )
-
-    def _prune(self, newest: int) -> None:
-        """Drop checkpoints beyond `keep`, staging leftovers of crashed writers and orphans older
-        than `newest` (writer thread, rank 0 only: a manager opened just to read must never
-        delete what the owning writer is filling)."""
-        steps = sorted(self._manifest_steps(), reverse=True)
-        for old in steps[self.keep :]:
-            self._remove(old)
-        kept = set(steps[: self.keep])
-        for entry in self.directory.iterdir():
-            orphan = _DIR.match(entry.name) or _DATA.match(entry.name)
-            if _STALE.match(entry.name) or (
-                orphan and int(orphan.group(1)) < newest and int(orphan.group(1)) not in kept
-            ):
-                _remove_tree(entry)
-
-    def _remove(self, step: int) -> None:
-        """Manifest first: from then on the step is incomplete, whatever is left of it."""
-        (self.directory / _manifest_name(step)).unlink(missing_ok=True)
-        _remove_tree(self.directory / _dir_name(step))
-        (self.directory / f"{_dir_name(step)}.pt").unlink(missing_ok=True)
 
     def _settle(self) -> None:
         """Wait for the write in flight; its failure stays recorded for `wait()`."""
@@ -503,14 +316,11 @@ class CheckpointManager:
 
     # -- finding ---------------------------------------------------------------------------
 
-    def _manifest_steps(self) -> list[int]:
-        return [int(m.group(1)) for p in self.directory.iterdir() if (m := _MANIFEST.match(p.name))]
-
     def list_complete(self) -> list[CheckpointInfo]:
         """Every verified checkpoint, newest first (hashes every file, once per manager)."""
         return [
             info
-            for step in sorted(self._manifest_steps(), reverse=True)
+            for step in sorted(manifest_steps(self.directory), reverse=True)
             if (info := self._verified(step))
         ]
 
@@ -518,13 +328,13 @@ class CheckpointManager:
         """The newest complete checkpoint (either format); half-written or corrupt ones are
         skipped with a warning."""
         found: CheckpointInfo | None = None
-        for step in sorted(self._manifest_steps(), reverse=True):
+        for step in sorted(manifest_steps(self.directory), reverse=True):
             found = self._verified(step)
             if found is not None:
                 break
         for path in self.directory.iterdir():
-            m = _DATA.match(path.name) or _DIR.match(path.name)
-            if m is None or (self.directory / _manifest_name(int(m.group(1)))).exists():
+            m = DATA.match(path.name) or DIR.match(path.name)
+            if m is None or (self.directory / manifest_name(int(m.group(1)))).exists():
                 continue
             orphan = int(m.group(1))
             if orphan != self._pending_step and (found is None or orphan > found.step):
@@ -542,7 +352,7 @@ class CheckpointManager:
             return None
 
     def _manifest(self, step: int) -> Manifest:
-        path = self.directory / _manifest_name(step)
+        path = self.directory / manifest_name(step)
         return parse_manifest(read_bounded(path, MAX_MANIFEST_BYTES), step)
 
     def _check(self, manifest: Manifest) -> CheckpointInfo:
@@ -551,14 +361,14 @@ class CheckpointManager:
             path = self.directory / manifest.file
             self._match(path, FileEntry(manifest.file, manifest.size, manifest.sha256), size=False)
         else:
-            path = self.directory / _dir_name(manifest.step)
+            path = self.directory / dir_name(manifest.step)
             plain_directory(path)
             for entry in manifest.files:
                 self._match(path / entry.path, entry)
         return CheckpointInfo(
             step=manifest.step,
             path=path,
-            manifest=self.directory / _manifest_name(manifest.step),
+            manifest=self.directory / manifest_name(manifest.step),
             sha256=manifest.sha256,
             size=manifest.size,
             created_unix=manifest.created_unix,
@@ -619,30 +429,30 @@ class CheckpointManager:
                 f"checkpoint {info.path} is format 1 (a single .pt file): read it with "
                 "load_legacy(), or restore_model_optimizer(), which reads both formats"
             )
-        _check_tensors(template, "template")
+        check_tensors(template, "template")
         self._settle()
         manifest = self._pinned(info)
         self._check(manifest)
         names = frozenset(f.path for f in manifest.files)
         metadata_sha = next(f.sha256 for f in manifest.files if f.path == METADATA_FILE)
         group = self._group()
-        reader = _VerifiedReader(info.path, metadata_sha, names)
+        reader = VerifiedReader(info.path, metadata_sha, names)
         try:
             dcp.load(
                 template,
                 storage_reader=reader,
-                planner=_TensorsOnlyPlanner(),
+                planner=TensorsOnlyPlanner(),
                 process_group=group,
                 no_dist=group is None,
             )
         except (Exception, CheckpointException) as exc:
             ours = reader.refused or next(
-                (e for e in _causes(exc) if isinstance(e, CheckpointError)), None
+                (e for e in causes(exc) if isinstance(e, CheckpointError)), None
             )
             if ours is not None:
                 raise CheckpointError(str(ours)) from None
             raise CheckpointError(
-                f"checkpoint {info.path} does not fit what is being restored ({_reason(exc)}); "
+                f"checkpoint {info.path} does not fit what is being restored ({reason(exc)}); "
                 "resume with the model and config it was saved with"
             ) from None
 
@@ -675,28 +485,3 @@ class CheckpointManager:
     ) -> SaveSchedule:
         """A schedule that says when the next periodic save is due (default every 15 minutes)."""
         return SaveSchedule(interval_s, clock)
-
-
-class SaveSchedule:
-    """Decides when a periodic checkpoint is due: `interval_s` after the last save (or the start)."""
-
-    def __init__(
-        self, interval_s: float = 900.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.interval_s = check_number("checkpoint.interval_s", interval_s, above=0, unit="seconds")
-        self._clock = clock
-        self._last = clock()
-
-    def __repr__(self) -> str:
-        return f"<SaveSchedule every {self.interval_s:g}s, due in {self.remaining():.1f}s>"
-
-    def remaining(self) -> float:
-        """Seconds until the next save is due (0 when it is already due)."""
-        return max(0.0, self._last + self.interval_s - self._clock())
-
-    def due(self) -> bool:
-        return self.remaining() == 0.0
-
-    def mark_saved(self) -> None:
-        """Restart the interval: call after each save, periodic or on demand."""
-        self._last = self._clock()
