@@ -6,9 +6,7 @@ and a burst beyond it — however the node's collections split it — cordons th
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +14,7 @@ import pytest
 
 from shoal.local import LocalCluster, coordinator_specs, node_specs
 from shoal.scheduler.health.simgpu import SimGpuBackend
+from tests.support.waiting import eventually
 
 T = TypeVar("T")
 SETTINGS = """\
@@ -26,16 +25,6 @@ health_period = 1.0
 [scheduler]
 period = 0.2
 """
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
@@ -65,19 +54,21 @@ def test_xids_are_totalled_and_only_a_burst_beyond_the_tolerance_cordons(tmp_pat
         def xid_total() -> int:
             return int(node()["health"].get("summary", {}).get("xid_total", -1))
 
-        wait_for("a first health summary", lambda: xid_total() == 0)
+        eventually(lambda: xid_total() == 0, "a first health summary", 60)
         gpus = SimGpuBackend.attach(run_dir / "data" / "n1" / "simgpu.json")
         gpus.raise_xid(0, 13)
         gpus.raise_xid(1, 31)
-        wait_for("two XIDs in the replicated total", lambda: xid_total() == 2)
+        eventually(lambda: xid_total() == 2, "two XIDs in the replicated total", 60)
         # A scheduling round has seen that batch (period 0.2 s, batches every 1 s) and left
         # the node alone: 2 new XIDs are within the tolerance.
-        wait_for("the next health batch", lambda: node()["health"]["summary"]["xid_errors"] == 0)
+        eventually(
+            lambda: node()["health"]["summary"]["xid_errors"] == 0, "the next health batch", 60
+        )
         assert not node()["cordoned"]
         for code in (79, 48, 79, 79, 79):  # 5 > 2 in at most two batches: one holds >= 3
             gpus.raise_xid(1, code)
-        wait_for("seven XIDs in the replicated total", lambda: xid_total() == 7)
-        wait_for("the cordon", lambda: node()["cordoned"])
+        eventually(lambda: xid_total() == 7, "seven XIDs in the replicated total", 60)
+        eventually(lambda: node()["cordoned"], "the cordon", 60)
         assert node()["draining"]
     finally:
         local.stop_all()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pynvml
 import pytest
@@ -22,6 +21,7 @@ from shoal.scheduler.health.xids import XidCount, XidLedger
 from shoal.scheduler.model import BalancerState, LearnerGroup, RolloutActor
 from shoal.scheduler.placement import place
 from shoal.scheduler.topology import simulated_cluster
+from tests.support.waiting import eventually
 
 MIB = 1024 * 1024
 
@@ -35,16 +35,16 @@ def _nvml_works() -> bool:
     return True
 
 
-def _collect_until(collector, check, timeout_s: float = 10.0) -> list[Report]:
+def _collect_until(collector, check) -> list[Report]:
     """Collect repeatedly until `check(reports)` holds; XIDs arrive through a thread."""
     reports: list[Report] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def met() -> bool:
         reports.append(collector.collect())
-        if check(reports):
-            return reports
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met in {timeout_s}s: {reports[-1]}")
+        return bool(check(reports))
+
+    eventually(met, "the collected reports meet the condition", detail=lambda: str(reports[-1]))
+    return reports
 
 
 def _xids(reports: list[Report]) -> list[tuple[int, int]]:

@@ -9,7 +9,6 @@ import re
 import select
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from shoal.console import (
 )
 from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient
+from tests.support.waiting import POLL_S, eventually
 
 pytestmark = pytest.mark.timeout(120)
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>]|\r")
@@ -122,37 +122,44 @@ class Pty:
         os.close(slave)
         self.seen = b""
         self.mark = 0
+        self.closed = False
 
-    def expect(self, pattern: bytes, timeout: float = 30.0) -> None:
+    def expect(self, pattern: bytes) -> None:
         """Read until `pattern` shows up after the previous match (ANSI codes stripped)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            text = ANSI.sub(b"", self.seen)
-            found = text.find(pattern, self.mark)
-            if found >= 0:
-                self.mark = found + len(pattern)
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no {pattern!r} in {text[self.mark :][-2000:]!r}")
-            ready, _, _ = select.select([self.master], [], [], left)
-            if ready:
-                try:
-                    self.seen += os.read(self.master, 65536)
-                except OSError:  # the child closed the terminal
-                    raise AssertionError(f"console ended: {text[-2000:]!r}") from None
 
-    def wait_exit(self, timeout: float = 30.0) -> int:
+        def shown() -> bool:
+            self._read()
+            found = ANSI.sub(b"", self.seen).find(pattern, self.mark)
+            if found < 0:
+                assert not self.closed, f"console ended: {self._unmatched()}"
+                return False
+            self.mark = found + len(pattern)
+            return True
+
+        eventually(shown, f"{pattern!r} on the console", detail=self._unmatched)
+
+    def wait_exit(self) -> int:
         """Drain the terminal while the child exits (a full pty buffer would block its writes)."""
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            ready, _, _ = select.select([self.master], [], [], 0.1)
-            if ready:
-                try:
-                    self.seen += os.read(self.master, 65536)
-                except OSError:
-                    break
-        return self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+
+        def exited() -> bool:
+            if not self.closed:
+                self._read()
+            return self.proc.poll() is not None
+
+        eventually(exited, "the console exited", detail=self._unmatched)
+        return self.proc.wait()
+
+    def _read(self) -> None:
+        """Whatever the console wrote, waiting a moment for it."""
+        ready, _, _ = select.select([self.master], [], [], POLL_S)
+        if ready:
+            try:
+                self.seen += os.read(self.master, 65536)
+            except OSError:  # the child closed the terminal
+                self.closed = True
+
+    def _unmatched(self) -> str:
+        return repr(ANSI.sub(b"", self.seen)[self.mark :][-2000:])
 
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())

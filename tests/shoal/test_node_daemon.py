@@ -10,13 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shoal.local import free_port
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,16 +45,12 @@ def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
         process.wait(timeout=10)
 
 
-def wait_for_lines(log: Path, pattern: str, count: int, timeout: float = 60.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [line for line in log.read_text().splitlines() if re.search(pattern, line)]
-        if len(found) >= count:
-            return found
-        assert time.monotonic() < deadline, (
-            f"{count} lines like {pattern!r} not in:\n{log.read_text()}"
-        )
-        time.sleep(0.05)
+def wait_for_lines(log: Path, pattern: str, count: int) -> list[str]:
+    def found() -> list[str] | None:
+        lines = [line for line in log.read_text().splitlines() if re.search(pattern, line)]
+        return lines if len(lines) >= count else None
+
+    return eventually(found, f"{count} lines like {pattern!r} in {log}", detail=log.read_text)
 
 
 def test_unreachable_coordinators_are_retried_at_a_steady_period_and_sigterm_still_stops(

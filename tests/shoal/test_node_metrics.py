@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from shoal.raft.dashboard import node_gpus
 from shoal.raft.metrics import Metrics
 from shoal.scheduler.health.collector import GpuSample, Report, unavailable
 from shoal.scheduler.health.simgpu import SimGpuBackend
+from tests.support.waiting import eventually
 
 HERE = Path(__file__).parent
 NODE = "metrics-node"
@@ -176,13 +176,14 @@ class Daemon:
     data_dir: Path
     log: Path
 
-    def info(self, timeout: float = 30.0) -> dict[str, Any]:
+    def info(self) -> dict[str, Any]:
         path = self.data_dir / "node.json"
-        deadline = time.monotonic() + timeout
-        while not path.exists():
+
+        def written() -> bool:
             assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "node.json never appeared"
-            time.sleep(0.05)
+            return path.exists()
+
+        eventually(written, "node.json written")
         return dict(json.loads(path.read_text()))
 
 
@@ -238,13 +239,13 @@ def scrape(url: str, token: str | None = None) -> tuple[str, dict[str, list[Samp
 
 
 def scrape_until(url: str, ready: Any, token: str | None = None) -> dict[str, list[Sample]]:
-    deadline = time.monotonic() + 40
-    while True:
-        text, found = scrape(url, token)
-        if ready(found):
-            return found
-        assert time.monotonic() < deadline, f"never ready; last scrape:\n{text}"
-        time.sleep(0.2)
+    last = [""]
+
+    def check() -> dict[str, list[Sample]] | None:
+        last[0], found = scrape(url, token)
+        return found if ready(found) else None
+
+    return eventually(check, "the scrape ready", detail=lambda: f"last scrape:\n{last[0]}")
 
 
 def _gpu_value(found: dict[str, list[Sample]], name: str, gpu: str) -> float | None:

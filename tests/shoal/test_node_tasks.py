@@ -27,6 +27,7 @@ from shoal.tasks import (
     main,
     resolve_actor,
 )
+from tests.support.waiting import eventually
 
 HERE = Path(__file__).parent
 
@@ -115,12 +116,8 @@ def child_env() -> dict[str, str]:
     return {"PYTHONPATH": f"{HERE}{os.pathsep}{path}" if path else str(HERE)}
 
 
-def wait_for_file(path: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout} s")
-        time.sleep(0.02)
+def wait_for_file(path: Path) -> None:
+    eventually(path.exists, f"{path} written")
 
 
 # -- import paths -----------------------------------------------------------------------------
