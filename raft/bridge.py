@@ -29,7 +29,13 @@ from pysyncobj import FAIL_REASON, SyncObj
 
 from shoal.raft.errors import Busy, NoQuorum, NotLeader, RaftError, RaftTimeout
 from shoal.raft.machine import Result
-from shoal.raft.pysyncobj_seam import RAFT_STATE, is_leader, leader_address, pipe_notifier
+from shoal.raft.pysyncobj_seam import (
+    RAFT_STATE,
+    is_leader,
+    leader_address,
+    pipe_notifier,
+    role_name,
+)
 from shoal.raft.state import ClusterState
 
 LeadershipListener = Callable[[bool], None]
@@ -252,7 +258,7 @@ class RaftBridge:
                 }
             )
         return {
-            "state": {0: "follower", 1: "candidate", 2: "leader"}.get(raw["state"], "unknown"),
+            "state": role_name(raw["state"]),
             "leader": self.leader_address(),
             "term": int(raw["raft_term"]),
             "commit_index": commit,

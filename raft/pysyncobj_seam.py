@@ -31,6 +31,12 @@ log = logging.getLogger(__name__)
 
 RAFT_STATE = _RAFT_STATE
 """pysyncobj's role constants (FOLLOWER, CANDIDATE, LEADER), as `onStateChanged` passes them."""
+ROLE_NAMES = {
+    _RAFT_STATE.FOLLOWER: "follower",
+    _RAFT_STATE.CANDIDATE: "candidate",
+    _RAFT_STATE.LEADER: "leader",
+}
+"""The role `getStatus()["state"]` reports, by name (its value is one of RAFT_STATE's)."""
 PREAUTH_FRAME_MAX = 4096
 """Longest frame a peer may announce before it has authenticated. The handshake frames of
 pysyncobj 0.3 are Fernet tokens of about 250 bytes (a random key, then the peer's address)."""
@@ -39,6 +45,8 @@ PREAUTH_CONNECTIONS_MAX = 16
 _HEADER = struct.Struct("i")
 """pysyncobj's frame header: the body's length as a native signed 32-bit integer."""
 _SOCKET_ATTR = "_TcpConnection__socket"
+_PIPE_NOTIFIER_ATTR = "_SyncObj__pipeNotifier"
+_THREAD_ATTR = "_SyncObj__thread"
 
 
 def is_leader(sync: SyncObj) -> bool:
@@ -50,14 +58,19 @@ def leader_address(sync: SyncObj) -> str | None:
     return None if leader is None else str(leader.address)
 
 
+def role_name(state: int) -> str:
+    """`getStatus()["state"]` as follower, candidate or leader ("unknown" for anything else)."""
+    return ROLE_NAMES.get(state, "unknown")
+
+
 def pipe_notifier(sync: SyncObj) -> Any:
     """What wakes the tick thread's poll at once (None before pysyncobj made one)."""
-    return getattr(sync, "_SyncObj__pipeNotifier", None)
+    return getattr(sync, _PIPE_NOTIFIER_ATTR, None)
 
 
 def tick_thread(sync: SyncObj) -> threading.Thread | None:
     """pysyncobj's auto-tick thread, to join after `destroy()` so the journal is flushed."""
-    return getattr(sync, "_SyncObj__thread", None)
+    return getattr(sync, _THREAD_ATTR, None)
 
 
 class PreAuthGuard:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import inspect
 import itertools
+import re
 import socket
 import struct
 import threading
@@ -99,6 +100,68 @@ def test_the_syncobj_internals_the_bridge_reads_are_there(lone_syncobj: SyncObj)
     lone_syncobj.waitReady()
     seam.is_leader(lone_syncobj)
     assert seam.leader_address(lone_syncobj) in (None, lone_syncobj.selfNode.address)
+
+
+SYNCOBJ_PUBLIC = (
+    "otherNodes",
+    "selfNode",
+    "hasQuorum",
+    "raftLastApplied",
+    "encryptor",
+    "isNodeConnected",
+    "getStatus",
+    "addOnTickCallback",
+    "waitReady",
+    "destroy",
+)
+"""The public SyncObj members raft/bridge.py, coordinator.py and the seam read."""
+STATUS_KEYS = ("state", "raft_term", "commit_idx", "last_applied", "has_quorum", "log_len")
+"""The `getStatus()` keys raft/bridge.py reports (/v1/cluster, /metrics)."""
+PACKAGE_ROOTS = ("raft", "chaos", "shoal", "bench", "learner", "runtime", "scheduler", "envs")
+PRIVATE_REACH = re.compile(
+    r"_SyncObj__|_TcpConnection__|_RAFT_STATE|\._isLeader\b|\._getLeader\b"
+    r"|_unknownConnections|from pysyncobj\.\w+ import"
+)
+"""A private pysyncobj name, or an import from one of its submodules (its package root exports
+the public API): only raft/pysyncobj_seam.py may hold one."""
+
+
+def test_the_syncobj_members_and_status_keys_the_bridge_reads_are_there(
+    lone_syncobj: SyncObj,
+) -> None:
+    missing = [name for name in SYNCOBJ_PUBLIC if not hasattr(lone_syncobj, name)]
+    assert not missing, f"pysyncobj's SyncObj no longer has {missing}"
+    status = lone_syncobj.getStatus()
+    absent = [key for key in STATUS_KEYS if key not in status]
+    assert not absent, f"pysyncobj's getStatus() no longer reports {absent}"
+    assert seam.role_name(status["state"]) in ("follower", "candidate", "leader")
+    assert {seam.role_name(s) for s in seam.ROLE_NAMES} == {"follower", "candidate", "leader"}
+
+
+def test_the_transport_keeps_its_unauthenticated_connections_where_the_guard_looks(
+    lone_syncobj: SyncObj,
+) -> None:
+    transport = lone_syncobj._SyncObj__transport
+    assert isinstance(transport, seam.GuardedTransport)
+    assert isinstance(getattr(transport, "_unknownConnections", None), set), (
+        "pysyncobj's TCPTransport no longer keeps _unknownConnections (the guard's eviction)"
+    )
+
+
+def test_no_module_but_the_seam_reaches_into_pysyncobj() -> None:
+    root = Path(__file__).parents[2]
+    seam_path = Path(inspect.getfile(seam)).resolve()
+    offenders = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for top in PACKAGE_ROOTS
+        for path in sorted((root / top).rglob("*.py"))
+        if path.resolve() != seam_path
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if PRIVATE_REACH.search(line)
+    ]
+    assert not offenders, "pysyncobj internals outside raft/pysyncobj_seam.py:\n" + "\n".join(
+        offenders
+    )
 
 
 def test_the_guarded_transport_refuses_to_run_without_a_password() -> None:
