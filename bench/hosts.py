@@ -135,7 +135,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def run(quick: bool) -> list[Row]:
     from shoal import hosts
     from shoal.errors import ShoalError
-    from shoal.local import LocalCluster, create_hosts_cluster
+    from shoal.local import LocalCluster
+    from shoal.local_hosts import create_hosts_cluster
 
     try:
         hosts.check_can_create()

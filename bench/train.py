@@ -71,7 +71,8 @@ def _hosts_rows(root: Path, limit: float) -> list[Row]:
     from shoal.cluster_train import find_cluster
     from shoal.errors import ShoalError
     from shoal.learner.config import LearnerConfig, RolloutConfig, TrainConfig
-    from shoal.local import LocalCluster, create_hosts_cluster
+    from shoal.local import LocalCluster
+    from shoal.local_hosts import create_hosts_cluster
     from shoal.train import train
 
     try:

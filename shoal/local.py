@@ -9,22 +9,22 @@ Layout of a run directory (deleting it leaves nothing behind once `stop` ran):
   logs/NAME.log         each process's stdout and stderr
   pids/NAME.pid         each process's pid
   data/NAME/            each replica's Raft journal and dump, each node's data directory
-With `shoal up --hosts N` (each node daemon a host of its own, shoal/hosts.py) also:
+With `shoal up --hosts N` (each node daemon a host of its own, laid out by shoal/local_hosts.py
+on the network of shoal/hosts.py) also:
   tls/                  the cluster's CA, certificate and key ($SHOAL_TLS_DIR of every process)
   storage/              stands for the file system every host mounts (checkpoints go there)
 and cluster.json records the network (bridge, namespaces, addresses) so `down`, or the next
 `up` after a crash, removes it.
 A process is recognised by its pid AND its command line naming the run directory, so a reused
 pid is never signalled.
+The embedded cluster of `shoal train` is shoal/local_embedded.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import ssl
@@ -33,7 +33,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,22 +45,6 @@ from shoal.runtime.tls import CA_FILE, TLS_DIR_ENV, TlsFiles
 from shoal.scheduler.health.presence import read_states, read_util_source
 
 STOP_GRACE = 5.0
-EMBEDDED_HEARTBEAT_S = 0.2
-"""The embedded node's heartbeat period. Its heartbeat is also its watch for assignments, so a
-task placed on it starts within this; one node on loopback can afford five requests a second."""
-EMBEDDED_SETTINGS = """\
-# The embedded cluster's replica (written by `shoal train`; docs/operations.md lists the keys).
-[scheduler]
-# A submitted job is placed within one period; a round with nothing new committed since the
-# last one returns at once, so a short period costs little.
-period = 0.1
-
-[raft]
-# A replica alone has no vote to split: it may elect itself as soon as it runs.
-append_period = 0.02
-min_timeout = 0.07
-max_timeout = 0.1
-"""
 MAX_CLUSTER_JSON = 4 << 20
 """cluster.json of 9 replicas and 64 nodes is a few tens of KiB; anything larger was not written
 by `shoal up`."""
@@ -494,109 +477,3 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
-
-
-def embedded_specs(run_dir: Path) -> list[ProcessSpec]:
-    """One coordinator replica and one node daemon with this host's own GPUs (if any), tuned
-    so that a job submitted to them starts quickly (the replica reads its settings from
-    `run_dir/coordinator.toml`, which `embedded_cluster` writes)."""
-    config = run_dir / "coordinator.toml"
-    specs = coordinator_specs(run_dir, 1, extra_args=("--config", str(config)))
-    urls = [s.api_url for s in specs if s.api_url]
-    node_args = ("--heartbeat", str(EMBEDDED_HEARTBEAT_S))
-    return specs + node_specs(run_dir, urls, 1, 0, extra_args=node_args)
-
-
-@contextlib.contextmanager
-def embedded_cluster(run_dir: Path) -> Iterator[LocalCluster]:
-    """A fresh one-replica, one-node cluster in `run_dir` for the length of the block, stopped
-    on the way out however the block ends (its processes also die with this one).
-
-    The processes are started and the block entered at once, so the caller's own start-up
-    overlaps theirs; `wait_ready` before the first write. The replica starts from an empty Raft
-    log even when `run_dir` held an earlier run's: a job that was running when that run was
-    killed must not come back to life and start its tasks again."""
-    local = LocalCluster(run_dir)
-    specs = embedded_specs(local.run_dir)
-    local.create(specs)
-    (local.run_dir / "coordinator.toml").write_text(EMBEDDED_SETTINGS)
-    for spec in specs:
-        if spec.kind == "coordinator":
-            shutil.rmtree(local.run_dir / "data" / spec.name, ignore_errors=True)
-    try:
-        for spec in specs:
-            local.start(spec.name, die_with_parent=True)
-        yield local
-    finally:
-        local.stop_all()
-
-
-def cluster_names(network: hosts.Network) -> list[str]:
-    """What the cluster's certificate must name: the bridge (coordinators), every host (node
-    daemons and their tasks) and loopback (Raft, and tools on this host)."""
-    from shoal.runtime.local_ca import LOCAL_NAMES
-
-    return [network.bridge_address, *(h.address for h in network.hosts), *LOCAL_NAMES]
-
-
-def create_hosts_cluster(
-    local: LocalCluster,
-    count: int,
-    replicas: int,
-    sim_gpus: int = 0,
-    island_size: int = 16,
-    coordinator_args: tuple[str, ...] = (),
-    node_args: tuple[str, ...] = (),
-) -> hosts.Network:
-    """Lay out a new cluster whose `count` nodes are hosts of their own (`shoal up --hosts`):
-    what a crashed earlier one left is removed, the network made, the cluster's CA and
-    certificate written to `run_dir/tls`, then cluster.json. Nothing is started; on a failure
-    the network is removed again."""
-    hosts.check_can_create()
-    local.check_not_running()
-    local.remove_network()
-    tag = hosts.run_tag(local.run_dir)
-    network = hosts.plan(tag, hosts.choose_prefix(tag, hosts.machine_networks()), count)
-    hosts.create(network)
-    try:
-        tls = _cluster_tls(local.run_dir / "tls", network)
-        specs = coordinator_specs(
-            local.run_dir, replicas, coordinator_args, api_host=network.bridge_address, tls_dir=tls
-        )
-        urls = [s.api_url for s in specs if s.api_url]
-        specs += node_specs(
-            local.run_dir, urls, count, sim_gpus, island_size, node_args, network, tls
-        )
-        local.create(specs, network)
-    except BaseException:
-        hosts.remove(network)
-        raise
-    return network
-
-
-def restore_network(local: LocalCluster) -> hosts.Network | None:
-    """Before an existing cluster starts again: its recorded network, made afresh (after
-    removing what a crash left of it), or None for a one-host cluster."""
-    network = local.network()
-    if network is not None:
-        hosts.check_can_create()
-        local.check_not_running()
-        local.remove_network()
-        hosts.create(network)
-    return network
-
-
-def _cluster_tls(directory: Path, network: hosts.Network) -> Path:
-    """The CA and certificate for the cluster's addresses; a fresh one unless the directory
-    already holds one (the same cluster again: same addresses, and every process trusts it)."""
-    from shoal.runtime.local_ca import make_local_ca
-
-    if not (directory / CA_FILE).is_file():
-        try:
-            make_local_ca(directory, cluster_names(network))
-        except OSError as exc:
-            raise LocalClusterError(
-                f"cannot write the cluster's TLS files to {directory}: {exc.strerror or exc}; "
-                "choose a writable --run-dir"
-            ) from None
-    return directory

@@ -1,8 +1,8 @@
 """`shoal chaos run --hosts N`: a scenario's cluster whose node daemons are hosts of their own.
 
-The cluster is laid out as `shoal up --hosts N` lays it out (shoal.local.create_hosts_cluster:
-the network, the cluster's CA, its storage), then `shoal chaos run` rewrites its process specs
-for the chaos run (shoal/commands/chaos.py). `NamespaceHosts` is what the run's host faults
+The cluster is laid out as `shoal up --hosts N` lays it out
+(shoal.local_hosts.create_hosts_cluster: the network, the cluster's CA, its storage), then
+`shoal chaos run` rewrites its process specs for the chaos run (shoal/commands/chaos.py). `NamespaceHosts` is what the run's host faults
 (chaos/hostfaults.py) do to those hosts, through shoal.hosts.
 """
 
@@ -81,7 +81,7 @@ def make_hosts(local: LocalCluster, scenario: Scenario) -> NamespaceHosts:
     up --hosts` does (the network, the cluster's CA, cluster.json): the caller then rewrites
     its specs for the chaos run (`local.create(specs, hosts.network)`) and removes the network
     in the end (`local.remove_network()`)."""
-    from shoal.local import create_hosts_cluster
+    from shoal.local_hosts import create_hosts_cluster
 
     network = create_hosts_cluster(local, scenario.nodes, scenario.replicas, scenario.sim_gpus)
     return NamespaceHosts(network, local.run_dir / "storage")

@@ -93,7 +93,7 @@ def _check_same_cluster(local: LocalCluster, args: argparse.Namespace, nodes: in
     """The options must describe the cluster the run dir holds; its network (with --hosts) is
     made again, after removing what a crash left of it."""
     from shoal.errors import ConfigError
-    from shoal.local import restore_network
+    from shoal.local_hosts import restore_network
 
     specs, network = local.specs(), local.network()
     had = (
@@ -118,7 +118,8 @@ def _check_same_cluster(local: LocalCluster, args: argparse.Namespace, nodes: in
 
 
 def _lay_out(local: LocalCluster, args: argparse.Namespace, nodes: int) -> None:
-    from shoal.local import coordinator_specs, create_hosts_cluster, node_specs
+    from shoal.local import coordinator_specs, node_specs
+    from shoal.local_hosts import create_hosts_cluster
 
     config_args: tuple[str, ...] = ()
     if args.coordinator_config is not None:

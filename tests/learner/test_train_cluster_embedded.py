@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from shoal.cli import main
-from shoal.local import LocalCluster, LocalClusterError, embedded_cluster
+from shoal.local import LocalCluster, LocalClusterError
+from shoal.local_embedded import embedded_cluster
 from shoal.raft.client import CoordinatorClient
 
 pytestmark = pytest.mark.timeout(120)

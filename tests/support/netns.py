@@ -1,7 +1,7 @@
 """A cluster whose nodes are hosts of their own (network namespaces), for tests.
 
 `netns_cluster` lays the cluster out and starts it exactly as `shoal up --hosts N` does
-(`shoal.local.create_hosts_cluster`, then start and wait), and on the way out stops every
+(`shoal.local_hosts.create_hosts_cluster`, then start and wait), and on the way out stops every
 process and removes the namespaces, veths and bridge, however the test ended. It skips, naming
 why, where the machine cannot make namespaces (not root, no `ip`).
 
@@ -21,7 +21,8 @@ import pytest
 
 from shoal import hosts as host_net
 from shoal.errors import ShoalError
-from shoal.local import LocalCluster, LocalClusterError, create_hosts_cluster
+from shoal.local import LocalCluster, LocalClusterError
+from shoal.local_hosts import create_hosts_cluster
 
 START_S = 120.0
 """How long replicas and node daemons may take to answer before the fixture gives up (a
