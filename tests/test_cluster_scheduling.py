@@ -26,6 +26,7 @@ import pytest
 
 from shoal.local import LocalCluster, LocalClusterError, coordinator_specs, node_specs
 from shoal.scheduler.health.simgpu import SimGpuBackend
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow]
 
@@ -71,14 +72,12 @@ class Cluster:
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, cluster: Cluster) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.2)
-    logs = "\n".join(f"--- {n}\n{cluster.local.tail(n, 20)}" for n in ("c1", "n1"))
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n{logs}")
+    """`eventually`, failing with the tails of the coordinator's and n1's logs."""
+
+    def logs() -> str:
+        return "\n".join(f"--- {n}\n{cluster.local.tail(n, 20)}" for n in ("c1", "n1"))
+
+    return eventually(probe, what, timeout, detail=logs)
 
 
 @pytest.fixture(scope="module")

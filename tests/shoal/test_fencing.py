@@ -13,7 +13,6 @@ import asyncio
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ from shoal.chaos.proxy import FaultProxy
 from shoal.errors import ConfigError
 from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient
+from tests.support.processes import kill_quietly, logged_process, pid_alive
 from tests.support.waiting import eventually, eventually_async
 
 HERE = Path(__file__).parent
@@ -200,21 +200,6 @@ def file_text(path: Path) -> str:
     return eventually(lambda: path.exists() and path.read_text(), f"{path} written") or ""
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _kill_quietly(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 @contextmanager
 def node_behind_proxy(setup: Setup, name: str, *extra: str) -> Iterator[Node]:
     """A `shoal node` daemon whose only way to the coordinator is its own fault proxy."""
@@ -229,29 +214,20 @@ def node_behind_proxy(setup: Setup, name: str, *extra: str) -> Iterator[Node]:
         "--stop-timeout", "5", "--metrics", "127.0.0.1:0", *extra,
     ]  # fmt: skip
     path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
-    process: subprocess.Popen[bytes] | None = None
     try:
-        with open(log, "ab") as out:
-            process = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": path},
-            )  # fmt: skip
-        node = Node(name, data_dir, log, process, proxy, setup.tmp / f"{name}-rank")
-        try:
-            yield node
-        except BaseException:
-            print(f"--- {name} ---\n{node.tail()}")
-            raise
+        with logged_process(argv, log, {**os.environ, "PYTHONPATH": path}) as process:
+            node = Node(name, data_dir, log, process, proxy, setup.tmp / f"{name}-rank")
+            try:
+                yield node
+            except BaseException:
+                print(f"--- {name} ---\n{node.tail()}")
+                raise
     finally:
-        if process is not None:
-            if process.poll() is None:
-                process.kill()  # its rank gets SIGTERM by PDEATHSIG
-            process.wait(timeout=10)
         setup.loop.call(proxy.close())
         for pid_file in setup.tmp.glob(f"{name}-rank.g*.pid"):
             text = pid_file.read_text()
             if text.isdigit():
-                _kill_quietly(int(text))
+                kill_quietly(int(text))
 
 
 @pytest.fixture
@@ -313,11 +289,11 @@ def test_a_cut_off_node_fences_its_rank_and_runs_it_again_once_healed(setup: Set
         cut_at = time.monotonic()
         # SIGTERM came from the fence: the sleeper wrote its "checkpoint" and is gone.
         assert file_text(Path(f"{fenced.rank}.g1")).startswith("terminated")
-        eventually(lambda: not alive(fenced_pid), "the fenced rank gone")
+        eventually(lambda: not pid_alive(fenced_pid), "the fenced rank gone")
         Path(f"{fenced.rank}.g1.pid").unlink()
         # The unfenced node keeps its rank through the same silence (the old behaviour).
         time.sleep(max(0.0, cut_at + FENCE_AFTER_S + 1.0 - time.monotonic()))
-        assert alive(plain_pid)
+        assert pid_alive(plain_pid)
         assert not Path(f"{plain.rank}.g1").exists()
         assert "fenced" not in plain.log.read_text()
         assert fenced.log.read_text().count("fenced: no coordinator accepted a heartbeat") == 1
@@ -328,11 +304,11 @@ def test_a_cut_off_node_fences_its_rank_and_runs_it_again_once_healed(setup: Set
         # also shows the fenced stop was not recorded as done.
         restarted = int(file_text(Path(f"{fenced.rank}.g1.pid")))
         assert restarted != fenced_pid
-        assert alive(restarted)
+        assert pid_alive(restarted)
         assert "unfenced: a heartbeat was accepted" in fenced.log.read_text()
         record = setup.ask(lambda c: task_record(c, "n1-rank"))
         assert (record["state"], record["node"], record["generation"]) == ("running", "n1", 1)
         metrics = fenced.metrics()
         assert counter(metrics, "shoal_node_fenced_total") == 1
         assert counter(metrics, "shoal_node_tasks_finished_total") is None  # nothing reported
-        assert alive(plain_pid)
+        assert pid_alive(plain_pid)
