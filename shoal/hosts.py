@@ -19,6 +19,13 @@ the record goes with the network. Delay uses tc's netem qdisc, where the kernel 
 The planner (names, addresses, which neighbour entries a set of faults needs) is pure; the
 functions below it run `ip`/`tc` with argument lists and turn every failure into a
 `HostNetworkError` carrying the command, its stderr and what to do.
+
+One module of about 540 lines on purpose: it is one naming scheme and the only code that acts
+on it. `plan` makes the names, `Network.from_record` accepts only what `plan` makes,
+`remove_tagged` finds what a crashed run left by the same patterns, and the faults read back
+the alias they wrote; split, each part would restate the others' names. Its two halves are
+already apart inside it (the pure planner, tested alone in tests/shoal/test_hosts_plan.py, and
+the functions that run `ip`/`tc`), and callers use it as one namespace (`hosts.plan`, `hosts.cut`).
 """
 
 from __future__ import annotations
