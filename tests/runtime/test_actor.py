@@ -17,6 +17,7 @@ from shoal.runtime.errors import (
     NotAnActor,
     UnknownMethod,
 )
+from tests.support.waiting import eventually_async
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_asyncio_errors")]
 
@@ -342,11 +343,8 @@ def test_actor_can_stop_itself_from_a_handler():
         async with ActorSystem() as system:
             ref = await system.spawn(Quitter, name="q")
             assert await ref.ask.quit() == "bye"
-            for _ in range(50):
-                if not system.names:
-                    break
-                await asyncio.sleep(0.01)
-            assert system.names == []
+
+            await eventually_async(lambda: system.names == [], "the actor's name released")
             with pytest.raises(ActorNotFound):
                 await ref.ask.ping()
 
@@ -521,10 +519,10 @@ def test_an_owned_task_that_raises_fails_the_actor_and_it_restarts():
         async with ActorSystem() as system:
             ref = await system.spawn(Ticker, events, name="ticker")
             await ref.ask.crash()
-            for _ in range(500):
-                if len(system.failures) == 1 and events[-1] == "start":
-                    break
-                await asyncio.sleep(0.01)
+
+            await eventually_async(
+                lambda: len(system.failures) == 1 and events[-1] == "start", "the actor restarted"
+            )
             assert events == ["start", "stop (loop cancelled: False)", "start"]
             assert str(system.failures[0].error) == "background loop broke"
             assert await ref.ask.ping() == "pong"

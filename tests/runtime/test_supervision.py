@@ -1,7 +1,6 @@
 """Supervision: spec validation, restart intensity, one_for_one vs one_for_all, escalation."""
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -11,16 +10,9 @@ from shoal.errors import ConfigError
 from shoal.runtime import Actor, ActorSystem, Strategy, SupervisorSpec, run
 from shoal.runtime.errors import ActorInterrupted, ActorNotFound, Escalated, UnknownMethod
 from shoal.runtime.supervision import RestartIntensity
+from tests.support.waiting import eventually_async
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_asyncio_errors")]
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
 
 
 @pytest.mark.parametrize(
@@ -143,7 +135,7 @@ def test_one_for_all_restarts_every_sibling_in_otp_order():
             b = system.lookup("b")
             assert await b.ask.bump() == 1
             system.lookup("b").tell_nowait.fail()
-            await until(lambda: len(events) == 6, "all three kids restarted")
+            await eventually_async(lambda: len(events) == 6, "all three kids restarted")
             assert events == ["stop c", "stop b", "stop a", "start a", "start b", "start c"]
             assert await b.ask.bump() == 1  # b's state was rebuilt
             assert [f.action for f in system.failures] == ["restart_all"]
@@ -160,8 +152,10 @@ def test_beyond_intensity_the_failure_escalates_to_the_parent():
             a = system.lookup("a")
             for _ in range(3):
                 a.tell_nowait.fail()
-                await until(lambda: not events or events[-1] != "stop a", "a handled fail")
-            await until(lambda: len(restarts) == 1, "boss restarted")
+                await eventually_async(
+                    lambda: not events or events[-1] != "stop a", "a handled fail"
+                )
+            await eventually_async(lambda: len(restarts) == 1, "boss restarted")
             error = restarts[0]
             assert isinstance(error, Escalated)
             assert isinstance(error.__cause__, RuntimeError)
@@ -196,7 +190,7 @@ def test_at_the_top_the_system_records_the_failure_and_stops_the_subtree():
         system, boss, events, _ = await boss_system("one_for_one", max_restarts=0, root_max=0)
         try:
             system.lookup("c").tell_nowait.fail()
-            await until(lambda: "stop boss" in events, "boss stopped")
+            await eventually_async(lambda: "stop boss" in events, "boss stopped")
             assert events == ["stop c", "stop b", "stop a", "stop boss"]
             assert [(f.path, f.action) for f in system.failures] == [
                 ("c", "escalate"),
@@ -229,7 +223,7 @@ def test_a_restart_that_keeps_failing_stops_instead_of_looping():
         async with ActorSystem(root_supervisor=spec) as system:
             ref = await system.spawn(Fragile, name="fragile")
             ref.tell_nowait.fail()
-            await until(lambda: system.names == [], "fragile given up on")
+            await eventually_async(lambda: system.names == [], "fragile given up on")
             actions = [f.action for f in system.failures]
             assert actions == ["restart", "restart", "restart", "stop"]
             assert isinstance(system.failures[-1].error, OSError)
@@ -263,7 +257,7 @@ def test_hanging_on_restart_is_cut_by_hook_timeout_and_counts_as_a_failure():
         async with ActorSystem(root_supervisor=spec, hook_timeout=0.05) as system:
             ref = await system.spawn(Stuck, name="stuck")
             ref.tell_nowait.fail()
-            await until(lambda: system.names == [], "stuck actor given up on")
+            await eventually_async(lambda: system.names == [], "stuck actor given up on")
             assert [f.action for f in system.failures] == ["restart", "stop"]
             assert isinstance(system.failures[-1].error, TimeoutError)
 

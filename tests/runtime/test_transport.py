@@ -27,6 +27,7 @@ from shoal.runtime.loop import run
 from shoal.runtime.remote import RemoteRef
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import Transport, TransportConfig, attach, split_url
+from tests.support.waiting import eventually_async
 
 TOKEN = "test-cluster-token"
 
@@ -367,11 +368,11 @@ def test_a_served_ask_run_at_once_still_fails_and_restarts_like_any_handler() ->
             assert await ref.ask.state() == []
             with pytest.raises(RemoteError, match="broken on purpose"):
                 await ref.ask.fail()
-            for _ in range(500):  # the supervisor restarts it in the background
-                if await ref.ask.state() == ["restarted after KeyError"]:
-                    break
-                await asyncio.sleep(0.02)
-            assert await ref.ask.state() == ["restarted after KeyError"]
+
+            async def restarted() -> bool:  # the supervisor restarts it in the background
+                return bool(await ref.ask.state() == ["restarted after KeyError"])
+
+            await eventually_async(restarted, "the actor restarted")
             assert server.failures[-1].action == "restart"
 
     run(main())

@@ -25,6 +25,7 @@ from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import TransportConfig, attach
+from tests.support.processes import end_group, kill_quietly
 from tests.support.waiting import eventually, eventually_async
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -76,15 +77,14 @@ def start_node(local: LocalCluster, name: str, tmp: Path) -> Node:
     ]  # fmt: skip
     with open(log, "ab") as out:
         process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # so the fixture ends its whole group
         )
     return Node(name, data_dir, log, process)
-
-
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.kill()
-    process.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -105,17 +105,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
     finally:
         for node in nodes.values():
-            stop_process(node.process)
+            end_group(node.process)
         local.stop_all()
         for pid_file in tmp.glob("*.pid"):  # task children of nodes that were killed
-            _kill_quietly(int(pid_file.read_text()))
-
-
-def _kill_quietly(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+            kill_quietly(int(pid_file.read_text()))
 
 
 @pytest.fixture(autouse=True)
@@ -134,6 +127,16 @@ def run(cluster: Cluster, body: Callable[[CoordinatorClient], Awaitable[T]]) -> 
             return await body(client)
 
     return asyncio.run(go())
+
+
+def sleeper_task(task_id: str, base: Path) -> dict[str, Any]:
+    """A learner rank that runs until SIGTERM (test_node_tasks.sleeper), marking `base`."""
+    return {
+        "task_id": task_id,
+        "kind": "learner-rank",
+        "actor": "test_node_tasks:sleeper",
+        "args": {"argv": [str(base)]},
+    }
 
 
 async def task_in(client: CoordinatorClient, task_id: str, *states: str) -> dict[str, Any]:
@@ -294,12 +297,7 @@ def test_bad_tasks_fail_with_a_reason_and_the_node_stays_up(cluster: Cluster) ->
 def test_a_learner_rank_gets_sigterm_when_its_job_stops(cluster: Cluster) -> None:
     base = cluster.tmp / "rank-stop"
     marker = Path(f"{base}.g1")
-    task = {
-        "task_id": "rank-stop",
-        "kind": "learner-rank",
-        "actor": "test_node_tasks:sleeper",
-        "args": {"argv": [str(base)]},
-    }
+    task = sleeper_task("rank-stop", base)
 
     async def body(client: CoordinatorClient) -> None:
         await submit_and_place(client, "job-rank", "n1", [task])
@@ -313,12 +311,7 @@ def test_a_learner_rank_gets_sigterm_when_its_job_stops(cluster: Cluster) -> Non
 
 def test_a_moved_rank_stops_on_its_old_node_and_starts_on_the_new_one(cluster: Cluster) -> None:
     base = cluster.tmp / "moved"
-    task = {
-        "task_id": "rank-moved",
-        "kind": "learner-rank",
-        "actor": "test_node_tasks:sleeper",
-        "args": {"argv": [str(base)]},
-    }
+    task = sleeper_task("rank-moved", base)
 
     async def body(client: CoordinatorClient) -> dict[str, Any]:
         await submit_and_place(client, "job-moved", "n1", [task])
@@ -336,12 +329,7 @@ def test_a_moved_rank_stops_on_its_old_node_and_starts_on_the_new_one(cluster: C
 
 def test_a_migration_starts_the_new_copy_before_it_stops_the_old_one(cluster: Cluster) -> None:
     base = cluster.tmp / "mbb"
-    task = {
-        "task_id": "rank-mbb",
-        "kind": "learner-rank",
-        "actor": "test_node_tasks:sleeper",
-        "args": {"argv": [str(base)]},
-    }
+    task = sleeper_task("rank-mbb", base)
     migrate = {"op": "migrate_task", "args": {"task_id": "rank-mbb", "node_id": "n2"}}
 
     async def body(client: CoordinatorClient) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -381,12 +369,7 @@ def test_a_migration_starts_the_new_copy_before_it_stops_the_old_one(cluster: Cl
 
 def test_a_report_made_while_every_coordinator_is_down_arrives_later(cluster: Cluster) -> None:
     base = cluster.tmp / "outage"
-    task = {
-        "task_id": "rank-outage",
-        "kind": "learner-rank",
-        "actor": "test_node_tasks:sleeper",
-        "args": {"argv": [str(base)]},
-    }
+    task = sleeper_task("rank-outage", base)
 
     async def place(client: CoordinatorClient) -> None:
         await submit_and_place(client, "job-outage", "n1", [task])
@@ -442,12 +425,7 @@ def test_the_node_follows_a_new_leader(cluster: Cluster) -> None:
 def test_kill_9_makes_the_node_suspect_then_dead(cluster: Cluster) -> None:
     base = cluster.tmp / "orphan"
     marker = Path(f"{base}.g1")
-    task = {
-        "task_id": "rank-orphan",
-        "kind": "learner-rank",
-        "actor": "test_node_tasks:sleeper",
-        "args": {"argv": [str(base)]},
-    }
+    task = sleeper_task("rank-orphan", base)
 
     async def place(client: CoordinatorClient) -> int:
         await submit_and_place(client, "job-orphan", "n2", [task])
@@ -483,12 +461,7 @@ def test_sigterm_drains_the_node_and_exits_zero(cluster: Cluster) -> None:
     marker = Path(f"{base}.g1")
     tasks = [
         {"task_id": "drain-echo", "kind": "rollout", "actor": "test_node_tasks:Echo"},
-        {
-            "task_id": "drain-rank",
-            "kind": "learner-rank",
-            "actor": "test_node_tasks:sleeper",
-            "args": {"argv": [str(base)]},
-        },
+        sleeper_task("drain-rank", base),
     ]
 
     async def place(client: CoordinatorClient) -> None:

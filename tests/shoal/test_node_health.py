@@ -19,6 +19,7 @@ from shoal.scheduler.health.clock import PtpCollector, serve_clock
 from shoal.scheduler.health.nvml import NvmlCollector
 from shoal.scheduler.health.simgpu import SimGpuBackend
 from tests.scheduler.fake_sensors import fake_dcgmi, fake_pmc, set_dcgm
+from tests.support.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,11 +41,12 @@ def test_health_has_host_gpus_clock_and_sees_an_injected_xid(tmp_path: Path) -> 
             first = monitor.latest()
             # a chaos process would do this against a running node's data dir
             SimGpuBackend.attach(tmp_path / "simgpu.json").raise_xid(1, 79)
-            for _ in range(100):  # the XID watcher thread picks the event up within its poll
+
+            async def seen() -> bool:  # the XID watcher thread picks it up within its poll
                 await monitor.collect()
-                if monitor.latest()["summary"]["xid_errors"]:
-                    break
-                await asyncio.sleep(0.05)
+                return bool(monitor.latest()["summary"]["xid_errors"])
+
+            await eventually_async(seen, "the XID in the health summary")
             return first, monitor.latest(), gpu_topology(reports, "n1", 2, "default", True)
         finally:
             await asyncio.to_thread(monitor.close)

@@ -95,7 +95,9 @@ def eventually_while_running(
         if found or process.poll() is None:
             return found
         _, err = process.communicate()
-        name = shlex.join(str(arg) for arg in list(process.args)[1:4])  # type: ignore[call-overload]
+        args = process.args
+        argv = [str(args)] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        name = shlex.join(str(arg) for arg in argv[1:4])
         raise AssertionError(f"{name} exited ({process.returncode}) before {what}: {err}")
 
     return eventually(checked, what, timeout)

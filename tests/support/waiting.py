@@ -7,6 +7,7 @@ loaded 2-core machine, and a test that needs it to be tighter is a test to fix."
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -35,16 +36,19 @@ def eventually(
 
 
 async def eventually_async(
-    check: Callable[[], Awaitable[T | None]],
+    check: Callable[[], Awaitable[T | None]] | Callable[[], T | None],
     what: str,
     timeout: float = DEFAULT_TIMEOUT_S,
     detail: Callable[[], str] | None = None,
 ) -> T:
-    """`await check()`'s first truthy value, polled every POLL_S without blocking the loop;
-    fails as `eventually` does."""
+    """`check()`'s first truthy value (awaited if `check` is a coroutine function, or a plain
+    look at state on this loop), polled every POLL_S without blocking the loop; fails as
+    `eventually` does."""
     deadline = time.monotonic() + timeout
     while True:
-        value = await check()
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         assert time.monotonic() < deadline, _failure(what, timeout, detail)
