@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ import pytest
 
 from shoal.local import LocalCluster, LocalClusterError, coordinator_specs, node_specs
 from shoal.scheduler.health.simgpu import SimGpuBackend
+from tests.support.admin import post_json
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow]
@@ -44,17 +44,7 @@ class Cluster:
         return self.local.get(f"{self.api}{path}")
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
-        request = urllib.request.Request(
-            f"{self.api}{path}",
-            data=json.dumps(body).encode(),
-            headers={
-                "Authorization": f"Bearer {self.local.token}",
-                "Content-Type": "application/json",
-            },
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            return json.loads(resp.read())
+        return post_json(self.local, f"{self.api}{path}", body)
 
     def tasks(self, job: str) -> dict[str, dict[str, Any]]:
         return {t["id"]: t for t in self.get(f"/v1/tasks?job={job}")["tasks"]}

@@ -1,1 +1,8 @@
-"""Helpers shared by tests of several packages (fixtures that start real processes)."""
+"""Helpers shared by tests of several packages, one job each:
+
+- waiting: `eventually` / `eventually_async`, the one way to wait for a condition;
+- processes: child processes in a group of their own, killed with it even on failure, and the
+  /proc probes that prove a process gone; worker_child is the peer process they start;
+- admin: a JSON POST to the admin API from a blocking test body;
+- serving: proof that a server still serves after hostile input;
+- netns: a cluster whose nodes are hosts of their own (network namespaces)."""

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tests.support.waiting import DEFAULT_TIMEOUT_S, eventually
 
@@ -104,20 +104,10 @@ def eventually_while_running(
 
 
 @contextmanager
-def logged_process(
-    argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """`argv` as a child in its own process group, stdout and stderr appended to `log`;
-    the group is killed on the way out."""
-    with open(log, "ab") as out:
-        process = subprocess.Popen(
-            list(argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=None if env is None else dict(env),
-            start_new_session=True,
-        )
+def child_process(argv: Sequence[str], **popen: Any) -> Iterator[subprocess.Popen[Any]]:
+    """`argv` as a child in a process group of its own (Popen keywords as given); the whole
+    group is killed and the child reaped on the way out, whether the test passed or not."""
+    process = subprocess.Popen(list(argv), start_new_session=True, **popen)
     try:
         yield process
     finally:
@@ -125,24 +115,27 @@ def logged_process(
 
 
 @contextmanager
+def logged_process(
+    argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`argv` as a child_process, stdout and stderr appended to `log`."""
+    streams = {"stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+    environment = None if env is None else dict(env)
+    with open(log, "ab") as out, child_process(argv, stdout=out, env=environment, **streams) as p:
+        yield p
+
+
+@contextmanager
 def announcing_process(argv: Sequence[str]) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """`argv` as a child in its own process group that prints one line (its address) when it
     serves; yields the process and that line. Its stdin stays open: a child may wait on it to
     learn that the test is done. The group is killed on the way out."""
-    process = subprocess.Popen(
-        list(argv),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    with child_process(argv, **pipes) as process:
         assert process.stdout is not None
         line = process.stdout.readline().strip()
         assert line, f"{argv} exited (status {process.poll()}) before it said it serves"
         yield process, line
-    finally:
-        end_group(process)
 
 
 WORKER_TOKEN = "worker-token"
