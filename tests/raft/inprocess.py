@@ -14,6 +14,7 @@ from typing import Any
 from shoal.local import free_port
 from shoal.raft.config import CoordinatorConfig
 from shoal.raft.coordinator import Coordinator
+from tests.support.waiting import DEFAULT_TIMEOUT_S, eventually
 
 TOKEN = "test-token-0123456789"
 SECRET = "test-cluster-secret-0123456789"
@@ -50,18 +51,16 @@ class InProcessReplica:
         finally:
             self._loop.close()
 
-    def start(self, timeout: float = 15.0) -> None:
+    def start(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self._thread.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                status, body = self.request("GET", "/v1/cluster")
-                if status == 200 and body["leader_id"] == "c1":
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"replica did not become leader (error: {self.error!r})")
+        eventually(self._leads, "the replica leads", timeout, lambda: f"error: {self.error!r}")
+
+    def _leads(self) -> bool:
+        try:
+            status, body = self.request("GET", "/v1/cluster")
+        except OSError:
+            return False
+        return status == 200 and body["leader_id"] == "c1"
 
     def close(self) -> None:
         if self._thread.is_alive():

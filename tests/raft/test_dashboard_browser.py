@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,6 +28,7 @@ import pytest
 from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.dashboard import METRICS_KIND
+from tests.support.waiting import eventually_async
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -100,27 +100,27 @@ class DevTools:
 
     async def wait_for(self, expression: str, timeout: float = 60.0) -> Any:
         """Poll a JS expression until it is truthy; its value."""
-        deadline = time.monotonic() + timeout
-        value = None
-        while time.monotonic() < deadline:
-            value = await self.evaluate(expression)
-            if value:
-                return value
-            await asyncio.sleep(0.2)
-        body = await self.evaluate("document.body.innerText")
-        raise AssertionError(f"page never showed {expression!r}; last {value!r}; text: {body}")
+        try:
+            return await eventually_async(
+                lambda: self.evaluate(expression), f"the page shows {expression!r}", timeout
+            )
+        except AssertionError as exc:
+            body = await self.evaluate("document.body.innerText")
+            raise AssertionError(f"{exc}; text: {body}") from exc
 
 
 async def _devtools_port(profile: Path, proc: subprocess.Popen[bytes]) -> int:
     marker = profile / "DevToolsActivePort"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if marker.exists() and marker.read_text().strip():
-            return int(marker.read_text().split()[0])
+
+    def port() -> int | None:
+        text = marker.read_text().strip() if marker.exists() else ""
+        if text:
+            return int(text.split()[0])
         if proc.poll() is not None:
             raise AssertionError(f"chromium exited with {proc.returncode}")
-        await asyncio.sleep(0.1)
-    raise AssertionError("chromium did not open its DevTools port")
+        return None
+
+    return await eventually_async(port, "chromium opens its DevTools port")
 
 
 def _launch(tmp: Path, profile: Path) -> subprocess.Popen[bytes]:
@@ -186,13 +186,12 @@ async def _cordon(local: LocalCluster, node_id: str) -> None:
 
 async def _wait_nodes_healthy(local: LocalCluster) -> None:
     async with CoordinatorClient(local.api_urls(), local.token, timeout=20) as client:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        async def healthy() -> bool:
             nodes = await client.nodes()
-            if len(nodes) == len(NODES) and all(n["health"] for n in nodes):
-                return
-            await asyncio.sleep(0.3)
-    raise AssertionError("the node daemons never reported health")
+            return len(nodes) == len(NODES) and all(n["health"] for n in nodes)
+
+        await eventually_async(healthy, "every node daemon reports health", timeout=60)
 
 
 def test_the_page_shows_nodes_jobs_curves_live_and_keeps_the_token_out_of_the_url(
@@ -258,20 +257,22 @@ async def _wait_job_metrics(local: LocalCluster, points: int, timeout: float) ->
     """The id of the first job with at least `points` job_metrics events (the learner posts one
     every few seconds), waiting up to `timeout` seconds."""
     async with CoordinatorClient(local.api_urls(), local.token, timeout=20) as client:
-        deadline = time.monotonic() + timeout
         counts: dict[str, int] = {}
         since = 0
-        while time.monotonic() < deadline:
+
+        async def ready() -> str | None:
+            nonlocal since
             page = await client.events(since=since, wait=2.0)
             for event in page["events"]:
                 job = event["fields"].get("job") if event["kind"] == METRICS_KIND else None
                 if job:
                     counts[job] = counts.get(job, 0) + 1
             since = max(since, int(page["last_seq"]))
-            ready = [job for job, n in counts.items() if n >= points]
-            if ready:
-                return ready[0]
-    raise AssertionError(f"no job posted {points} job_metrics events in {timeout}s: {counts}")
+            return next((job for job, n in counts.items() if n >= points), None)
+
+        return await eventually_async(
+            ready, f"a job posts {points} job_metrics events", timeout, lambda: f"{counts}"
+        )
 
 
 async def _screenshot_job(local: LocalCluster, job_id: str, tmp: Path) -> bytes:

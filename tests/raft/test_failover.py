@@ -14,6 +14,7 @@ import pytest
 from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.errors import NoQuorum
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -60,19 +61,18 @@ async def all_messages(c: CoordinatorClient) -> list[str]:
         since = page["events"][-1]["seq"]
 
 
-def converged_digests(cluster: LocalCluster, timeout: float = 20.0) -> set[str]:
-    """Wait until every replica has applied the same index, then return their digests."""
-    deadline = time.monotonic() + timeout
-    while True:
+def converged_digests(cluster: LocalCluster) -> set[str]:
+    """Wait until every replica has applied the same index with the same digest; that digest."""
+
+    def converged() -> set[str] | None:
         views = [cluster.cluster_view(s.name, digest=True) for s in cluster.specs()]
-        if all(views):
-            applied = {v["last_applied"] for v in views if v}
-            digests = {v["digest"] for v in views if v}
-            if len(applied) == 1 and len(digests) == 1:
-                return digests
-        if time.monotonic() > deadline:
-            return {v["digest"] for v in views if v}
-        time.sleep(0.1)
+        if not all(views):
+            return None
+        applied = {v["last_applied"] for v in views if v}
+        digests = {v["digest"] for v in views if v}
+        return digests if len(applied) == 1 and len(digests) == 1 else None
+
+    return eventually(converged, "every replica at the same applied index and digest")
 
 
 def test_killing_the_leader_elects_another_and_loses_no_acknowledged_write(

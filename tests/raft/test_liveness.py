@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.raft.config import LivenessConfig
 from shoal.raft.liveness import LivenessTable
+from tests.support.waiting import eventually
 
 from .inprocess import InProcessReplica
 
@@ -126,18 +125,16 @@ def test_a_silent_node_turns_suspect_then_dead_and_recovers_on_heartbeat(tmp_pat
         body = {"node_id": "quiet", "address": "127.0.0.1:1", "resources": {"cpus": 1, "memory": 1}}
         assert replica.request("POST", "/v1/nodes", body)[0] == 201
         assert replica.request("POST", "/v1/nodes/quiet/heartbeat", {"health": {"ok": 1}})[0] == 200
-        seen = set()
-        deadline = time.monotonic() + 20
-        while "dead" not in seen and time.monotonic() < deadline:
-            seen.add(replica.request("GET", "/v1/nodes/quiet")[1]["liveness"])
-            time.sleep(0.02)
-        assert "dead" in seen  # suspect came first: the events below show the order
+
+        def quiet() -> str:
+            return str(replica.request("GET", "/v1/nodes/quiet")[1]["liveness"])
+
+        eventually(lambda: quiet() == "dead", "the quiet node declared dead")
+        # suspect came first: the events below show the order
         _, node = replica.request("GET", "/v1/nodes/quiet")
         assert node["health"] == {"ok": 1}
         replica.request("POST", "/v1/nodes/quiet/heartbeat", {})
-        while replica.request("GET", "/v1/nodes/quiet")[1]["liveness"] != "alive":
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        eventually(lambda: quiet() == "alive", "the quiet node alive again after a heartbeat")
         _, events = replica.request("GET", "/v1/events?since=0")
         kinds = [e["message"] for e in events["events"] if e["kind"] == "node_liveness"]
         assert kinds[:2] == ["node quiet alive -> suspect", "node quiet suspect -> dead"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +13,7 @@ from prometheus_client.samples import Sample
 
 from shoal.raft.metrics import Metrics, cluster_gauges, format_value
 from shoal.raft.model import Gpu, Node, Resources, Task, TaskResources
+from tests.support.waiting import eventually
 
 from .inprocess import InProcessReplica
 
@@ -79,12 +79,11 @@ def _scrape(rep: InProcessReplica) -> dict[str, list[Sample]]:
 
 @pytest.mark.timeout(60)
 def test_coordinator_metrics_follow_prometheus_conventions(busy_replica: InProcessReplica) -> None:
-    deadline = time.monotonic() + 20
-    while True:  # per-GPU health reaches the state with the leader's next health report
-        samples = _scrape(busy_replica)
-        if samples.get("shoal_gpu_utilisation_ratio") or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    # per-GPU health reaches the state with the leader's next health report
+    eventually(
+        lambda: _scrape(busy_replica).get("shoal_gpu_utilisation_ratio"), "per-GPU health scraped"
+    )
+    samples = _scrape(busy_replica)
     assert {"shoal_api_requests", "shoal_heartbeats", "shoal_raft_commands"} <= set(samples)
     assert "shoal_api_request_seconds" in samples
     assert samples["shoal_raft_is_leader"][0].value == 1.0

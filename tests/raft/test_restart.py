@@ -22,6 +22,7 @@ from shoal.raft.scheduling_inputs import read_inputs
 from shoal.scheduler.signals import BalancerConfig
 from tests.raft.inprocess import InProcessReplica
 from tests.raft.test_scheduling import add_node, apply_round, run
+from tests.support.waiting import eventually
 
 RANKS = 2
 ROLLOUTS = 3
@@ -604,10 +605,12 @@ def test_the_leader_places_a_task_when_its_back_off_ends_with_nothing_else_chang
 
 
 def wait_placed(replica: InProcessReplica) -> int:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def placed() -> int | None:
         _, task = replica.request("GET", "/v1/tasks/t")
         if task["node"] is not None and task["state"] == "pending":
             return int(task["generation"])
-        time.sleep(0.05)
-    raise AssertionError(f"task t never placed: {task}")
+        return None
+
+    return eventually(
+        placed, "task t placed", detail=lambda: str(replica.request("GET", "/v1/tasks/t")[1])
+    )

@@ -24,6 +24,7 @@ import pytest
 
 from shoal.cli import main as cli_main
 from shoal.local import LocalCluster, coordinator_specs, node_specs
+from tests.support.waiting import eventually
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,14 +62,12 @@ class Api:
 
 
 def wait_for(what: str, probe: Callable[[], T | None], local: LocalCluster) -> T:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.2)
-    logs = "\n".join(f"--- {n}\n{local.tail(n, 20)}" for n in ("c1", "n1", "n2"))
-    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+    """`eventually`, with the tails of the cluster's logs on failure."""
+
+    def logs() -> str:
+        return "\n".join(f"--- {n}\n{local.tail(n, 20)}" for n in ("c1", "n1", "n2"))
+
+    return eventually(probe, what, timeout=60, detail=logs)
 
 
 @pytest.fixture

@@ -3,14 +3,15 @@ a thousand tasks is placed in batches under the command size limit, each with it
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shoal.raft.config import LivenessConfig, SchedulingConfig
 from tests.raft.inprocess import InProcessReplica
+from tests.support.waiting import eventually
 
 TASKS = 1000
 
@@ -47,21 +48,18 @@ def test_a_large_job_is_placed_in_batches_each_task_once(replica: InProcessRepli
         "POST", "/v1/jobs", {"job_id": "big", "spec": {"placement": "auto"}, "tasks": tasks}
     )
     assert status == 201
-    deadline = time.monotonic() + 45
-    while time.monotonic() < deadline:
-        _, body = replica.request("GET", "/v1/tasks?job=big")
-        if all(t["node"] for t in body["tasks"]):
-            break
-        time.sleep(0.2)
-    placed = body["tasks"]
+
+    def all_placed() -> list[dict[str, Any]] | None:
+        tasks: list[dict[str, Any]] = replica.request("GET", "/v1/tasks?job=big")[1]["tasks"]
+        return tasks if all(t["node"] for t in tasks) else None
+
+    placed = eventually(all_placed, "every task of job big placed", timeout=45)
     assert all(t["node"] for t in placed)
     assert all(t["generation"] == 1 for t in placed)
     per_node = {n: sum(t["node"] == n for t in placed) for n in ("a", "b")}
     assert per_node == {"a": TASKS // 2, "b": TASKS // 2}
-    deadline = time.monotonic() + 30
-    while sorted(placement_events(replica)) != sorted(t["id"] for t in placed):
-        assert time.monotonic() < deadline, "the placement events never all arrived"
-        time.sleep(0.2)
+    want = sorted(t["id"] for t in placed)
+    eventually(lambda: sorted(placement_events(replica)) == want, "every placement event arrived")
 
 
 def placement_events(replica: InProcessReplica) -> list[str]:

@@ -12,6 +12,7 @@ from pysyncobj import SyncObj, SyncObjConf
 
 from shoal.raft.commands import make_command
 from shoal.raft.state import ClusterState
+from tests.support.waiting import eventually
 
 from .inprocess import free_port
 
@@ -52,10 +53,7 @@ def test_restart_after_log_compaction_restores_the_same_digest(tmp_path: Path) -
         for i in range(40):
             _apply(state, "add_event", {"kind": "note", "message": str(i)}, f"op-{i}")
         sync.forceLogCompaction()
-        deadline = time.monotonic() + 20
-        while not (tmp_path / "raft.dump").exists():
-            assert time.monotonic() < deadline, "no dump written"
-            time.sleep(0.05)
+        eventually((tmp_path / "raft.dump").exists, "a dump written")
         _apply(state, "add_event", {"kind": "note", "message": "after-dump"}, "op-last")
         digest = state.digest()
     finally:
@@ -63,10 +61,7 @@ def test_restart_after_log_compaction_restores_the_same_digest(tmp_path: Path) -
         time.sleep(0.3)
     sync2, state2 = _replica(tmp_path, addr)
     try:
-        deadline = time.monotonic() + 20
-        while state2.digest() != digest:
-            assert time.monotonic() < deadline, "restarted replica did not rebuild the state"
-            time.sleep(0.05)
+        eventually(lambda: state2.digest() == digest, "the restarted replica rebuilt the state")
         assert _apply(state2, "submit_job", {"job_id": "j1"}, "op-job")[
             "ok"
         ]  # retried op: first result

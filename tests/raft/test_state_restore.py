@@ -24,6 +24,7 @@ from shoal.raft.state import ClusterState
 from tests.raft.inprocess import free_port
 from tests.raft.strategies import any_command
 from tests.raft.test_scheduling import add_node, run
+from tests.support.waiting import eventually
 
 OLD_JOB = ("restart_times", "restarts", "message")
 OLD_TASK = ("due", "gpus", "published", "pending_reason")
@@ -119,20 +120,16 @@ def test_a_replica_restarts_from_a_dump_an_older_shoal_wrote(tmp_path: Path) -> 
             _apply(state, "add_event", {"kind": "note", "message": str(i)}, f"op-{i}")
         state.read(make_old)  # what the older shoal held, under the lock
         sync.forceLogCompaction()
-        deadline = time.monotonic() + 20
-        while not (tmp_path / "raft.dump").exists():
-            assert time.monotonic() < deadline, "no dump written"
-            time.sleep(0.05)
+        eventually((tmp_path / "raft.dump").exists, "a dump written")
         time.sleep(0.3)  # the dump is renamed into place once complete
     finally:
         sync.destroy()
         time.sleep(0.3)
     sync2, state2 = _replica(tmp_path, addr)
     try:
-        deadline = time.monotonic() + 20
-        while not state2.read(lambda m: "j" in m.jobs):
-            assert time.monotonic() < deadline, "the restarted replica did not load the dump"
-            time.sleep(0.05)
+        eventually(
+            lambda: state2.read(lambda m: "j" in m.jobs), "the restarted replica loaded the dump"
+        )
         job = state2.read(lambda m: m.jobs["j"])
         assert "restart_times" in job.__dict__  # filled on load, not by a class attribute
         assert (job.restart_times, job.restarts, job.message) == ([], 0, "")
