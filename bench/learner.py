@@ -242,7 +242,7 @@ def checkpoint_rows(sizes: Sizes, root: Path) -> list[Row]:
 
 def sync_rows(sizes: Sizes) -> list[Row]:
     from shoal.bench import learner_sync
-    from shoal.learner.weight_sync import WeightSyncConfig
+    from shoal.learner.weight_plan import WeightSyncConfig
 
     bucket_bytes = WeightSyncConfig(bucket_mb=BUCKET_MIB).bucket_bytes()
     cases = [

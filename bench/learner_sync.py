@@ -22,12 +22,9 @@ from typing import Any
 
 from shoal.bench.learner_child import build_policy
 from shoal.errors import ShoalError
-from shoal.learner.weight_sync import (
-    WeightAssembler,
-    WeightBroadcaster,
-    WeightSnapshot,
-    WeightSyncConfig,
-)
+from shoal.learner.weight_assembler import WeightAssembler
+from shoal.learner.weight_plan import WeightSyncConfig
+from shoal.learner.weight_sync import WeightBroadcaster, WeightSnapshot
 from shoal.runtime.actor import Actor
 from shoal.runtime.loop import run as run_loop
 from shoal.runtime.system import ActorSystem

@@ -27,7 +27,7 @@ from shoal.config import check_int, check_number
 from shoal.errors import ConfigError
 from shoal.learner.models.config import ModelConfig
 from shoal.learner.ppo import PPOConfig
-from shoal.learner.weight_sync import WeightSyncConfig
+from shoal.learner.weight_plan import WeightSyncConfig
 
 # Returns that count as solved where the environment declares none (Gymnasium's thresholds).
 _KNOWN_TARGETS: dict[str, float] = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0}

@@ -45,7 +45,7 @@ from shoal.learner.fragment import Fragment
 from shoal.learner.journal import Journal
 from shoal.learner.models import ModelConfig, build_model
 from shoal.learner.seqranges import SeqRanges, ranges_json
-from shoal.learner.weight_sync import WeightAssembler
+from shoal.learner.weight_assembler import WeightAssembler
 from shoal.runtime.actor import Actor
 from shoal.runtime.errors import ActorError, MailboxFull, WireError
 from shoal.runtime.ref import ActorRef

@@ -4,7 +4,8 @@ A whole state dict in one frame stops working past the transport's frame cap (25
 every sync all-or-nothing. Here a version travels as `weights_begin(version, manifest)`, then
 `weights_bucket(version, index, data, checksum)` for each bucket, then `weights_commit(version)`.
 Buckets are flat byte buffers cut from the tensors in order (a tensor bigger than a bucket spans
-several), each at most `bucket_mb` and always under the frame cap, each with a CRC-32.
+several), each at most `bucket_mb` and always under the frame cap, each with a CRC-32. This
+module is the learner side; the plan, limits and config both ends share are in weight_plan.py.
 
 The learner side, from `learner_main.py` (every rank runs `build` with the same tensors in the
 same order: the gather of a sharded tensor is a collective; each rank then publishes to its own
@@ -24,7 +25,7 @@ for FSDP2 DTensors. `source` is the learner's incarnation: a rollout actor adopt
 from the incarnation it registered with, so a restarted learner is never confused with its
 predecessor even when its version went back to a checkpoint's.
 
-The receiving side, `WeightAssembler`, is pure: it checks the manifest against the local model's
+The receiving side, `WeightAssembler` (weight_assembler.py), is pure: it checks the manifest against the local model's
 own names and shapes before allocating anything, checks every bucket's index, length and
 checksum, and hands out the weights only at commit; a new begin drops a half-received version.
 See docs/weight-sync.md for the limits and failure behaviour.
@@ -37,140 +38,30 @@ import contextlib
 import logging
 import math
 import time
-import zlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from shoal.config import check_number
 from shoal.errors import ConfigError
 from shoal.learner.errors import WeightSyncError
+from shoal.learner.weight_plan import (
+    MAX_BUCKETS,
+    MAX_SOURCE_CHARS,
+    WIRE_NAMES,
+    Chunk,
+    WeightSyncConfig,
+    bucket_count,
+    checksum,
+    plan_buckets,
+    wire_dtype,
+)
 from shoal.runtime import wire
 from shoal.runtime.errors import ActorError, WireError
 from shoal.runtime.ref import ActorRef
 
 log = logging.getLogger(__name__)
-
-MIB = 1 << 20
-FRAME_HEADROOM = 64 * 1024
-"""Bytes of a bucket's frame that are not the bucket: prefix, msgpack header (method, actor
-path, version, index, checksum), the buffer table and its 64-byte alignment."""
-MIN_BUCKET_BYTES = 1024
-MAX_BUCKETS = 1 << 16
-"""Buckets of one version; 65536 × 256 MiB is 16 TiB, and a receiver never plans more."""
-MAX_SOURCE_CHARS = 256
-WIRE_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-_WIRE_NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
-
-
-@dataclass(frozen=True)
-class WeightSyncConfig:
-    """TOML `[weight_sync]`: how the learner ships a policy version to its rollout actors."""
-
-    bucket_mb: float = 256.0
-    """Largest bucket in MiB (also capped by the transport's frame size); 1 KiB at least."""
-    wire_dtype: str = "float32"
-    """"bfloat16" halves the bytes of floating tensors on the wire; the receiver casts back."""
-    deadline_s: float = 60.0
-    """A transfer to one actor that takes longer is abandoned, logged and counted."""
-
-    def __post_init__(self) -> None:
-        check_number(
-            "weight_sync.bucket_mb", self.bucket_mb, low=MIN_BUCKET_BYTES / MIB, high=65536
-        )
-        if self.wire_dtype not in ("float32", "bfloat16"):
-            raise ConfigError(
-                f'weight_sync.wire_dtype = {self.wire_dtype!r} is invalid: use "float32" or '
-                '"bfloat16"'
-            )
-        check_number("weight_sync.deadline_s", self.deadline_s, above=0, unit="seconds")
-
-    def bucket_bytes(self, max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES) -> int:
-        """The bucket size to plan with: `bucket_mb`, but always a frame's worth under the cap."""
-        return bucket_limit(int(self.bucket_mb * MIB), max_frame_bytes)
-
-
-def bucket_limit(bucket_bytes: int, max_frame_bytes: int) -> int:
-    """`bucket_bytes`, lowered so a bucket plus its message fits in one frame."""
-    room = max_frame_bytes - FRAME_HEADROOM
-    if room < MIN_BUCKET_BYTES:
-        raise ConfigError(
-            f"max_frame_bytes = {max_frame_bytes} leaves no room for weight buckets: use at least "
-            f"{FRAME_HEADROOM + MIN_BUCKET_BYTES}"
-        )
-    return max(MIN_BUCKET_BYTES, min(bucket_bytes, room))
-
-
-# -- the bucket plan (pure) ----------------------------------------------------------------
-
-
-class Chunk(NamedTuple):
-    """Bytes [start, start + length) of tensor `tensor`, at offset `at` of its bucket."""
-
-    tensor: int
-    start: int
-    length: int
-    at: int
-
-
-def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[list[Chunk]]:
-    """Cut tensors of `sizes` bytes, in order, into buckets of at most `bucket_bytes`.
-
-    Every bucket but the last is full and none is empty, so the sender and the receiver derive
-    the same plan from the manifest alone (nothing about the layout has to be trusted)."""
-    if bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-    buckets: list[list[Chunk]] = []
-    current: list[Chunk] = []
-    filled = 0
-    for index, size in enumerate(sizes):
-        start = 0
-        while start < size:
-            length = min(size - start, bucket_bytes - filled)
-            current.append(Chunk(index, start, length, filled))
-            start += length
-            filled += length
-            if filled == bucket_bytes:
-                buckets.append(current)
-                current, filled = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
-
-
-def bucket_count(total: int, bucket_bytes: int) -> int:
-    return -(-total // bucket_bytes)
-
-
-def checksum(data: np.ndarray) -> int:
-    """CRC-32 of a bucket: 2.7 GB/s here against 0.5 GB/s for BLAKE2b (docs/weight-sync.md);
-    it guards against corruption and mix-ups, the link itself is authenticated."""
-    return zlib.crc32(data.data)
-
-
-def _wire_dtype(dtype: torch.dtype, cfg: WeightSyncConfig) -> torch.dtype:
-    if dtype not in _WIRE_NAMES:
-        raise WeightSyncError(
-            f"cannot ship a tensor of dtype {dtype}: supported are {sorted(WIRE_DTYPES)}"
-        )
-    if cfg.wire_dtype == "bfloat16" and dtype.is_floating_point:
-        return torch.bfloat16
-    return dtype
-
 
 # -- the learner side --------------------------------------------------------------------------
 
@@ -197,7 +88,7 @@ class WeightSnapshot:
         self.plan = plan
         sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape in specs]
         self.manifest: dict[str, Any] = {
-            "tensors": [[name, _WIRE_NAMES[dtype], list(shape)] for name, dtype, shape in specs],
+            "tensors": [[name, WIRE_NAMES[dtype], list(shape)] for name, dtype, shape in specs],
             "bucket_bytes": limit,
             "buckets": len(plan),
             "nbytes": sum(sizes),
@@ -229,7 +120,7 @@ class WeightSnapshot:
     ) -> WeightSnapshot:
         """The buckets of `params` (names, wire dtypes, shapes), not filled yet."""
         limit = cfg.bucket_bytes(max_frame_bytes)
-        specs = [(name, _wire_dtype(t.dtype, cfg), tuple(t.shape)) for name, t in params]
+        specs = [(name, wire_dtype(t.dtype, cfg), tuple(t.shape)) for name, t in params]
         sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape in specs]
         if bucket_count(sum(sizes), limit) > MAX_BUCKETS:
             raise WeightSyncError(
@@ -442,195 +333,3 @@ class WeightBroadcaster:
             return
         self._stats["completed"] += 1
         self._stats["seconds"] += time.perf_counter() - started
-
-
-# -- the receiving side (pure) ----------------------------------------------------------------
-
-
-class _Receiving:
-    """One version being received: its plan and the bytes of every tensor so far."""
-
-    def __init__(
-        self,
-        version: int,
-        source: str,
-        specs: list[tuple[str, torch.dtype, tuple[int, ...]]],
-        plan: list[list[Chunk]],
-    ) -> None:
-        self.version = version
-        self.source = source
-        self.specs = specs
-        self.plan = plan
-        self.lengths = [sum(c.length for c in chunks) for chunks in plan]
-        self.data = [
-            np.empty(math.prod(shape) * dtype.itemsize, np.uint8) for _, dtype, shape in specs
-        ]
-        self.received = 0
-
-
-class WeightAssembler:
-    """Rebuilds one version from begin / bucket / commit messages; everything it is given is
-    treated as hostile. `expected` is the local model's state: name -> tensor (shapes and
-    dtypes are what is used). Only `commit` hands out weights, cast to the local dtypes."""
-
-    def __init__(
-        self,
-        expected: Mapping[str, torch.Tensor],
-        max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
-    ) -> None:
-        self.expected = {name: (tuple(t.shape), t.dtype) for name, t in expected.items()}
-        self.max_bucket_bytes = max_frame_bytes
-        self.receiving: _Receiving | None = None
-        self.dropped = 0
-        """Half-received versions dropped: by a newer begin, a reset or a refused bucket."""
-
-    def reset(self) -> None:
-        """Drop a half-received version, if any."""
-        if self.receiving is not None:
-            self.receiving = None
-            self.dropped += 1
-
-    def begin(self, version: Any, manifest: Any) -> None:
-        """Start receiving `version`; raises WeightSyncError if the manifest does not describe
-        the local model (the previous half version is dropped either way)."""
-        self.reset()
-        if type(version) is not int or version < 0:
-            raise WeightSyncError(f"weights version {version!r} is not a non-negative integer")
-        if not isinstance(manifest, dict):
-            raise WeightSyncError("the weights manifest is not a mapping")
-        source = manifest.get("source", "")
-        if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
-            raise WeightSyncError("the weights manifest's source is not a short string")
-        specs = self._tensor_specs(manifest.get("tensors"))
-        plan = self._plan(manifest, [math.prod(s) * d.itemsize for _, d, s in specs])
-        self.receiving = _Receiving(version, source, specs, plan)
-
-    def _tensor_specs(self, tensors: Any) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-        if not isinstance(tensors, list) or len(tensors) != len(self.expected):
-            count = len(tensors) if isinstance(tensors, list) else "no"
-            raise WeightSyncError(
-                f"the weights manifest lists {count} tensors, this model has "
-                f"{len(self.expected)}: the learner and this actor run different models"
-            )
-        specs: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
-        seen: set[str] = set()
-        for entry in tensors:
-            if not isinstance(entry, list) or len(entry) != 3:
-                raise WeightSyncError("a manifest tensor entry must be [name, dtype, shape]")
-            name, dtype_name, shape = entry
-            local = self.expected.get(name) if isinstance(name, str) else None
-            if local is None or name in seen:
-                raise WeightSyncError(
-                    f"the weights manifest names {str(name)[:100]!r}, which this model does not "
-                    "have (or twice): the learner and this actor run different models"
-                )
-            seen.add(name)
-            dtype = WIRE_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
-            local_shape, local_dtype = local
-            if dtype is None or (
-                dtype != local_dtype
-                and not (dtype.is_floating_point and local_dtype.is_floating_point)
-            ):
-                raise WeightSyncError(
-                    f"tensor {name!r} arrives as {str(dtype_name)[:20]!r}, which cannot load "
-                    f"into this model's {local_dtype}"
-                )
-            if not isinstance(shape, list) or tuple(shape) != local_shape:
-                raise WeightSyncError(
-                    f"tensor {name!r} arrives with shape {str(shape)[:100]}, this model needs "
-                    f"{list(local_shape)}"
-                )
-            specs.append((name, dtype, local_shape))
-        return specs
-
-    def _plan(self, manifest: dict[Any, Any], sizes: list[int]) -> list[list[Chunk]]:
-        bucket_bytes, buckets, nbytes = (
-            manifest.get(k) for k in ("bucket_bytes", "buckets", "nbytes")
-        )
-        total = sum(sizes)
-        if (
-            type(bucket_bytes) is not int
-            or not MIN_BUCKET_BYTES <= bucket_bytes <= self.max_bucket_bytes
-        ):
-            raise WeightSyncError(
-                f"the weights manifest's bucket size {str(bucket_bytes)[:30]} is outside "
-                f"[{MIN_BUCKET_BYTES}, {self.max_bucket_bytes}]"
-            )
-        if nbytes != total or buckets != bucket_count(total, bucket_bytes):
-            raise WeightSyncError(
-                f"the weights manifest says {str(nbytes)[:30]} bytes in {str(buckets)[:30]} "
-                f"buckets; its tensors make {total} bytes in "
-                f"{bucket_count(total, bucket_bytes)}"
-            )
-        if buckets > MAX_BUCKETS:
-            raise WeightSyncError(f"{buckets} buckets is over the limit of {MAX_BUCKETS}")
-        return plan_buckets(sizes, bucket_bytes)
-
-    def bucket(self, version: Any, index: Any, data: Any, crc: Any) -> bool:
-        """Take bucket `index` of the version being received; False if that is not `version`
-        (a leftover of a dropped one). A wrong index, length or checksum drops the version and
-        raises WeightSyncError."""
-        receiving = self.receiving
-        if receiving is None or version != receiving.version:
-            return False
-        try:
-            self._take(receiving, index, data, crc)
-        except WeightSyncError:
-            self.reset()
-            raise
-        return True
-
-    def _take(self, receiving: _Receiving, index: Any, data: Any, crc: Any) -> None:
-        if index != receiving.received or type(index) is not int:
-            raise WeightSyncError(
-                f"bucket {str(index)[:30]} of version {receiving.version} arrived, expected "
-                f"bucket {receiving.received}"
-            )
-        if index >= len(receiving.plan):
-            raise WeightSyncError(
-                f"bucket {index} of version {receiving.version} is past its last bucket"
-            )
-        expected = receiving.lengths[index]
-        if (
-            not isinstance(data, np.ndarray)
-            or data.dtype != np.uint8
-            or data.shape != (expected,)
-            or not data.flags.c_contiguous
-        ):
-            raise WeightSyncError(
-                f"bucket {index} of version {receiving.version} is not {expected} bytes"
-            )
-        if type(crc) is not int or checksum(data) != crc:
-            raise WeightSyncError(
-                f"bucket {index} of version {receiving.version} fails its checksum: the "
-                "version is dropped and the last complete one kept"
-            )
-        for chunk in receiving.plan[index]:
-            target = receiving.data[chunk.tensor]
-            target[chunk.start : chunk.start + chunk.length] = data[
-                chunk.at : chunk.at + chunk.length
-            ]
-        receiving.received += 1
-
-    def commit(self, version: Any) -> tuple[str, dict[str, torch.Tensor]] | None:
-        """The complete version as (source, name -> tensor in the local dtype), or None when
-        `version` is not the one being received. Raises WeightSyncError (and drops the version)
-        when buckets are missing."""
-        receiving = self.receiving
-        if receiving is None or version != receiving.version:
-            return None
-        if receiving.received != len(receiving.plan):
-            self.reset()
-            raise WeightSyncError(
-                f"version {version} was committed after {receiving.received} of "
-                f"{len(receiving.plan)} buckets: dropped"
-            )
-        self.receiving = None
-        weights = {}
-        for (name, dtype, shape), data in zip(receiving.specs, receiving.data):
-            local_dtype = self.expected[name][1]
-            if not data.size:  # a 0-element tensor has no bytes to view
-                weights[name] = torch.empty(shape, dtype=local_dtype)
-                continue
-            weights[name] = torch.from_numpy(data).view(dtype).reshape(shape).to(local_dtype)
-        return receiving.source, weights
