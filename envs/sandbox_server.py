@@ -13,6 +13,12 @@ after every fork) is paid once per request rather than once per episode.
 The server reports facts (exit status, signal, events the child wrote, captured output); the
 pool decides what they mean, so the untrusted side never classifies its own result.
 Protocol on stdin/stdout: frames of a 4-byte big-endian length and a UTF-8 JSON object.
+
+Why one module of ~800 lines: it runs as a standalone script under `-I -S`, and isolated mode
+leaves the script's own directory off sys.path, so it cannot import a sibling module (and an
+import path of our own making is what the confinement must not depend on). It is kept readable
+by its three marked sections instead: the child (untrusted side), the modules episodes may
+import, and the server (trusted side).
 """
 
 from __future__ import annotations
