@@ -27,9 +27,9 @@ import time
 
 from shoal.chaos.cluster import Cluster, Hosts
 from shoal.chaos.errors import FaultError, FaultUnsupported
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.relay import LinkRelay
 from shoal.chaos.scenario import DEFAULT_DELAY_MS, FaultSpec
+from shoal.chaos.traffic import NetFaults
 from shoal.errors import ShoalError
 
 KILL_WAIT_S = 10.0

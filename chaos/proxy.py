@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shoal.chaos.errors import ProxyError
-from shoal.chaos.netfaults import NetFaults, TokenBucket
 from shoal.chaos.pump import FaultPump, bucket_wait, listen, rst_close, shut_down
 from shoal.chaos.sockets import ConnectionFilter, Endpoint
+from shoal.chaos.traffic import NetFaults, TokenBucket
 
 LinkFaults = Callable[[Endpoint, Endpoint], NetFaults | None]
 """(client end, server end) of a connection -> the faults for it alone, or None for the

@@ -17,8 +17,8 @@ from typing import Any
 from aiohttp import web
 
 from shoal.chaos.errors import ProxyError
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.proxy import FaultProxy
+from shoal.chaos.traffic import NetFaults
 
 PROXIES = web.AppKey("proxies", dict[str, FaultProxy])
 

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Generic, Protocol, TypeVar
 
 from shoal.chaos.errors import ProxyError
-from shoal.chaos.netfaults import NetFaults, TokenBucket, due_time
+from shoal.chaos.traffic import NetFaults, TokenBucket, due_time
 
 CHUNK = 64 * 1024
 QUEUE_CHUNKS = 64

@@ -29,10 +29,10 @@ from http import HTTPStatus
 from typing import Any
 
 from shoal.chaos.errors import ProxyError
-from shoal.chaos.netfaults import NetFaults, TokenBucket
 from shoal.chaos.pump import CHUNK, FaultPump, bucket_wait, listen, rst_close, shut_down
 from shoal.chaos.relay_http import RelayRequest, RelayRequestError, parse_request
 from shoal.chaos.sockets import Endpoint, link_of
+from shoal.chaos.traffic import NetFaults, TokenBucket
 
 LinkOwner = Callable[[int, Endpoint, Endpoint, Endpoint], bool]
 """(pid, client end, relay end, destination) -> whether the connection is one of pid's links."""

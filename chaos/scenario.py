@@ -43,14 +43,14 @@ from pathlib import Path
 from typing import Any
 
 from shoal.chaos.errors import ProxyError, ScenarioError
-from shoal.chaos.netfaults import NetFaults
-from shoal.chaos.trainjob import JobConfig
+from shoal.chaos.job_process import JobConfig
+from shoal.chaos.traffic import NetFaults
 from shoal.config import parse_toml, read_toml
 from shoal.errors import ConfigError
 
 PROCESS_KINDS = ("kill", "pause")
 NET_KINDS = ("api-partition", "api-delay", "api-loss", "api-bandwidth", "api-reset")
-# The same faults on a node daemon's links to the replicas' APIs (chaos/nodenet.py).
+# The same faults on a node daemon's links to the replicas' APIs (chaos/node_mesh.py).
 COORD_KINDS = ("coord-partition", "coord-delay", "coord-loss", "coord-bandwidth", "coord-reset")
 NODE_KINDS = ("node-kill", "gpu-xid", "clock-skew")
 RAFT_KINDS = ("raft-partition", "raft-delay", "raft-loss")

@@ -137,8 +137,8 @@ def _lay_out(cluster: Any, scenario: Any, hosts: int | None) -> tuple[Any, ...]:
     a fault proxy to each replica, the reference clock and (for link faults) the link relay;
     with `hosts`, each node a host of its own (network namespaces; on loopback otherwise).
     Returns the rest of run_scenario's arguments: clock port, node links, relay port, hosts."""
-    from shoal.chaos.nodenet import plan_links
-    from shoal.chaos.runner import clock_file
+    from shoal.chaos.harness import clock_file
+    from shoal.chaos.node_mesh import plan_links
     from shoal.local import coordinator_specs, free_port
 
     liveness = ("--suspect-after", str(SUSPECT_AFTER_S), "--dead-after", str(DEAD_AFTER_S))
@@ -200,7 +200,7 @@ def _node_specs(
     network: Any = None,
 ) -> list[Any]:
     """Node daemons n1..nN on free loopback ports, each reaching the replicas through its own
-    fault proxies (`links`, from chaos.nodenet.plan_links), each with its data dir under the
+    fault proxies (`links`, from chaos.node_mesh.plan_links), each with its data dir under the
     run dir (where chaos finds its simulated GPUs' state file), its clock read through an
     offset file there (the clock-skew hook) and measured against the run's reference clock on
     `clock_port` (UDP); with `relay_port`, every link their tasks open dials through the
@@ -213,8 +213,8 @@ def _node_specs(
     import sys
 
     from shoal import hosts
-    from shoal.chaos.nodenet import coordinator_urls
-    from shoal.chaos.runner import clock_file
+    from shoal.chaos.harness import clock_file
+    from shoal.chaos.node_mesh import coordinator_urls
     from shoal.local import ProcessSpec
     from shoal.runtime.tls import TLS_DIR_ENV
     from shoal.runtime.tunnel import RELAY_ENV

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from shoal.chaos.errors import ScenarioError
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.scenario import LINK_KINDS, parse
+from shoal.chaos.traffic import NetFaults
 from shoal.local import LocalCluster
 
 HEAD = """

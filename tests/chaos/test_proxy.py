@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 
 from shoal.chaos.errors import ProxyError
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.proxy import FaultProxy
 from shoal.chaos.proxy_control import serve_control
+from shoal.chaos.traffic import NetFaults
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from shoal.chaos import invariants
 from shoal.chaos.errors import ChaosError, FaultError
-from shoal.chaos.netfaults import NetFaults
-from shoal.chaos.raftnet import RaftMesh, both_ends
+from shoal.chaos.raft_mesh import RaftMesh, both_ends
 from shoal.chaos.runner import run_scenario
 from shoal.chaos.scenario import parse
+from shoal.chaos.traffic import NetFaults
 from shoal.chaos.workload import make_client
 from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient

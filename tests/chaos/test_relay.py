@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.chaos.errors import ProxyError
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.relay import LinkRelay
 from shoal.chaos.relay_http import RelayRequestError, parse_request
+from shoal.chaos.traffic import NetFaults
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Iterator
 import pytest
 import torch
 
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.relay import LinkRelay
+from shoal.chaos.traffic import NetFaults
 from shoal.runtime.errors import AskTimeout, LinkClosed
 from shoal.runtime.loop import run
 from shoal.runtime.ref import ActorRef

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.proxy import FaultProxy
 from shoal.chaos.sockets import Endpoint, opened_by, parse_tcp_table
+from shoal.chaos.traffic import NetFaults
 
 pytestmark = pytest.mark.timeout(60)
 

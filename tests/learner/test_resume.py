@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.chaos.training import ledger_verdict
+from shoal.chaos.job_files import ledger_verdict
 from shoal.cluster_train import ClusterRun
 from shoal.learner.config import CheckpointConfig, EvalConfig, TrainConfig
 from shoal.train import train

@@ -29,8 +29,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.agent_policy import AgentConfig, FenceClock, heartbeat_backoff
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.proxy import FaultProxy
+from shoal.chaos.traffic import NetFaults
 from shoal.errors import ConfigError
 from shoal.local import LocalCluster, coordinator_specs
 from shoal.raft.client import CoordinatorClient

@@ -33,7 +33,7 @@ from shoal.chaos import invariants
 from shoal.chaos.curve import Sample, mean_return
 from shoal.chaos.errors import FaultError
 from shoal.chaos.invariants import Verdict
-from shoal.chaos.training import gathered_ledger_verdict, read_events, read_json
+from shoal.chaos.job_files import gathered_ledger_verdict, read_events, read_json
 from shoal.errors import ConfigError
 from shoal.runtime.tls import TLS_DIR_ENV
 

@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 
 from shoal.chaos.cluster import Cluster, ProcessSpec
 from shoal.chaos.errors import ChaosError, FaultError, ProxyError
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.proxy import FaultProxy, LinkFaults
 from shoal.chaos.sockets import Endpoint, opened_by
+from shoal.chaos.traffic import NetFaults
 
 
 def _port(address: str) -> int:

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 
 from shoal.chaos.cluster import ProcessSpec
 from shoal.chaos.errors import ChaosError, FaultError
-from shoal.chaos.netfaults import NetFaults
 from shoal.chaos.proxy import FaultProxy
+from shoal.chaos.traffic import NetFaults
 
 # node name -> replica name -> the port (on the mesh's listen host) where that node reaches
 # that replica

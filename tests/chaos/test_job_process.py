@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shoal.chaos.errors import FaultError
-from shoal.chaos.trainjob import ClusterJob, JobConfig
+from shoal.chaos.job_process import ClusterJob, JobConfig
 from shoal.errors import ConfigError
 
 

@@ -2,7 +2,7 @@
 files (written atomically), its `events.jsonl`, and the fragment ledgers across all learner
 incarnations (`fragment_ledger`, checked against the newest checkpoint's trained ranges),
 gathered from every accounting folder the job's tasks wrote (one per host when the hosts
-share no directory). Used on the scenario's cluster job (chaos/trainjob.py) and by the
+share no directory). Used on the scenario's cluster job (chaos/job_process.py) and by the
 embedded run's resume test.
 """
 

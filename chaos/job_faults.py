@@ -19,9 +19,9 @@ from typing import Any
 from shoal.chaos.curve import Sample, incarnation_at, progressed_at, thin
 from shoal.chaos.errors import FaultError
 from shoal.chaos.faults import WriterFileLimit
+from shoal.chaos.job_process import ClusterJob
 from shoal.chaos.report import FaultRecord
 from shoal.chaos.scenario import DISK_LIMIT_BYTES, FaultSpec
-from shoal.chaos.trainjob import ClusterJob
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.errors import RaftError
 

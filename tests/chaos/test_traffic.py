@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.chaos.errors import ProxyError
-from shoal.chaos.netfaults import NetFaults, TokenBucket, due_time
+from shoal.chaos.traffic import NetFaults, TokenBucket, due_time
 
 
 @pytest.mark.parametrize(

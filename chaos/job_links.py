@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 
 from shoal.chaos.errors import ProxyError
-from shoal.chaos.netfaults import NetFaults
+from shoal.chaos.job_process import ClusterJob
 from shoal.chaos.relay import LinkRelay
 from shoal.chaos.scenario import FaultSpec
-from shoal.chaos.trainjob import ClusterJob
+from shoal.chaos.traffic import NetFaults
 
 
 class LinkFaults:

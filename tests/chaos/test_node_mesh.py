@@ -1,6 +1,6 @@
-"""Node<->coordinator link proxies (chaos/nodenet.py) on real sockets, the pure parts of what a
+"""Node<->coordinator link proxies (chaos/node_mesh.py) on real sockets, the pure parts of what a
 node fault's record says (chaos/nodefate.py, the report's tasks-elsewhere summary), and reading
-a job's tasks when no replica answers (chaos/jobfaults.py)."""
+a job's tasks when no replica answers (chaos/job_faults.py)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.chaos import jobfaults
+from shoal.chaos import job_faults
 from shoal.chaos.errors import ChaosError, FaultError
-from shoal.chaos.jobfaults import JobFaults
-from shoal.chaos.netfaults import NetFaults
+from shoal.chaos.job_faults import JobFaults
+from shoal.chaos.job_process import ClusterJob, JobConfig
+from shoal.chaos.node_mesh import NodeMesh, api_address, coordinator_urls, plan_links
 from shoal.chaos.nodefate import TASKS_ELSEWHERE_TARGET_S, NodeFate, moved
-from shoal.chaos.nodenet import NodeMesh, api_address, coordinator_urls, plan_links
 from shoal.chaos.report import FaultRecord, RunReport, render_text
-from shoal.chaos.trainjob import ClusterJob, JobConfig
+from shoal.chaos.traffic import NetFaults
 from shoal.chaos.workload import make_client
 
 
@@ -225,7 +225,7 @@ def test_reading_the_jobs_tasks_gives_up_with_a_clear_error(
 ) -> None:
     """No replica answers (nothing listens on the port): the read is retried, then the fault
     is not injected with the reason, never a hang or a bare OSError."""
-    monkeypatch.setattr(jobfaults, "READ_RETRY_S", 0.5)
+    monkeypatch.setattr(job_faults, "READ_RETRY_S", 0.5)
     job = ClusterJob(JobConfig(), tmp_path, 60.0)
     job.run_dir.mkdir()
     (job.run_dir / "events.jsonl").write_text(json.dumps({"event": "submitted", "job": "j1"}))
