@@ -24,7 +24,8 @@ import time
 from collections.abc import AsyncIterator
 
 from shoal.bench.report import Row
-from shoal.bench.runtime import TOKEN, interleaved_latencies, second_process
+from shoal.bench.runtime import interleaved_latencies
+from shoal.bench.runtime_peer import TOKEN, second_process
 from shoal.chaos.history import Operation
 from shoal.chaos.linearizability import RegisterModel, check_partition
 from shoal.chaos.proxy import FaultProxy

@@ -1,20 +1,16 @@
 """`shoal bench runtime`: the actor runtime and its transport beside what the same work costs
 on a bare aiohttp websocket and on raw asyncio TCP (the ceiling), all measured in one run.
 
-Cross-process figures talk to a real second process started here (`serve`), which hosts a
-shoal actor system, a bare websocket server and a raw TCP server side by side, so every
-figure and its baseline cross the same loopback between the same two processes.
+Cross-process figures talk to a real second process (runtime_peer.py), which hosts a shoal
+actor system, a bare websocket server and a raw TCP server side by side, so every figure and
+its baseline cross the same loopback between the same two processes; the baselines' clients
+are in runtime_baselines.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
-import struct
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,24 +19,26 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from shoal.bench.report import Row
-from shoal.errors import ShoalError
-from shoal.runtime.actor import Actor
+from shoal.bench.runtime_baselines import TcpBaseline, WsBaseline, rate
+from shoal.bench.runtime_peer import (
+    CONSUMER_CREDIT_BYTES,
+    CONSUMER_DELAY,
+    CONSUMER_MAILBOX,
+    TOKEN,
+    RssPeak,
+    Sink,
+    second_process,
+)
 from shoal.runtime.local_ca import make_local_ca
 from shoal.runtime.loop import run as run_loop
 from shoal.runtime.ref import ActorRef
 from shoal.runtime.system import ActorSystem
-from shoal.runtime.tls import TLS_DIR_ENV, TlsFiles
-from shoal.runtime.transport import Transport, TransportConfig, attach
+from shoal.runtime.tls import TlsFiles
+from shoal.runtime.transport import TransportConfig, attach
 
-TOKEN = "bench-runtime-token"
-CONSUMER_DELAY = 0.010
-CONSUMER_MAILBOX = 4
-CONSUMER_CREDIT_BYTES = 16 * 1024 * 1024
 MB = 1e6
-_LEN = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -59,183 +57,6 @@ FULL = Sizes(
     tells=100_000, asks=5_000, pipelined=50_000, small_tensors=4_000, big_tensors=600, overrun=200
 )
 QUICK = Sizes(tells=2_000, asks=200, pipelined=2_000, small_tensors=100, big_tensors=20, overrun=20)
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class RssPeak:
-    """Samples this process's resident memory every few ms and keeps the peak since `reset`."""
-
-    def __init__(self) -> None:
-        self.start = self.peak = rss_bytes()
-        self._task = asyncio.create_task(self._sample())
-
-    async def _sample(self) -> None:
-        while True:
-            self.peak = max(self.peak, rss_bytes())
-            await asyncio.sleep(0.002)
-
-    def reset(self) -> None:
-        self.start = self.peak = rss_bytes()
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.start
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-
-
-# -- the second process -------------------------------------------------------------------
-
-
-class Sink(Actor):
-    """Counts what arrives; `delay` makes it a slow consumer."""
-
-    def __init__(self, delay: float = 0.0) -> None:
-        self.received = 0
-        self.delay = delay
-
-    async def put(self, value: Any) -> None:
-        self.received += 1
-        if self.delay:
-            await asyncio.sleep(self.delay)
-
-    def count(self) -> int:
-        return self.received
-
-    def echo(self, value: Any) -> Any:
-        return value
-
-
-class Stats(Actor):
-    def __init__(self, rss: RssPeak) -> None:
-        self.rss = rss
-
-    def reset(self) -> None:
-        self.rss.reset()
-
-    def growth(self) -> int:
-        return self.rss.growth
-
-    def cpu(self) -> float:
-        return time.process_time()
-
-
-async def _ws_handler(request: web.Request) -> web.WebSocketResponse:
-    """Bare websocket baseline: echo binary messages on /echo, count bytes on /sink."""
-    ws = web.WebSocketResponse(compress=False, max_msg_size=64 * 1024 * 1024)
-    await ws.prepare(request)
-    received = 0
-    async for msg in ws:
-        if request.path == "/echo":
-            await ws.send_bytes(msg.data)
-        elif msg.type == aiohttp.WSMsgType.BINARY:
-            received += len(msg.data)
-        else:
-            await ws.send_str(str(received))
-            received = 0
-    return ws
-
-
-async def _tcp_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Raw TCP baseline: length-prefixed messages; an empty one asks for the byte count."""
-    received = 0
-    try:
-        while True:
-            (length,) = _LEN.unpack(await reader.readexactly(_LEN.size))
-            if length == 0:
-                writer.write(_LEN.pack(received))
-                received = 0
-                continue
-            data = await reader.readexactly(length)
-            if data[:1] == b"E":
-                writer.write(_LEN.pack(length) + data)
-            else:
-                received += length
-    except (asyncio.IncompleteReadError, ConnectionError):
-        writer.close()
-
-
-async def _serve() -> None:
-    import torch  # noqa: F401 - before listening: a first tensor must not wait for the import
-
-    rss = RssPeak()
-    async with ActorSystem() as system:
-        await system.spawn(Sink, name="sink")
-        await system.spawn(Sink, CONSUMER_DELAY, name="slow", mailbox_size=CONSUMER_MAILBOX)
-        await system.spawn(Stats, rss, name="stats")
-        config = TransportConfig(token=TOKEN, credit_bytes=CONSUMER_CREDIT_BYTES, tls=None)
-        transport = await attach(system, config)
-        # The same actors behind mutual TLS, for the rows that price encryption.
-        tls_dir = os.environ.get(TLS_DIR_ENV)
-        tls = Transport(
-            TransportConfig(token=TOKEN, tls=TlsFiles(Path(tls_dir)) if tls_dir else None),
-            system.lookup,
-        )
-        await tls.start()
-        app = web.Application()
-        app.router.add_get("/echo", _ws_handler)
-        app.router.add_get("/sink", _ws_handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        tcp = await asyncio.start_server(_tcp_handler, "127.0.0.1", 0)
-        ports = {
-            "shoal": transport.address,
-            "ws": f"http://127.0.0.1:{runner.addresses[0][1]}",
-            "tcp": tcp.sockets[0].getsockname()[1],
-            "shoal_tls": tls.address,
-        }
-        print(json.dumps(ports), flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-        tcp.close()
-        await runner.cleanup()
-        await tls.close()
-        await transport.close()
-    await rss.stop()
-
-
-def serve() -> None:
-    """Entry point of the second process; runs until its stdin closes."""
-    run_loop(_serve())
-
-
-@contextlib.contextmanager
-def second_process(tls: TlsFiles | None = None) -> Any:
-    """The benchmark's peer process; with `tls`, its `shoal_tls` address serves the same
-    actors over mutual TLS (cleartext otherwise)."""
-    env = dict(os.environ)
-    env.pop(TLS_DIR_ENV, None)
-    if tls is not None:
-        env[TLS_DIR_ENV] = str(tls.directory)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from shoal.bench.runtime import serve; serve()"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            raise ShoalError(
-                "the benchmark's second process exited before listening; run "
-                "`python -c 'from shoal.bench.runtime import serve; serve()'` to see why"
-            )
-        yield json.loads(line)
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 # -- measurements -------------------------------------------------------------------------
@@ -264,12 +85,6 @@ async def interleaved_latencies(
     return samples
 
 
-async def _rate(work: Callable[[], Awaitable[None]], count: int) -> float:
-    start = time.perf_counter()
-    await work()
-    return count / (time.perf_counter() - start)
-
-
 async def _cpu_cost(stats: ActorRef, work: Callable[[], Awaitable[Any]], units: float) -> float:
     """µs of CPU both processes spent per unit of `work`: unlike rates, this hardly moves when
     other jobs share the machine's cores."""
@@ -288,7 +103,7 @@ async def _local_tells(n: int) -> tuple[float, float]:
                 await sink.tell.put(i)
             assert await sink.ask.count() == n
 
-        shoal = await _rate(tells, n)
+        shoal = await rate(tells, n)
     queue: asyncio.Queue[int] = asyncio.Queue(maxsize=1000)
     done = asyncio.Event()
 
@@ -304,7 +119,7 @@ async def _local_tells(n: int) -> tuple[float, float]:
         await done.wait()
         await consumer
 
-    return shoal, await _rate(puts, n)
+    return shoal, await rate(puts, n)
 
 
 async def _remote_tells(sink: ActorRef, n: int, value: Any) -> float:
@@ -315,7 +130,7 @@ async def _remote_tells(sink: ActorRef, n: int, value: Any) -> float:
             await sink.tell.put(value)
         assert await sink.ask.count() == before + n
 
-    return await _rate(tells, n)
+    return await rate(tells, n)
 
 
 async def _pipelined_asks(echo: ActorRef, n: int, window: int = 256) -> float:
@@ -323,91 +138,18 @@ async def _pipelined_asks(echo: ActorRef, n: int, window: int = 256) -> float:
         for _ in range(n // window):
             await asyncio.gather(*(echo.ask.echo(i) for i in range(window)))
 
-    return await _rate(asks, n // window * window)
-
-
-class _Ws:
-    """Bare aiohttp websocket client for the baselines."""
-
-    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
-        self.session, self.base = session, base.replace("http", "ws")
-
-    @contextlib.asynccontextmanager
-    async def echo(self, payload: bytes) -> AsyncIterator[Callable[[], Awaitable[None]]]:
-        """One round trip per call on a fresh connection."""
-        async with self.session.ws_connect(self.base + "/echo", compress=0) as ws:
-
-            async def call() -> None:
-                await ws.send_bytes(payload)
-                await ws.receive()
-
-            yield call
-
-    async def echo_rate(self, n: int, payload: bytes, window: int = 256) -> float:
-        async with self.session.ws_connect(self.base + "/echo", compress=0) as ws:
-
-            async def calls() -> None:
-                for _ in range(n // window):
-                    for _ in range(window):
-                        await ws.send_bytes(payload)
-                    for _ in range(window):
-                        await ws.receive()
-
-            return await _rate(calls, n // window * window)
-
-    async def stream(self, n: int, payload: bytes) -> float:
-        """Messages per second one way, confirmed by the server's byte count."""
-        async with self.session.ws_connect(
-            self.base + "/sink", compress=0, max_msg_size=64 * 1024 * 1024
-        ) as ws:
-
-            async def send() -> None:
-                for _ in range(n):
-                    await ws.send_bytes(payload)
-                await ws.send_str("?")
-                assert int((await ws.receive()).data) == n * len(payload)
-
-            return await _rate(send, n)
-
-
-class _Tcp:
-    """Raw asyncio TCP client: the ceiling any transport on this box can reach."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    def echo(self, payload: bytes) -> Callable[[], Awaitable[None]]:
-        message = _LEN.pack(len(payload)) + payload
-
-        async def call() -> None:
-            self.writer.write(message)
-            (length,) = _LEN.unpack(await self.reader.readexactly(_LEN.size))
-            await self.reader.readexactly(length)
-
-        return call
-
-    async def stream(self, n: int, payload: bytes | memoryview) -> float:
-        header = _LEN.pack(len(payload))
-
-        async def send() -> None:
-            for _ in range(n):
-                self.writer.write(header)
-                self.writer.write(payload)
-                await self.writer.drain()
-            self.writer.write(_LEN.pack(0))
-            (count,) = _LEN.unpack(await self.reader.readexactly(_LEN.size))
-            assert count == n * len(payload)
-
-        return await _rate(send, n)
+    return await rate(asks, n // window * window)
 
 
 @contextlib.asynccontextmanager
-async def _clients(ports: dict[str, Any]) -> AsyncIterator[tuple[ActorSystem, _Ws, _Tcp]]:
+async def _clients(
+    ports: dict[str, Any],
+) -> AsyncIterator[tuple[ActorSystem, WsBaseline, TcpBaseline]]:
     async with ActorSystem() as system, aiohttp.ClientSession() as session:
         transport = await attach(system, TransportConfig(token=TOKEN, tls=None))
         reader, writer = await asyncio.open_connection("127.0.0.1", ports["tcp"])
         try:
-            yield system, _Ws(session, ports["ws"]), _Tcp(reader, writer)
+            yield system, WsBaseline(session, ports["ws"]), TcpBaseline(reader, writer)
         finally:
             writer.close()
             await transport.close()
@@ -473,7 +215,7 @@ async def _measure(quick: bool) -> list[Row]:
                     "cross-process pipelined ask",
                     "calls/s",
                     await _pipelined_asks(sink, sizes.pipelined),
-                    await ws.echo_rate(sizes.pipelined, small),
+                    await ws.echorate(sizes.pipelined, small),
                     "bare websocket echo",
                     True,
                 )
@@ -598,7 +340,9 @@ async def _tls_rows(clear: ActorRef, address: str, tls: TlsFiles, sizes: Sizes) 
     ]
 
 
-async def _cpu_rows(stats: ActorRef, sink: ActorRef, ws: _Ws, tcp: _Tcp, sizes: Sizes) -> list[Row]:
+async def _cpu_rows(
+    stats: ActorRef, sink: ActorRef, ws: WsBaseline, tcp: TcpBaseline, sizes: Sizes
+) -> list[Row]:
     import torch
 
     async def asks() -> None:
@@ -619,7 +363,7 @@ async def _cpu_rows(stats: ActorRef, sink: ActorRef, ws: _Ws, tcp: _Tcp, sizes: 
         await _pipelined_asks(sink, sizes.pipelined)
 
     async def pipelined_echoes() -> None:
-        await ws.echo_rate(sizes.pipelined, small)
+        await ws.echorate(sizes.pipelined, small)
 
     async def tells() -> None:
         await _remote_tells(sink, sizes.tells, 7)
