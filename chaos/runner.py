@@ -163,7 +163,11 @@ class ChaosRun:
         """Keep sampling after the workload until training progressed after every fault, or
         the last fault's bound passed (faults near the end need time to show recovery)."""
         deadline = max(
-            (self._t0 + r.injected_at + r.bound_s for r in self.seen.injected()),
+            (
+                self._t0 + r.injected_at + r.bound_s
+                for r in self.seen.records
+                if r.injected_at is not None
+            ),
             default=0.0,
         )
         self._log("waiting for training to progress after the last faults")
