@@ -31,6 +31,7 @@ from shoal.learner.checkpoint import CheckpointManager
 from shoal.local import LocalCluster, ProcessSpec, coordinator_specs, node_specs
 from shoal.scheduler.health.clock import CHAOS_CLOCK_ENV, measure, serve_clock
 from shoal.scheduler.health.simgpu import SimGpuBackend, gpu_collector
+from tests.support.waiting import eventually, eventually_async
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,14 +68,9 @@ def test_pause_and_resume(sleeper: LocalCluster) -> None:
     fault.inject()
     pid = sleeper.pid("s1")
     assert pid is not None
-    deadline = time.monotonic() + 10
-    while _state(pid) != "T" and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _state(pid) == "T"
+    eventually(lambda: _state(pid) == "T", "the process is stopped")
     fault.heal()
-    while _state(pid) == "T" and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _state(pid) != "T"
+    eventually(lambda: _state(pid) != "T", "the process runs again")
 
 
 def test_faulting_a_process_that_is_not_running(sleeper: LocalCluster) -> None:
@@ -90,13 +86,16 @@ def test_gpu_xid_reaches_the_nvml_collector(tmp_path: Path) -> None:
     collector = gpu_collector(sim_gpus=4, state_file=state)
     try:
         # The watcher thread ignores XIDs raised before it subscribed: raise until one lands.
-        deadline = time.monotonic() + 20
-        seen: tuple[int, ...] = ()
-        while not seen and time.monotonic() < deadline:
+        seen: list[int] = []
+
+        def landed() -> bool:
             GpuXid(state, gpu=2, xid=79).inject()
             for _ in range(20):
                 time.sleep(0.05)
-                seen += collector.collect().gpus[2].xid_events
+                seen.extend(collector.collect().gpus[2].xid_events)
+            return bool(seen)
+
+        eventually(landed, "an XID reaches the collector")
         assert set(seen) == {79}
     finally:
         collector.close()
@@ -226,15 +225,19 @@ def _replicated_offset_ms(cluster: LocalCluster) -> float | None:
     return None if offset is None or "clock" in node["health"].get("unavailable", {}) else offset
 
 
-async def _offset_until(cluster: LocalCluster, near_ms: float, within: float = 30.0) -> float:
-    deadline = time.monotonic() + within
-    seen: float | None = None
-    while time.monotonic() < deadline:
-        seen = await asyncio.to_thread(_replicated_offset_ms, cluster)
-        if seen is not None and abs(seen - near_ms) < 250.0:
-            return seen
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"n1's replicated clock offset stayed {seen} ms, wanted {near_ms} ms")
+async def _offset_until(cluster: LocalCluster, near_ms: float) -> float:
+    seen: list[float | None] = [None]
+
+    async def near() -> tuple[float] | None:
+        seen[0] = offset = await asyncio.to_thread(_replicated_offset_ms, cluster)
+        return None if offset is None or abs(offset - near_ms) >= 250.0 else (offset,)
+
+    (offset,) = await eventually_async(
+        near,
+        f"n1's replicated clock offset near {near_ms} ms",
+        detail=lambda: f"it stayed {seen[0]} ms",
+    )
+    return offset
 
 
 @pytest.mark.slow
@@ -324,16 +327,14 @@ class Training:
         return step
 
     def until(self, what: str, check: Callable[[], bool], within: float = 60.0) -> None:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             self.newest_step()
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise AssertionError(f"training exited ({self.proc.returncode}) before: {what}")
-            if check():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"not within {within:g} s: {what}; status {self.status()}")
+            return check()
+
+        eventually(ready, what, timeout=within, detail=lambda: f"status {self.status()}")
 
     def stop(self) -> dict:
         """SIGTERM (an orderly stop: final checkpoint); the run's JSON summary."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from hypothesis import given
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 
 from shoal.chaos import invariants
 from shoal.chaos.history import Operation
+from tests.support.waiting import eventually
 
 
 def test_linearizable_names_the_lost_write() -> None:
@@ -85,10 +85,9 @@ def test_leaks_are_found(tmp_path: Path) -> None:
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        deadline = time.monotonic() + 10  # the child's cmdline is empty until exec finished
-        while proc.pid not in invariants.leaked_processes(tmp_path) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert proc.pid in invariants.leaked_processes(tmp_path)
+        eventually(  # the child's cmdline is empty until exec finished
+            lambda: proc.pid in invariants.leaked_processes(tmp_path), "the child is found leaked"
+        )
         assert invariants.busy_ports([port]) == [port]
         assert not invariants.no_leaks([proc.pid], [port]).held
     finally:
