@@ -137,7 +137,7 @@ def test_big_and_small_requests_reach_the_actor_in_send_order() -> None:
 def test_the_websocket_carries_no_frames_once_the_stream_is_up() -> None:
     async def main() -> None:
         async with pair() as (_, ref, _link, server):
-            served = inbound(server)._stream
+            served = inbound(server).stream
             assert served is not None
             before = served.received
             for n in range(50):
