@@ -58,6 +58,7 @@ from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
 from shoal.learner.job_metrics import MetricsTarget, post_forever, post_once
 from shoal.learner.peers import LEARNER_NAME, LEARNER_ROLE, Publication, PublishedRendezvous
 from shoal.learner.trainer import LearnerCore
+from shoal.rundir import RunDir
 from shoal.runtime.actor import Actor
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import Transport, TransportConfig
@@ -182,10 +183,8 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
             unless_disk_full("the ledger snapshot", core.write_ledger)
         if now - last_status >= STATUS_EVERY_S:
             last_status = now
-            status = core.run_dir / f"status-{core.group.rank}.json"
-            unless_disk_full(
-                "the status", partial(write_json_atomically, status, core.status(), durable=False)
-            )
+            write = partial(RunDir(core.run_dir).write_status, core.group.rank, core.status())
+            unless_disk_full("the status", write)
         core.publish_progress()
         if agreed:
             return
@@ -238,9 +237,7 @@ async def serve(
             core.mark("ready")
             await system.spawn(LearnerActor, core, name=LEARNER_NAME, mailbox_size=4096)
             write_json_atomically(
-                run_dir / f"learner-{group.rank}.addr",
-                {"address": transport.address},
-                durable=False,
+                RunDir(run_dir).address(group.rank), {"address": transport.address}, durable=False
             )
             append_event(
                 run_dir,
@@ -273,9 +270,7 @@ async def serve(
             await asyncio.to_thread(core.save_checkpoint, trained, True)
             if group.is_leader:
                 append_event(run_dir, {"event": "stop", "rank": group.rank, "step": core.version})
-            write_json_atomically(
-                run_dir / f"status-{group.rank}.json", core.status(), durable=False
-            )
+            RunDir(run_dir).write_status(group.rank, core.status())
             core.publish_progress(final=True)
             core.write_ledger(final=True)
         except GroupError as exc:

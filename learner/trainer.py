@@ -50,6 +50,7 @@ from shoal.learner.ppo import PPOLearner
 from shoal.learner.seqranges import SeqRanges, ranges_by_actor, ranges_json
 from shoal.learner.train_state import model_optimizer_state, restore_model_optimizer
 from shoal.learner.weight_sync import WeightBroadcaster, WeightSnapshot
+from shoal.rundir import RunDir
 from shoal.runtime.ref import ActorRef
 
 log = logging.getLogger("shoal.learner")
@@ -90,7 +91,8 @@ class LearnerCore:
         self._ppo: PPOLearner | None = None
         self.incarnation = os.urandom(6).hex()
         self.weights = WeightBroadcaster(cfg.weight_sync, source=self.incarnation)
-        self.journal = open_learner_journal(run_dir / "accounting", group.rank, self.incarnation)
+        accounting = RunDir(run_dir).accounting
+        self.journal = open_learner_journal(accounting, group.rank, self.incarnation)
         self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness, self.journal)
         self.intake.set_lineage(self.incarnation, 0)
         self.checkpoints = CheckpointManager(checkpoint_dir(cfg, run_dir), keep=cfg.checkpoint.keep)
@@ -213,7 +215,7 @@ class LearnerCore:
 
     def write_ledger(self, final: bool = False) -> None:
         self.closed = final
-        folder = self.run_dir / "accounting"
+        folder = RunDir(self.run_dir).accounting
         folder.mkdir(exist_ok=True)
         name = f"learner-{self.group.rank}-{self.incarnation}.json"
         write_json_atomically(folder / name, self.ledger(final), durable=False)

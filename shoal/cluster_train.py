@@ -1,6 +1,6 @@
 """The training run: ONE coordinator job whose tasks are the learner ranks and rollout workers.
 
-`ClusterRun` lays out the run directory (job.json, cluster.token, checkpoints/), then submits
+`ClusterRun` lays out the run directory (job.json, checkpoints/), then submits
 one job to the coordinators whose tasks run two programs as node child processes: learner
 ranks (kind `learner-rank`, which the leader gang-places) and rollout workers
 (`rollout-worker`, which it spreads), with `spec.placement = "auto"` so the leader places them
@@ -9,14 +9,19 @@ resumes from the newest complete checkpoint). Progress, the progress bar and the
 come from the ranks' status files in the run directory (the nodes share this machine's file
 system). The job's state is read through a consistent read once a second; a lone bad answer
 (a restarted replica replaying its log, no leader for a moment) never ends the run, only
-`JobWatch.needed` consecutive ones, or a minute without any answer. On stop it asks the coordinator to stop the job, waits for the tasks to stop (rank 0
-writes the final checkpoint on SIGTERM) and records that checkpoint with the coordinator.
-The coordinators are those of a `shoal up` cluster, or of the embedded one `train` starts.
+`JobWatch.needed` consecutive ones, or a minute without any answer. On stop it asks the
+coordinator to stop the job, waits for the tasks to stop (rank 0 writes the final checkpoint
+on SIGTERM) and records that checkpoint with the coordinator. The coordinators are those of a
+`shoal up` cluster, or of the embedded one `train` starts.
+
+This module is the loop; the rules it applies (restart policy, when the job's answers end
+the run, when its processes are gone) are shoal/job_watch.py, its calls to the coordinators
+shoal/job_client.py, the run directory's files shoal/rundir.py and the ranks' reports
+shoal/run_status.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -26,76 +31,36 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
+from shoal.job_client import Coordinators, JobClient
+from shoal.job_watch import (
+    RESTART_WINDOW_S,
+    JobWatch,
+    RestartPolicy,
+    alive,
+    exit_reason,
+    started_pids,
+)
 from shoal.raft.model import LEARNER_KIND, ROLLOUT_KIND
-from shoal.train import RunStatus, TrainError, TrainResult, write_job_record
+from shoal.run_status import RunStatus, TrainResult, find_checkpoint
+from shoal.rundir import RunDir, TrainError
 
 if TYPE_CHECKING:
     from shoal.learner.config import TrainConfig
     from shoal.local import LocalCluster
     from shoal.progress import ProgressLine
-    from shoal.raft.client import CoordinatorClient
 
-T = TypeVar("T")
 LEARNER_ENTRY = "shoal.learner.learner_main:main"
 ROLLOUT_ENTRY = "shoal.learner.rollout_main:main"
 POLL_S = 0.05
 CHECK_TASKS_EVERY_S = 1.0
-RESTART_WINDOW_S = 600.0
 STOP_WAIT_S = 40.0
-CLIENT_TIMEOUT_S = 5.0
 ACTIVE = ("pending", "running")
-JOB_GONE_ANSWERS = 3
-MOST_RESTARTS = 1_000_000
-LONGEST_WINDOW_S = 1e9
-UNREACHABLE_S = 60.0
 REMOTE_POLL_S = 0.25
 REFUSED_PATIENCE_S = 10.0
-
-
-@dataclass(frozen=True)
-class Coordinators:
-    """Where the cluster's API is and the file holding its bearer token."""
-
-    urls: list[str]
-    token_file: Path
-    job_id: str = field(default_factory=lambda: f"train-{os.urandom(4).hex()}")
-    storage: Path | None = None
-    """Where checkpoints go when the cluster's nodes do not share this host's file system (a
-    path every host mounts); None: they do, and the run directory is shared by every task."""
-    tls_dir: Path | None = None
-    """The CA (a `shoal up --hosts` cluster's tls/) its https API is checked against; None:
-    `$SHOAL_TLS_DIR`'s, or the system's."""
-
-    def client(self, timeout: float) -> CoordinatorClient:
-        from shoal.raft.client import CoordinatorClient
-        from shoal.runtime.tls import TlsFiles
-
-        tls = None if self.tls_dir is None else TlsFiles(self.tls_dir)
-        return CoordinatorClient(self.urls, self.token, timeout=timeout, tls=tls)
-
-    def __post_init__(self) -> None:
-        from shoal.errors import ConfigError
-
-        if not self.urls or not all(u.startswith(("http://", "https://")) for u in self.urls):
-            raise ConfigError(f"coordinators = {self.urls!r}: give one or more http(s):// API URLs")
-        if not self.token_file.is_file():
-            raise ConfigError(
-                f"token_file = {str(self.token_file)!r} does not exist; point it at the "
-                "cluster's api-token file"
-            )
-
-    @property
-    def token(self) -> str:
-        return self.token_file.read_text().strip()
-
-    def to_job(self) -> dict[str, Any]:
-        """The job.json entry rank 0 reads to post its metrics."""
-        return {"urls": list(self.urls), "token_file": str(self.token_file), "job": self.job_id}
 
 
 def with_storage(cfg: TrainConfig, storage: Path | None, run_dir: Path) -> TrainConfig:
@@ -140,55 +105,12 @@ def job_tasks(
     return tasks
 
 
-def started_pids(lines: list[str], job_id: str) -> set[int]:
-    """The pids of the processes that announced their start (events.jsonl lines) after job
-    `job_id` was submitted; lines that are not such events are skipped."""
-    pids: set[int] = set()
-    after = False
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
-        if event.get("event") == "submitted":
-            after = event.get("job") == job_id
-            pids.clear()
-        elif after and event.get("event") == "start" and isinstance(event.get("pid"), int):
-            pids.add(event["pid"])
-    return pids
-
-
-def exit_reason(log_tail: str, run_dir: Path) -> str:
-    """Why a process of the embedded cluster stopped, in one line: a full disk (its log names
-    the errno, or the disk has no room left for it to have logged one) as such, with what to
-    do, else the last line of its log."""
-    from shoal.learner.diskfull import has_no_room, logs_disk_full
-
-    if logs_disk_full(log_tail) or has_no_room(run_dir):
-        return (
-            f"the disk holding {run_dir} is full; free space or choose a --run-dir on a larger disk"
-        )
-    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
-    return lines[-1] if lines else "its log is empty"
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie awaiting its parent's wait counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 def find_cluster(run_dir: Path) -> Coordinators | None:
     """The local cluster in `run_dir` if one of its coordinator replicas is alive, else None."""
     from shoal.local import LocalCluster, LocalClusterError
 
     local = LocalCluster(run_dir)
-    if not (local.run_dir / "cluster.json").exists():
+    if not RunDir(local.run_dir).cluster_record.exists():
         return None
     try:
         specs = local.specs()
@@ -200,7 +122,7 @@ def find_cluster(run_dir: Path) -> Coordinators | None:
     urls = [s.api_url for s in specs if s.api_url]
     return Coordinators(
         urls,
-        local.run_dir / "api-token",
+        RunDir(local.run_dir).api_token,
         storage=cluster_storage(local.run_dir),
         tls_dir=local.tls_dir,
     )
@@ -211,94 +133,12 @@ def cluster_storage(run_dir: Path) -> Path | None:
     --hosts`): the directory standing for the file system every host mounts. None for a
     cluster whose nodes share this host's file system."""
     try:
-        data = json.loads((run_dir / "cluster.json").read_text())
+        data = json.loads(RunDir(run_dir).cluster_record.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not data.get("network") or not data.get("storage"):
         return None
     return Path(str(data["storage"]))
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """The job's `spec.restart`: the leader restarts failed tasks up to `max_restarts` times
-    within `window_s` seconds; one more failure fails the job (and ends the run)."""
-
-    max_restarts: int = 5
-    window_s: float = RESTART_WINDOW_S
-
-    def __post_init__(self) -> None:
-        from shoal.errors import ConfigError
-
-        count, window = self.max_restarts, self.window_s
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MOST_RESTARTS:
-            raise ConfigError(
-                f"max_restarts (--max-restarts) = {count!r}: give a whole number from 0 to "
-                f"{MOST_RESTARTS:,}"
-            )
-        if (
-            isinstance(window, bool)
-            or not isinstance(window, int | float)
-            or not 0 < window <= LONGEST_WINDOW_S
-        ):
-            raise ConfigError(
-                f"restart_window (--restart-window) = {window!r}: give seconds > 0 and at most "
-                f"{LONGEST_WINDOW_S:g}"
-            )
-
-    def to_spec(self) -> dict[str, Any]:
-        return {"max_restarts": self.max_restarts, "window_s": float(self.window_s)}
-
-
-@dataclass
-class JobWatch:
-    """Decides when the job's state ends the run. One answer never does: a replica just
-    restarted after a kill may still be replaying its log, and an unreachable cluster may be
-    electing a leader. The run ends only after `needed` consecutive consistent answers that
-    the job failed or does not exist, or after `patience_s` without any answer."""
-
-    needed: int = JOB_GONE_ANSWERS
-    patience_s: float = UNREACHABLE_S
-    bad: int = 0
-    answered_at: float | None = None
-
-    def __post_init__(self) -> None:
-        from shoal.errors import ConfigError
-
-        if self.needed < 1:
-            raise ConfigError(f"needed = {self.needed!r}: give 1 or more answers")
-        if self.patience_s <= 0:
-            raise ConfigError(f"patience_s = {self.patience_s!r}: give a positive number of s")
-
-    def answer(self, job_id: str, job: dict[str, Any] | None, now: float) -> str | None:
-        """A consistent answer (None: the job does not exist); the reason to end, if any."""
-        self.answered_at = now
-        if job is not None and job.get("state") != "failed":
-            self.bad = 0
-            return None
-        self.bad += 1
-        if self.bad < self.needed:
-            return None
-        if job is None:
-            return f"job {job_id} no longer exists on the coordinators ({self.bad} answers)"
-        nodes = sorted({str(t.get("node")) for t in job.get("tasks", []) if t.get("node")})
-        return (
-            f"job {job_id} failed: {job.get('message') or '?'}; read its tasks' logs "
-            f"on node(s) {', '.join(nodes) or '?'}"
-        )
-
-    def silence(self, error: str, now: float) -> str | None:
-        """No answer this time (unreachable, no leader, a timeout); the reason to end, if any."""
-        if self.answered_at is None:
-            self.answered_at = now
-        if now - self.answered_at < self.patience_s:
-            return None
-        return f"no coordinator answered for {now - self.answered_at:.0f} s: {error}"
-
-    @property
-    def doubtful(self) -> bool:
-        """A bad answer is pending confirmation: ask again at the next poll."""
-        return self.bad > 0
 
 
 class ClusterRun:
@@ -318,6 +158,7 @@ class ClusterRun:
         embedded: LocalCluster | None = None,
     ) -> None:
         self.run_dir = run_dir.resolve()
+        self.dir = RunDir(self.run_dir)
         self.coordinators = coordinators
         self.cfg = with_storage(cfg, coordinators.storage, self.run_dir)
         self.env_id = env_id
@@ -334,26 +175,9 @@ class ClusterRun:
         self._record_tried = 0.0
         self._metrics_posted = -math.inf
         self._refused_since: float | None = None
+        self._jobs = JobClient(coordinators, self.job_id)
         self._token = secrets.token_hex(32)
         """The job's transport token: every task's links are authenticated with it."""
-
-    # -- talking to the coordinator ------------------------------------------------------------
-
-    def _call(self, fn: Callable[[CoordinatorClient], Awaitable[T]]) -> T:
-        from shoal.errors import ShoalError
-
-        async def once() -> T:
-            async with self.coordinators.client(CLIENT_TIMEOUT_S) as c:
-                return await fn(c)
-
-        try:
-            return asyncio.run(once())
-        except ShoalError as exc:
-            if isinstance(exc, TrainError):
-                raise
-            raise TrainError(
-                f"the coordinators {self.coordinators.urls} refused or did not answer: {exc}"
-            ) from exc
 
     # -- the job -------------------------------------------------------------------------------
 
@@ -371,7 +195,8 @@ class ClusterRun:
 
         cfg = self.cfg
         coordinator = self.coordinators.to_job() if self.shared else None
-        write_job_record(self.run_dir, cfg, self.env_id, {"job": self.job_id})
+        record = {"env_id": self.env_id, "config": dataclasses.asdict(cfg), "job": self.job_id}
+        self.dir.write_job_record(record)
         where = ["--run-dir", str(self.run_dir)] if self.shared else []
         argv = job_argument(cfg, self.env_id, coordinator) + where
         base = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", TOKEN_VARIABLE: self._token}
@@ -385,17 +210,15 @@ class ClusterRun:
         return job_tasks(self.job_id, learners, rollouts, learner, rollout)
 
     def _submit(self, tasks: list[dict[str, Any]]) -> None:
-        from shoal.learner.events import append_event
-
         spec = {
             "placement": "auto",
             "kind": "train",
             "env_id": self.env_id,
             "restart": self.restart.to_spec(),
         }
-        append_event(self.run_dir, {"event": "submitted", "job": self.job_id})
+        self.dir.append_event({"event": "submitted", "job": self.job_id})
         self._submitted = True  # a reply lost after the write still leaves a job to stop
-        self._call(lambda c: c.submit_job(spec=spec, tasks=tasks, job_id=self.job_id))
+        self._jobs.call(lambda c: c.submit_job(spec=spec, tasks=tasks, job_id=self.job_id))
 
     def _embedded_exited(self) -> str | None:
         """The name of an embedded cluster's process that is no longer running, if any."""
@@ -422,11 +245,9 @@ class ClusterRun:
     def run(self, started: float | None = None) -> TrainResult:
         """Submit, watch and stop the job; `started` (time.monotonic()) is when the run began
         (before its cluster started, for an embedded one). Ctrl-C is an orderly stop."""
-        from shoal.learner.events import append_event
-
         tasks = self._lay_out()
         started = time.monotonic() if started is None else started
-        append_event(self.run_dir, {"event": "run", "pid": os.getpid(), "env_id": self.env_id})
+        self.dir.append_event({"event": "run", "pid": os.getpid(), "env_id": self.env_id})
         stopped_by = "error"
         solve_s = stop_return = startup_s = None
         try:
@@ -478,7 +299,7 @@ class ClusterRun:
         from shoal.raft.client import RETRYABLE
 
         try:
-            job = self._read_job()
+            job = self._jobs.read()
         except RETRYABLE as exc:
             reason = self._watch.silence(str(exc), now)
         else:
@@ -527,7 +348,7 @@ class ClusterRun:
         }
         what = f"{self.job_id} evaluated: mean return {result.eval_mean_return:.1f}"
         with contextlib.suppress(TrainError):
-            self._call(lambda c: c.add_event("evaluation", what, fields))
+            self._jobs.call(lambda c: c.add_event("evaluation", what, fields))
 
     def _post_metrics(self) -> None:
         """Post rank 0's published progress as the dashboard's `job_metrics` event (rank 0
@@ -538,63 +359,34 @@ class ClusterRun:
         if now - self._metrics_posted < POST_EVERY_S:
             return
         self._metrics_posted = now
-        fields = metrics_fields(self.job_id, self.status.statuses[0], self.cfg.target_window)
+        lead = dict(self.status.statuses[0].record)
+        fields = metrics_fields(self.job_id, lead, self.cfg.target_window)
         what = f"{self.job_id} step {fields['step']}"
         with contextlib.suppress(TrainError):  # a lost point never ends the run
-            self._call(lambda c: c.add_event(METRICS_KIND, what, fields))
+            self._jobs.call(lambda c: c.add_event(METRICS_KIND, what, fields))
 
     def _record_new_checkpoint(self) -> None:
         """Record rank 0's newest complete checkpoint with the coordinator as it appears: the
         balancer moves a learner group only at a checkpoint boundary it knows of (after an
         XID drain, say). Once per new checkpoint; a failed try is retried a second later, and
         a coordinator that does not answer never ends the run here (`_check_children` does)."""
-        path = self.status.statuses.get(0, {}).get("checkpoint")
+        lead = self.status.statuses.get(0)
+        path = None if lead is None else lead.checkpoint
         now = time.monotonic()
         if not isinstance(path, str) or path == self._recorded:
             return
         if now - self._record_tried < CHECK_TASKS_EVERY_S:
             return
         self._record_tried = now
-        from shoal.train import find_checkpoint
-
         try:
             info = find_checkpoint(Path(path))
         except TrainError:
             return  # pruned already, or not complete: a newer one follows
         try:
-            self._call(
-                lambda c: c.record_checkpoint(
-                    self.job_id, str(info.path), info.step, info.sha256, True
-                )
-            )
+            self._jobs.record_checkpoint(info)
         except TrainError:
             return
         self._recorded = path
-
-    def _read_job(self) -> dict[str, Any] | None:
-        """The job through a consistent read (None: it does not exist). Retryable trouble is
-        raised as itself; anything else (a bad token) ends the run as a TrainError."""
-        from shoal.errors import ShoalError
-        from shoal.raft.client import RETRYABLE
-        from shoal.raft.errors import NotFound
-
-        async def once() -> dict[str, Any] | None:
-            async with self.coordinators.client(CLIENT_TIMEOUT_S) as c:
-                path = f"/v1/jobs/{self.job_id}"
-                try:
-                    return dict(await c.request("GET", path, params={"consistent": True}))
-                except NotFound:
-                    return None
-
-        try:
-            return asyncio.run(once())
-        except RETRYABLE:
-            raise
-        except ShoalError as exc:
-            raise TrainError(
-                f"the coordinators {self.coordinators.urls} refused to show job {self.job_id}: "
-                f"{exc}"
-            ) from exc
 
     def shutdown(self) -> None:
         """Stop the job (ranks get SIGTERM; rank 0 checkpoints), then wait for every task.
@@ -608,18 +400,16 @@ class ClusterRun:
             while time.monotonic() < deadline and not self._processes_gone():
                 time.sleep(POLL_S)
             return
-        self._call(lambda c: c.stop_job(self.job_id))
+        self._jobs.call(lambda c: c.stop_job(self.job_id))
         while time.monotonic() < deadline and not self._processes_gone():
             time.sleep(POLL_S)
         while time.monotonic() < deadline:
-            tasks = self._call(lambda c: c.tasks(job=self.job_id))
+            tasks = self._jobs.call(lambda c: c.tasks(job=self.job_id))
             if not any(t.get("state") in ACTIVE for t in tasks):
                 return
             time.sleep(POLL_S)
-        from shoal.learner.events import append_event
-
         # Not raised: an error that ended the run early (no rank ever started) matters more.
-        append_event(self.run_dir, {"event": "stop_timeout", "job": self.job_id})
+        self.dir.append_event({"event": "stop_timeout", "job": self.job_id})
 
     def _processes_gone(self) -> bool:
         """The coordinator marks tasks stopped at once; the processes exit (rank 0 after its
@@ -628,7 +418,7 @@ class ClusterRun:
         forwards once the process has exited, or for rank 0 to have failed."""
         if not self.shared:
             time.sleep(REMOTE_POLL_S)
-            job = self._call(lambda c: c.job(self.job_id))
+            job = self._jobs.call(lambda c: c.job(self.job_id))
             tasks: list[dict[str, Any]] = job.get("tasks", [])
             lead = next((t for t in tasks if t.get("id") == f"{self.job_id}-learner-0"), {})
             published = lead.get("published") or {}
@@ -636,21 +426,21 @@ class ClusterRun:
                 self.status.take_published(published)
             never_ran = not published and lead.get("state") not in ACTIVE
             return bool(published.get("final")) or lead.get("state") == "failed" or never_ran
-        events = self.run_dir / "events.jsonl"
+        events = self.dir.events
         lines = events.read_text().splitlines() if events.exists() else []
-        return not any(_alive(pid) for pid in started_pids(lines, self.job_id))
+        return not any(alive(pid) for pid in started_pids(lines, self.job_id))
 
     def _result(self, result: TrainResult) -> TrainResult:
         """The summary with the job's id, restarts and cluster; its checkpoint recorded."""
         result.job_id = self.job_id
-        job = self._call(lambda c: c.job(self.job_id))
+        job = self._jobs.call(lambda c: c.job(self.job_id))
         result.restarts = int(job.get("restarts", self.restarts))
         result.cluster = {"coordinators": list(self.coordinators.urls), "embedded": False}
         if self.embedded is not None:
             result.cluster = {
                 "coordinators": list(self.coordinators.urls),
                 "embedded": True,
-                "logs": str(self.embedded.run_dir / "logs"),
+                "logs": str(RunDir(self.embedded.run_dir).logs),
                 "task_logs": [
                     str(self.embedded.run_dir / "data" / s.name / "tasks")
                     for s in self.embedded.specs()
@@ -658,12 +448,6 @@ class ClusterRun:
                 ],
             }
         if result.checkpoint is not None:
-            from shoal.train import find_checkpoint
-
             info = find_checkpoint(Path(result.checkpoint))
-            self._call(
-                lambda c: c.record_checkpoint(
-                    self.job_id, str(info.path), info.step, info.sha256, True
-                )
-            )
+            self._jobs.record_checkpoint(info)
         return result

@@ -1,13 +1,13 @@
-"""`shoal train`: the run directory, what the learner ranks report, and the final evaluation.
+"""`shoal train`: start a run, hand it to its job, evaluate the final checkpoint.
 
 Every run is a coordinator job (shoal/cluster_train.py, `ClusterRun`): its learner ranks and
 rollout workers are tasks that a node daemon runs as child processes. With a `shoal up` cluster
 the job goes there; otherwise `train` starts an embedded cluster of its own in the run
-directory (one coordinator replica and one node daemon, shoal/local_embedded.py `embedded_cluster`)
-and stops it when the run is over, however it ends. This module lays out the run directory
-(job.json, checkpoints/, reports/), turns the
-ranks' status files into the progress line, the stop decision and the summary, and evaluates
-the final checkpoint.
+directory (one coordinator replica and one node daemon, shoal/local_embedded.py
+`embedded_cluster`) and stops it when the run is over, however it ends. The run directory's
+files are named in shoal/rundir.py, what the ranks report becomes the summary in
+shoal/run_status.py; this module checks the job before anything starts, runs it, evaluates the
+final checkpoint and loads policies from checkpoints (`shoal eval`, `shoal export`).
 """
 
 from __future__ import annotations
@@ -148,8 +148,9 @@ def train(
         if not torch.cuda.is_available():
             raise TrainError("learner.backend = 'nccl' needs CUDA, which this machine lacks")
     laid_out = RunDir.create(runs_root, env_id) if run_dir is None else RunDir.lay_out(run_dir)
-    run_dir = laid_out.path.resolve()  # the nodes' tasks run elsewhere: absolute paths only
-    RunDir(run_dir).check_room()
+    directory = RunDir(laid_out.path.resolve())  # the tasks run elsewhere: absolute paths only
+    directory.check_room()
+    run_dir = directory.path
     previous = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     try:
         with _cluster(run_dir, coordinators) as (where, local, started):
@@ -174,7 +175,7 @@ def train(
             Path(result.checkpoint),
             env_id,
             cfg.eval.episodes,
-            RunDir(run_dir).reports,
+            directory.reports,
             seed=cfg.seed + 12345,
             env_kwargs=cfg.env_kwargs,
             success_threshold=run.status.target,
@@ -184,7 +185,7 @@ def train(
         result.eval_mean_return = float(eval_result.mean_return)
         if run.embedded is None:  # a cluster that outlives the run: its events keep the report
             run.record_report(result)
-    RunDir(run_dir).result.write_text(json.dumps(asdict(result), indent=1))
+    directory.result.write_text(json.dumps(asdict(result), indent=1))
     return result
 
 

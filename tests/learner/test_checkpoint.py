@@ -364,7 +364,7 @@ def test_a_run_reports_only_a_checkpoint_that_was_written(tmp_path):
     """Rank 0's status names the checkpoint it began to write. On a full disk that one never
     completes: the run reports (and records) the newest complete one, and says why."""
     from shoal.learner.config import TrainConfig
-    from shoal.train import RunStatus, find_checkpoint
+    from shoal.run_status import RunStatus, find_checkpoint
 
     if not os.path.exists("/dev/full"):
         pytest.skip("/dev/full is not available on this system")
@@ -402,7 +402,7 @@ def test_a_run_reports_only_a_checkpoint_that_was_written(tmp_path):
 
 def test_a_run_without_a_complete_checkpoint_reports_none(tmp_path):
     from shoal.learner.config import TrainConfig
-    from shoal.train import RunStatus
+    from shoal.run_status import RunStatus
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / "ckpt-000000000003").mkdir(parents=True)  # no manifest

@@ -22,7 +22,8 @@ import pytest
 from shoal.cluster_train import exit_reason
 from shoal.learner.checkpoint import CheckpointInfo, CheckpointManager
 from shoal.local import LocalCluster
-from shoal.train import MIN_FREE_BYTES, find_checkpoint
+from shoal.run_status import find_checkpoint
+from shoal.rundir import MIN_FREE_BYTES
 from tests.support.waiting import eventually
 
 DISK_BYTES = MIN_FREE_BYTES + (8 << 20)
@@ -55,11 +56,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def _fill(disk: Path, leave: int) -> None:
     """Write zeros until only `leave` bytes are free (or none)."""
     size = max(0, shutil.disk_usage(disk).free - leave)
-    with open(disk / "filler", "wb") as handle:
-        try:
+    try:
+        with open(disk / "filler", "wb") as handle:
             handle.write(bytes(size))
-        except OSError:
-            pass  # full already: others wrote meanwhile
+    except OSError:
+        pass  # full already (even for the filler's own entry): the run wrote meanwhile
 
 
 def _complete(run_dir: Path) -> CheckpointInfo | None:
