@@ -11,8 +11,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,8 @@ from shoal.local import free_port
 from shoal.runtime.actor import Actor
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import TransportConfig
+from tests.support.processes import end_group
+from tests.support.waiting import eventually, eventually_async
 
 # The old incarnation's rank 0: it holds the group's store (and port) while it "checkpoints".
 _OLD_RANK0 = textwrap.dedent(
@@ -81,21 +81,13 @@ def test_a_new_group_forms_once_the_old_rank0_lets_go_of_the_port(tmp_path: Path
             log.close()
         # The old rank 0 lets go once the new one has found the port bound (and rank 1,
         # started first, has had the same time to reach the old store).
-        deadline = time.monotonic() + 60
-        while "busy" not in (tmp_path / "rank0.log").read_text():
-            assert time.monotonic() < deadline, "rank 0 never found the port busy"
-            assert procs[2].poll() is None, "rank 0 exited while the port was held"
-            time.sleep(0.1)
+        _wait_for_line(tmp_path / "rank0.log", "busy", procs[2])
         (tmp_path / "release").touch()
         assert [p.wait(timeout=100) for p in procs[1:]] == [0, 0]
         assert old.wait(timeout=10) == 0
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+            end_group(proc)
 
 
 # A rank of the old incarnation: it joins its group like any rank; then rank 1 leaves and
@@ -112,6 +104,22 @@ _OLD_GROUP_RANK = textwrap.dedent(
             time.sleep(0.05)
     """
 )
+
+
+RANK_START_S = 60.0
+"""A rank imports torch before it logs a line: on a loaded 2-core machine, tens of seconds."""
+
+
+def _wait_for_line(log: Path, text: str, rank: subprocess.Popen[bytes]) -> None:
+    """Until the still-running `rank` has written `text` to its `log`."""
+
+    def logged() -> bool:
+        if text in log.read_text():
+            return True
+        assert rank.poll() is None, f"the rank exited first: {log.read_text()[-2000:]}"
+        return False
+
+    eventually(logged, f"{text!r} in {log.name}", RANK_START_S, detail=log.read_text)
 
 
 def _start_rank(
@@ -153,15 +161,8 @@ def test_a_group_restarted_at_the_same_generation_does_not_join_the_old_groups_s
         assert old[1].wait(timeout=30) == 0
         new = [_start_rank(_NEW_RANK, r, port, "4", tmp_path / f"rank{r}.log") for r in (1, 0)]
         procs += new
-        deadline = time.monotonic() + 60
-        while "busy" not in (tmp_path / "rank0.log").read_text():
-            assert time.monotonic() < deadline, "rank 0 never found the port busy"
-            assert new[1].poll() is None, "rank 0 exited while the port was held"
-            time.sleep(0.1)
-        while "older group" not in (tmp_path / "rank1.log").read_text():
-            assert time.monotonic() < deadline, "rank 1 never recognised the old group's store"
-            assert new[0].poll() is None, (tmp_path / "rank1.log").read_text()[-2000:]
-            time.sleep(0.1)
+        _wait_for_line(tmp_path / "rank0.log", "busy", new[1])
+        _wait_for_line(tmp_path / "rank1.log", "older group", new[0])
         release.touch()
         codes = [p.wait(timeout=60) for p in new]
         logs = [(tmp_path / f"rank{r}.log").read_text()[-1500:] for r in (1, 0)]
@@ -169,11 +170,7 @@ def test_a_group_restarted_at_the_same_generation_does_not_join_the_old_groups_s
         assert old[0].wait(timeout=10) == 0
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+            end_group(proc)
 
 
 def test_the_epoch_comes_from_the_task_generation_and_retry_s_is_checked() -> None:
@@ -241,7 +238,7 @@ def test_a_rank_leaves_without_waiting_out_a_half_open_link(
 
     config = TransportConfig(token="t" * 32, handshake_timeout=30.0)
 
-    async def main() -> float:
+    async def main() -> None:
         async with ActorSystem("rank") as system:
             transport = await listen(system, config, 5.0)
             port = int(transport.address.rsplit(":", 1)[1])
@@ -253,17 +250,16 @@ def test_a_rank_leaves_without_waiting_out_a_half_open_link(
             )
             await writer.drain()
             await asyncio.sleep(0.5)  # the server is inside its handshake now
-            began = time.monotonic()
             try:
                 await close_transport(transport)
             finally:
                 writer.close()
-            return time.monotonic() - began
 
     with caplog.at_level("INFO", logger="shoal.learner"):
-        took = asyncio.run(main())
-    assert "did not close within" in caplog.text
-    assert took < config.handshake_timeout, f"waited {took:.1f} s (limit {CLOSE_LIMIT_S} s)"
+        asyncio.run(main())
+    # The close gave up at its own limit: the half-open handshake was not waited out. (The
+    # log line is the proof; a stopwatch would be too, but not on a loaded machine.)
+    assert f"did not close within {CLOSE_LIMIT_S:.1f} s" in caplog.text
 
 
 # A rank whose peer never comes, asked to stop (SIGTERM's event) while it waits to join.
@@ -319,14 +315,6 @@ class _Pinged(Actor):
         self.pings.append(1)
 
 
-async def _until(check: Callable[[], bool]) -> None:
-    for _ in range(600):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the condition never held")
-
-
 @pytest.mark.timeout(60)
 def test_a_waiting_rollout_actor_sees_its_learners_link_go_down() -> None:
     """A paced rollout actor waiting for weights checks its link (`_link_stands`): up while
@@ -345,9 +333,11 @@ def test_a_waiting_rollout_actor_sees_its_learners_link_go_down() -> None:
             client = await attach(rollout, config)
             try:
                 ref = rollout.ref(f"{served.address}/learner")
-                await _until(lambda: _link_stands(ref) and bool(pings))
+                await eventually_async(
+                    lambda: _link_stands(ref) and bool(pings), "the link up and pinged"
+                )
                 await served.close()
-                await _until(lambda: not _link_stands(ref))
+                await eventually_async(lambda: not _link_stands(ref), "the link seen down")
                 return len(pings), _link_stands(ref)
             finally:
                 await client.close()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,8 @@ from shoal.cli import main
 from shoal.cluster_train import started_pids
 from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
+from tests.support.processes import pid_alive
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -93,15 +93,5 @@ def test_train_runs_as_a_placed_job_and_stops_it(
     assert any(e["event"] == "stop" for e in events)
     pids = started_pids([json.dumps(e) for e in events], job_id)
     assert len(pids) == 2
-    deadline = time.monotonic() + 10  # the node reaps its exited children a moment later
-    while any(_exists(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_exists(pid) for pid in pids)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    # the node reaps its exited children a moment later
+    eventually(lambda: not any(pid_alive(pid) for pid in pids), "the node's children reaped")

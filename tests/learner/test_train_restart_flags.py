@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from shoal.cli import main
 from shoal.cluster_train import RestartPolicy
 from shoal.errors import ConfigError
+from tests.support.processes import child_process, eventually_while_running
 
 
 @given(st.integers(0, 1_000_000), st.floats(0.001, 1e9))
@@ -72,22 +72,16 @@ def test_max_restarts_zero_fails_the_job_at_the_first_killed_rank(tmp_path: Path
         "--workers", "1", "--time-limit", "150", "--target-return", "100000", "--quiet",
         "--no-eval", "--max-restarts", "0", "--restart-window", "30",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        pid = None
-        while pid is None and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
+    with child_process(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+
+        def learner_pid() -> int | None:
             events = run_dir / "events.jsonl"
             lines = events.read_text().splitlines() if events.exists() else []
             starts = [json.loads(line) for line in lines if '"process": "learner"' in line]
-            pid = next((e["pid"] for e in starts if e.get("event") == "start"), None)
-        assert pid is not None, proc.communicate()[1][-2000:] if proc.poll() is not None else ""
+            return next((e["pid"] for e in starts if e.get("event") == "start"), None)
+
+        pid = eventually_while_running(proc, learner_pid, "the learner started", 120)
         os.kill(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 2, err[-2000:]
     assert "gave up after 0 restarts in 30 s" in err

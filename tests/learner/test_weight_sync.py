@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,19 +22,18 @@ from shoal.learner.errors import WeightSyncError
 from shoal.learner.fragment import Fragment
 from shoal.learner.models import ModelConfig, PolicyModel, build_model
 from shoal.learner.rollout import RolloutActor, RolloutSpec
-from shoal.learner.weight_sync import (
-    FRAME_HEADROOM,
-    WeightAssembler,
-    WeightBroadcaster,
-    WeightSnapshot,
-    WeightSyncConfig,
-    plan_buckets,
-)
+from shoal.learner.weight_assembler import WeightAssembler
+from shoal.learner.weight_plan import FRAME_HEADROOM, WeightSyncConfig, plan_buckets
+from shoal.learner.weight_sync import WeightBroadcaster, WeightSnapshot
 from shoal.runtime import wire
 from shoal.runtime.actor import Actor
 from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import Transport, TransportConfig, attach
+from tests.support.waiting import eventually_async
+
+WAIT_S = 60.0
+"""How long the loop-side waits below may take on a loaded machine: a failure detector."""
 
 TOKEN = "weight-sync-test"
 FRAME = 256 * 1024  # a small frame cap: the 512×512 layer (1 MiB) is four frames' worth
@@ -264,14 +262,6 @@ class HeldRollout(RolloutActor):
         await super().weights_bucket(version, index, data, checksum)
 
 
-async def until(check: Callable[[], object], what: str, timeout: float = 60.0) -> None:
-    """Poll `check` on the loop until it is truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.05)
-
-
 @contextlib.asynccontextmanager
 async def node(**options: Any) -> AsyncIterator[tuple[ActorSystem, Transport]]:
     async with ActorSystem() as system:
@@ -334,7 +324,9 @@ def test_a_model_bigger_than_a_bucket_arrives_intact_over_the_transport(wire_dty
             broadcaster.publish(snap)
             actor = RolloutActor(_spec("r", path))
             await system.spawn(lambda: actor, name="rollout")
-            await until(lambda: learn.versions, "a fragment from the rollout actor")
+            await eventually_async(
+                lambda: learn.versions, "a fragment from the rollout actor", WAIT_S
+            )
             assert set(learn.versions) == {1}
             sent = _model(HIDDEN, seed=1).state_dict()
             for name, tensor in _weights(actor).items():
@@ -358,32 +350,38 @@ def test_a_corrupt_or_foreign_version_is_refused_and_the_last_one_kept() -> None
             broadcaster.publish(_snapshot(1, cfg))
             actor = RolloutActor(_spec("r", path))
             await system.spawn(lambda: actor, name="rollout")
-            await until(lambda: learn.versions, "fragments at version 1")
+            await eventually_async(lambda: learn.versions, "fragments at version 1", WAIT_S)
             good = {k: v.clone() for k, v in _weights(actor).items()}
 
             corrupt = _snapshot(2, cfg)
             corrupt.checksums[3] ^= 0xFFFF
             broadcaster.publish(corrupt)
-            await until(
-                lambda: _stats(actor)["weights_refused"] == 1, "the corrupt version refused"
+            await eventually_async(
+                lambda: _stats(actor)["weights_refused"] == 1, "the corrupt version refused", WAIT_S
             )
             broadcaster.publish(_snapshot(3, cfg, hidden=(64, 64)))  # another model's manifest
-            await until(
-                lambda: _stats(actor)["weights_refused"] == 2, "the foreign version refused"
+            await eventually_async(
+                lambda: _stats(actor)["weights_refused"] == 2, "the foreign version refused", WAIT_S
             )
             hostile = learn.context.system.ref(actor.ref.path)  # a peer sending garbage
             await hostile.tell.weights_begin(9, {"tensors": "x" * 1000, "source": "incarnation-1"})
             await hostile.tell.weights_begin(-1, [1, 2])
             await hostile.tell.weights_bucket(9, 0, np.zeros(10, np.uint8), 0)
             await hostile.tell.weights_commit("9")
-            await until(lambda: _stats(actor)["weights_refused"] == 4, "the garbage refused")
+            await eventually_async(
+                lambda: _stats(actor)["weights_refused"] == 4, "the garbage refused", WAIT_S
+            )
             count = len(learn.versions)
-            await until(lambda: len(learn.versions) > count + 2, "collecting on version 1")
+            await eventually_async(
+                lambda: len(learn.versions) > count + 2, "collecting on version 1", WAIT_S
+            )
             assert set(learn.versions) == {1}
             assert all(torch.equal(good[k], v) for k, v in _weights(actor).items())
 
             broadcaster.publish(_snapshot(4, cfg))  # and the next good version is adopted
-            await until(lambda: learn.versions[-1] == 4, "fragments at version 4")
+            await eventually_async(
+                lambda: learn.versions[-1] == 4, "fragments at version 4", WAIT_S
+            )
             assert set(learn.versions) == {1, 4}
             assert _stats(actor)["weights_dropped"] >= 1  # the corrupt one, half received
 
@@ -407,13 +405,19 @@ def test_a_receiver_that_stops_answering_times_out_and_others_are_served(
             broadcaster.publish(_snapshot(1, cfg))
             held = HeldRollout(_spec("held", path, weights_timeout_s=600.0), gate, {1, 2})
             await slow_system.spawn(lambda: held, name="held", mailbox_size=2)
-            await until(lambda: broadcaster.stats()["timed_out"] == 1, "the transfer's deadline")
+            await eventually_async(
+                lambda: broadcaster.stats()["timed_out"] == 1, "the transfer's deadline", WAIT_S
+            )
             actor = RolloutActor(_spec("r", path))
             await system.spawn(lambda: actor, name="rollout")
-            await until(lambda: learn.versions, "the other actor collecting")
+            await eventually_async(lambda: learn.versions, "the other actor collecting", WAIT_S)
             broadcaster.publish(_snapshot(2, cfg))
-            await until(lambda: learn.versions[-1] == 2, "the other actor on version 2")
-            await until(lambda: broadcaster.stats()["timed_out"] == 2, "version 2's deadline too")
+            await eventually_async(
+                lambda: learn.versions[-1] == 2, "the other actor on version 2", WAIT_S
+            )
+            await eventually_async(
+                lambda: broadcaster.stats()["timed_out"] == 2, "version 2's deadline too", WAIT_S
+            )
             assert held.stats()["policy_version"] == 0  # it never collected on half a version
             gate.set()
 
@@ -435,10 +439,12 @@ def test_a_newer_version_supersedes_a_half_sent_one() -> None:
             held = HeldRollout(_spec("held", path, weights_timeout_s=600.0), gate, {1})
             await system.spawn(lambda: held, name="held", mailbox_size=2)
             await held.holding.wait()
-            await until(lambda: broadcaster.stats()["in_flight"] == 1, "version 1 in flight")
+            await eventually_async(
+                lambda: broadcaster.stats()["in_flight"] == 1, "version 1 in flight", WAIT_S
+            )
             broadcaster.publish(_snapshot(2, cfg))
             gate.set()
-            await until(lambda: learn.versions, "fragments")
+            await eventually_async(lambda: learn.versions, "fragments", WAIT_S)
             assert set(learn.versions) == {2}
             stats = held.stats()
             assert stats["weights_received"] == 1  # version 1 never completed
@@ -458,10 +464,14 @@ def test_an_actor_without_weights_registers_again_and_collects_only_once_they_ar
         async with learner(cfg) as (learn, broadcaster, path), node() as (system, _):
             actor = RolloutActor(_spec("r", path, weights_timeout_s=0.3))
             await system.spawn(lambda: actor, name="rollout")  # nothing published yet
-            await until(lambda: actor.registrations >= 3, "registering again without weights")
+            await eventually_async(
+                lambda: actor.registrations >= 3, "registering again without weights", WAIT_S
+            )
             assert not learn.versions
             broadcaster.publish(_snapshot(1, cfg))
-            await until(lambda: learn.versions, "fragments once version 1 arrived")
+            await eventually_async(
+                lambda: learn.versions, "fragments once version 1 arrived", WAIT_S
+            )
             assert set(learn.versions) == {1}
 
     run(main())
@@ -476,11 +486,13 @@ def test_a_restarted_learner_at_an_older_version_is_followed_not_its_predecessor
             old.publish(_snapshot(5, cfg))
             actor = RolloutActor(_spec("r", path))
             await system.spawn(lambda: actor, name="rollout")
-            await until(lambda: learn.versions, "fragments at version 5")
+            await eventually_async(lambda: learn.versions, "fragments at version 5", WAIT_S)
             restarted = WeightBroadcaster(cfg, source="incarnation-2")
             restarted.publish(_snapshot(2, cfg))  # restored from an older checkpoint
             learn.broadcaster = restarted
-            await until(lambda: learn.versions[-1] == 2, "fragments at the restored version 2")
+            await eventually_async(
+                lambda: learn.versions[-1] == 2, "fragments at the restored version 2", WAIT_S
+            )
             await restarted.close()
             assert actor.registrations == 2
             sent = _model(HIDDEN, seed=2).state_dict()

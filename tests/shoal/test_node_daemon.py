@@ -12,10 +12,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
 from shoal.local import free_port
+from tests.support.processes import logged_process
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,20 +31,25 @@ def node_argv(data_dir: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def node_env() -> dict[str, str]:
+    """This process's environment with the operator token the node daemons here are given."""
+    return {**os.environ, "SHOAL_API_TOKEN": "test-token"}
+
+
+def run_node(
+    data_dir: Path, *extra: str, env: dict[str, str] | None = None
+) -> CompletedProcess[str]:
+    """`shoal node` run to its end (these runs are refused at start-up): status and stderr."""
+    argv = node_argv(data_dir, *extra)
+    environment = node_env() if env is None else env
+    return subprocess.run(argv, capture_output=True, text=True, env=environment, timeout=60)
+
+
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     log = tmp_path / "node.log"
-    env = {**os.environ, "SHOAL_API_TOKEN": "test-token"}
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            node_argv(tmp_path / "data"), stdout=out, stderr=subprocess.STDOUT, env=env
-        )
-    try:
+    with logged_process(node_argv(tmp_path / "data"), log, node_env()) as process:
         yield process, log
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
 
 
 def wait_for_lines(log: Path, pattern: str, count: int) -> list[str]:
@@ -50,7 +57,7 @@ def wait_for_lines(log: Path, pattern: str, count: int) -> list[str]:
         lines = [line for line in log.read_text().splitlines() if re.search(pattern, line)]
         return lines if len(lines) >= count else None
 
-    return eventually(found, f"{count} lines like {pattern!r} in {log}", detail=log.read_text)
+    return eventually(found, f"{count} lines like {pattern!r} in {log}", 60, detail=log.read_text)
 
 
 def test_unreachable_coordinators_are_retried_at_a_steady_period_and_sigterm_still_stops(
@@ -72,10 +79,7 @@ def test_a_data_dir_in_use_is_refused(
 ) -> None:
     _, log = daemon
     wait_for_lines(log, r"cannot register node", 1)
-    env = {**os.environ, "SHOAL_API_TOKEN": "test-token"}
-    second = subprocess.run(
-        node_argv(tmp_path / "data"), capture_output=True, text=True, env=env, timeout=60
-    )
+    second = run_node(tmp_path / "data")
     assert second.returncode == 2
     assert "used by another running node daemon" in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1
@@ -91,36 +95,24 @@ def test_a_data_dir_in_use_is_refused(
     ],
 )
 def test_bad_options_end_in_one_line(tmp_path: Path, extra: list[str], fragment: str) -> None:
-    env = {**os.environ, "SHOAL_API_TOKEN": "test-token"}
-    done = subprocess.run(
-        node_argv(tmp_path / "data", *extra), capture_output=True, text=True, env=env, timeout=60
-    )
+    done = run_node(tmp_path / "data", *extra)
     assert done.returncode == 2
     assert fragment in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_a_listen_address_in_use_is_refused(tmp_path: Path) -> None:
-    env = {**os.environ, "SHOAL_API_TOKEN": "test-token"}
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run(
-            node_argv(tmp_path / "data", "--listen", f"127.0.0.1:{port}"),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
+        done = run_node(tmp_path / "data", "--listen", f"127.0.0.1:{port}")
     assert done.returncode == 2
     assert f"--listen=127.0.0.1:{port} cannot be bound" in done.stderr
 
 
 def test_a_missing_token_is_refused(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SHOAL_API_TOKEN"}
-    done = subprocess.run(
-        node_argv(tmp_path / "data"), capture_output=True, text=True, env=env, timeout=60
-    )
+    done = run_node(tmp_path / "data", env=env)
     assert done.returncode == 2
     assert "--token-file" in done.stderr

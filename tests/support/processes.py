@@ -69,12 +69,14 @@ def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def end_group(process: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
-    """SIGKILL the process group that `process` leads (started with start_new_session=True),
-    reap the leader and close its pipes."""
+    """SIGKILL `process` and the process group it leads (if started with
+    start_new_session=True), reap it and close its pipes."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        pass  # gone, or it leads no group: the kill below is what ends it
+    if process.poll() is None:
+        process.kill()
     process.wait(timeout=REAP_TIMEOUT_S)
     for pipe in (process.stdin, process.stdout, process.stderr):
         if pipe is not None:
