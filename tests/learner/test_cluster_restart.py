@@ -20,6 +20,8 @@ import pytest
 
 from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
+from tests.support.processes import child_process, eventually_while_running
+from tests.support.waiting import eventually_async
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -52,18 +54,6 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue  # a line being written
     return out
-
-
-def _wait(what: str, check: Any, deadline: float, proc: subprocess.Popen[str]) -> Any:
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        if proc.poll() is not None:
-            _, err = proc.communicate()
-            raise AssertionError(f"shoal train exited ({proc.returncode}) before {what}: {err}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _status(run_dir: Path, rank: int) -> dict[str, Any]:
@@ -115,51 +105,45 @@ def test_a_killed_learner_rank_restarts_its_group_from_the_checkpoint(
         "--target-return", "100000", "--checkpoint-interval", "1", "--quiet", "--json",
         "--no-eval", "--sharding", sharding,
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 200
+    with child_process(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         checkpoints = run_dir / "checkpoints"
-        first = _wait(
-            "both ranks running and a checkpoint",
+        first = eventually_while_running(
+            proc,
             lambda: (
                 len(_learner_starts(run_dir)) == 2
                 and any(e.get("event") == "checkpoint" for e in _events(run_dir))
                 and any(checkpoints.glob("ckpt-*.json"))  # complete: its manifest is written last
             ),
-            deadline,
-            proc,
+            "both ranks running and a checkpoint",
+            200,
         )
         assert first
         old = {e["rank"]: e for e in _learner_starts(run_dir)}
-        _wait(
-            "both ranks training",
-            lambda: all(_status(run_dir, r).get("version", 0) > 0 for r in (0, 1)),
-            deadline,
+        eventually_while_running(
             proc,
+            lambda: all(_status(run_dir, r).get("version", 0) > 0 for r in (0, 1)),
+            "both ranks training",
+            200,
         )
         assert _status(run_dir, 0)["parallel"] == sharding
         os.kill(old[victim]["pid"], sig)
         killed_at = time.time()
-        new = _wait(
-            "the group's new incarnation",
-            lambda: [e for e in _learner_starts(run_dir) if e["time"] > killed_at] or None,
-            deadline,
+        new = eventually_while_running(
             proc,
+            lambda: [e for e in _learner_starts(run_dir) if e["time"] > killed_at] or None,
+            "the group's new incarnation",
+            200,
         )
-        _wait(
-            "both new ranks",
+        eventually_while_running(
+            proc,
             lambda: (
                 {e["rank"] for e in _learner_starts(run_dir) if e["time"] > killed_at} == {0, 1}
             ),
-            deadline,
-            proc,
+            "both new ranks",
+            200,
         )
         proc.send_signal(signal.SIGINT)  # an orderly stop, as Ctrl-C
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert new
     summary = json.loads(out.strip().splitlines()[-1])
     job_id = summary["job_id"]
@@ -209,13 +193,12 @@ def test_a_task_failing_every_time_fails_its_job_after_max_restarts(
     async def scenario() -> dict[str, Any]:
         async with CoordinatorClient(cluster.api_urls(), cluster.token) as client:
             await client.submit_job(job_id="crash", spec=spec, tasks=[task])
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
+
+            async def ended() -> dict[str, Any] | None:
                 job = await client.job("crash")
-                if job["state"] != "running":
-                    return job
-                await asyncio.sleep(0.3)
-            raise AssertionError("the job never failed")
+                return None if job["state"] == "running" else job
+
+            return await eventually_async(ended, "the job ended", 90)
 
     job = asyncio.run(scenario())
     assert job["state"] == "failed"

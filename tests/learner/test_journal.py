@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from shoal.learner.journal import (
 )
 from shoal.learner.seqranges import SeqRanges, ranges_json
 from tests.learner.test_buffer import _ops, fragment
+from tests.support.processes import child_process, eventually_while_running
 
 events = st.lists(
     st.tuples(
@@ -293,17 +293,6 @@ def _rollout_pid(run_dir: Path) -> int | None:
     return pid if b"rollout_main" in cmdline and str(run_dir).encode() in cmdline else None
 
 
-def _until(what: str, check, proc: subprocess.Popen, within: float = 90.0):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"training exited ({proc.returncode}) before: {what}"
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {within:g} s: {what}")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_sigkilled_rollout_worker_keeps_every_acknowledgement(tmp_path: Path) -> None:
@@ -316,8 +305,7 @@ def test_a_sigkilled_rollout_worker_keeps_every_acknowledgement(tmp_path: Path) 
         "--run-dir", str(run_dir), "--ranks", "1", "--workers", "1", "--seed", "5",
         "--target-return", "1e9", "--time-limit", "180",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    try:
+    with child_process(argv, stdout=subprocess.PIPE, text=True) as proc:
 
         def streaming() -> tuple[str, int] | None:
             journals = _journals(run_dir) if (run_dir / "accounting").is_dir() else {}
@@ -325,19 +313,16 @@ def test_a_sigkilled_rollout_worker_keeps_every_acknowledgement(tmp_path: Path) 
             busy = [a for a, ledger in journals.items() if len(_acked(ledger)) >= 20]
             return (busy[0], pid) if busy and pid else None
 
-        victim, pid = _until("acknowledgements stream in", streaming, proc)
+        victim, pid = eventually_while_running(proc, streaming, "acknowledgements stream in", 90)
         os.kill(pid, signal.SIGKILL)
-        _until(
-            "a new rollout actor's fragments are acknowledged",
-            lambda: any(a != victim and _acked(j) for a, j in _journals(run_dir).items()),
+        eventually_while_running(
             proc,
+            lambda: any(a != victim and _acked(j) for a, j in _journals(run_dir).items()),
+            "a new rollout actor's fragments are acknowledged",
+            90,
         )
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     journal = _journals(run_dir)[victim]
     (final,) = [
         ledger
@@ -374,8 +359,7 @@ def test_a_sigkilled_learner_journal_holds_every_fragment_it_acknowledged(tmp_pa
         "--run-dir", str(run_dir), "--ranks", "1", "--workers", "1", "--seed", "6",
         "--target-return", "1e9", "--time-limit", "180",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    try:
+    with child_process(argv, stdout=subprocess.PIPE, text=True) as proc:
 
         def acknowledging() -> tuple[str, int] | None:
             status = _status(run_dir)
@@ -391,16 +375,18 @@ def test_a_sigkilled_learner_journal_holds_every_fragment_it_acknowledged(tmp_pa
             running = cmdline.exists() and b"learner_main" in cmdline.read_bytes()
             return (str(incarnation), int(status["pid"])) if sum(acked) >= 20 and running else None
 
-        victim, pid = _until("the learner acknowledges fragments", acknowledging, proc)
+        victim, pid = eventually_while_running(
+            proc, acknowledging, "the learner acknowledges fragments", 90
+        )
         os.kill(pid, signal.SIGKILL)
-        _until("a new learner incarnation", lambda: _status(run_dir).get("incarnation") not in
-               (None, victim), proc)  # fmt: skip
+        eventually_while_running(
+            proc,
+            lambda: _status(run_dir).get("incarnation") not in (None, victim),
+            "a new learner incarnation",
+            90,
+        )
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     (journal,) = (run_dir / "accounting").glob(f"learner-0-{victim}.jsonl")
     ledger = learner_ledger(read_lines(journal))
     seqs = {kind: ledger[kind] for kind in ("trained", "stale", "duplicate", "queued")}

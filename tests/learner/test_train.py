@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from shoal.cli import main
+from tests.support.processes import child_process
+from tests.support.waiting import eventually
 
 
 def _events(run_dir: Path) -> list[dict[str, object]]:
@@ -180,26 +182,22 @@ def test_sigterm_to_shoal_train_stops_every_process_and_keeps_a_checkpoint(
 ) -> None:
     import subprocess
     import sys
-    import time
 
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "shoal", "train", "cartpole", "--quiet", "--no-eval"]
     argv += ["--time-limit", "150", "--target-return", "1000", "--run-dir", str(run_dir)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
+    with child_process(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
         status = run_dir / "status-0.json"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+
+        def trained() -> bool:
             if status.exists() and json.loads(status.read_text())["version"] >= 2:
-                break
+                return True
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.1)
+            return False
+
+        eventually(trained, "two policy versions", 120)
         proc.send_signal(15)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 1, out
     assert b"not solved (interrupted)" in out
     events = _events(run_dir)
@@ -219,29 +217,24 @@ def test_sigkill_to_shoal_train_takes_its_embedded_cluster_and_tasks_down(
     SIGTERM from the kernel (PDEATHSIG), the node's tasks likewise when the node exits."""
     import subprocess
     import sys
-    import time
 
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "shoal", "train", "cartpole", "--quiet", "--no-eval"]
     argv += ["--time-limit", "150", "--target-return", "1000", "--run-dir", str(run_dir)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        status = run_dir / "status-0.json"
-        deadline = time.monotonic() + 120
-        while not status.exists() and time.monotonic() < deadline:
-            assert proc.poll() is None
-            time.sleep(0.1)
-        assert len(_naming(run_dir)) >= 4  # coordinator, node, learner, rollout worker
-        proc.kill()
-        proc.wait()
-        deadline = time.monotonic() + 60
-        while _naming(run_dir) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _naming(run_dir) == []
-    finally:
-        if proc.poll() is None:
+        with child_process(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+            status = run_dir / "status-0.json"
+
+            def started() -> bool:
+                assert proc.poll() is None
+                return status.exists()
+
+            eventually(started, "the learner's status file", 120)
+            assert len(_naming(run_dir)) >= 4  # coordinator, node, learner, rollout worker
             proc.kill()
             proc.wait()
+            eventually(lambda: _naming(run_dir) == [], "no process naming the run left", 60)
+    finally:
         for pid in _naming(run_dir):
             os.kill(pid, 9)
 

@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
+from tests.support.processes import child_process, eventually_while_running
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -51,19 +51,6 @@ def _version(run_dir: Path) -> int:
         return 0
 
 
-def _wait(what: str, check: Callable[[], Any], proc: subprocess.Popen[str], limit: float) -> Any:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        if proc.poll() is not None:
-            _, err = proc.communicate()
-            raise AssertionError(f"shoal train exited ({proc.returncode}) before {what}: {err}")
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_recorded_checkpoints_let_a_draining_node_hand_its_learners_over(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -74,15 +61,14 @@ def test_recorded_checkpoints_let_a_draining_node_hand_its_learners_over(
         "--target-return", "100000", "--checkpoint-interval", "1", "--quiet", "--json",
         "--no-eval",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        job = _wait("the job", lambda: _job_id(run_dir), proc, 60)
-        recorded = _wait(
-            "several checkpoints recorded during the run",
+    with child_process(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        job = eventually_while_running(proc, lambda: _job_id(run_dir), "the job", 60)
+        recorded = eventually_while_running(
+            proc,
             lambda: (lambda cps: cps if len(cps) >= 2 else None)(
                 _ask(cluster, lambda c: c.checkpoints(job=job))
             ),
-            proc,
+            "several checkpoints recorded during the run",
             150,
         )
         assert all(c["complete"] for c in recorded)
@@ -90,23 +76,21 @@ def test_recorded_checkpoints_let_a_draining_node_hand_its_learners_over(
         task = _ask(cluster, lambda c: c.request("GET", f"/v1/tasks/{rank}"))
         source = task["node"]
         _ask(cluster, lambda c: c.drain(source))
-        moved = _wait(
-            "the learner rank running on the other node",
+        moved = eventually_while_running(
+            proc,
             lambda: (lambda t: t if t["node"] != source and t["state"] == "running" else None)(
                 _ask(cluster, lambda c: c.request("GET", f"/v1/tasks/{rank}"))
             ),
-            proc,
+            "the learner rank running on the other node",
             90,
         )
         assert moved["generation"] > task["generation"]
         before = _version(run_dir)
-        _wait("training on the new node", lambda: _version(run_dir) > before + 2, proc, 90)
+        eventually_while_running(
+            proc, lambda: _version(run_dir) > before + 2, "training on the new node", 90
+        )
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode in (0, 1), err[-2000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["job_id"] == job

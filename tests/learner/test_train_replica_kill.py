@@ -12,12 +12,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from shoal.local import LocalCluster
 from shoal.raft.client import CoordinatorClient
+from tests.support.processes import child_process, eventually_while_running
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -43,18 +43,6 @@ def _steps(run_dir: Path) -> int:
         return 0
 
 
-def _wait(what: str, check: Callable[[], Any], proc: subprocess.Popen[str], limit: float) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if check():
-            return
-        if proc.poll() is not None:
-            _, err = proc.communicate()
-            raise AssertionError(f"shoal train exited ({proc.returncode}) before {what}: {err}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _kill_and_restart(local: LocalCluster, name: str) -> None:
     local.kill(name)
     local.start(name)
@@ -69,9 +57,8 @@ def test_a_run_goes_on_through_a_killed_follower_and_a_killed_leader(
         "--run-dir", str(run_dir), "--workers", "1", "--time-limit", "200",
         "--target-return", "100000", "--quiet", "--json", "--no-eval",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait("training steps", lambda: _steps(run_dir) > 0, proc, 150)
+    with child_process(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        eventually_while_running(proc, lambda: _steps(run_dir) > 0, "training steps", 150)
         first = next(s.name for s in cluster.specs() if s.api_url == cluster.api_urls()[0])
         others = [s.name for s in cluster.specs() if s.api_url and s.name != first]
         # The run asks the first replica first. Killed and restarted while the other two are
@@ -92,15 +79,13 @@ def test_a_run_goes_on_through_a_killed_follower_and_a_killed_leader(
             time.sleep(1.0)
         _kill_and_restart(cluster, _leader(cluster))
         before = _steps(run_dir)
-        _wait("training past the kills", lambda: _steps(run_dir) > before + 2, proc, 60)
+        eventually_while_running(
+            proc, lambda: _steps(run_dir) > before + 2, "training past the kills", 60
+        )
         time.sleep(3.0)  # several more job checks, some against the replaying replicas
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode in (0, 1), err[-2000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["stopped_by"] == "interrupted"
