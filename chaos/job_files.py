@@ -16,20 +16,13 @@ from typing import Any
 
 from shoal.chaos import invariants
 from shoal.chaos.invariants import Verdict
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file written atomically by the run, or None while it does not exist yet."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+from shoal.rundir import RunDir
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     events = []
     with contextlib.suppress(OSError):
-        for line in (run_dir / "events.jsonl").read_text().splitlines():
+        for line in RunDir(run_dir).events.read_text().splitlines():
             with contextlib.suppress(ValueError):
                 events.append(json.loads(line))
     return events
@@ -37,7 +30,8 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 
 def ledger_verdict(run_dir: Path) -> Verdict:
     """`gathered_ledger_verdict` of a run whose tasks all wrote into `run_dir` (one host)."""
-    return gathered_ledger_verdict([run_dir / "accounting"], run_dir / "checkpoints")
+    run = RunDir(run_dir)
+    return gathered_ledger_verdict([run.accounting], run.checkpoints)
 
 
 def gathered_ledger_verdict(folders: Sequence[Path], checkpoints: Path) -> Verdict:

@@ -33,8 +33,9 @@ from shoal.chaos import invariants
 from shoal.chaos.curve import Sample, mean_return
 from shoal.chaos.errors import FaultError
 from shoal.chaos.invariants import Verdict
-from shoal.chaos.job_files import gathered_ledger_verdict, read_events, read_json
+from shoal.chaos.job_files import gathered_ledger_verdict, read_events
 from shoal.errors import ConfigError
+from shoal.rundir import RankStatus, RunDir
 from shoal.runtime.tls import TLS_DIR_ENV
 
 LEARNER_ENTRY = "shoal.learner.learner_main"
@@ -106,7 +107,7 @@ class ClusterJob:
         self.time_limit_s = time_limit_s
         self.shared = storage is None
         self.checkpoints = (
-            self.run_dir / "checkpoints"
+            RunDir(self.run_dir).checkpoints
             if storage is None
             else storage.resolve() / self.run_dir.name / "checkpoints"
         )
@@ -193,14 +194,21 @@ class ClusterJob:
         merged = [e for d in self.output_dirs() for e in read_events(d)]
         return sorted(merged, key=_event_time)
 
-    def newest(self, name: str) -> Any:
-        """The JSON file `name` most recently written in any output directory (a rank that
-        moved host leaves its old status behind, older), or None."""
+    def newest_status(self, rank: int) -> RankStatus | None:
+        """Rank `rank`'s status most recently written in any output directory (a rank that
+        moved host leaves its old status behind, older), or None: none yet, or one that is
+        not a status record (torn, foreign)."""
         found = []
         for directory in self.output_dirs():
+            run = RunDir(directory)
             with contextlib.suppress(OSError):
-                found.append((os.stat(directory / name).st_mtime_ns, directory / name))
-        return read_json(max(found)[1]) if found else None
+                found.append((os.stat(run.status(rank)).st_mtime_ns, run))
+        if not found:
+            return None
+        try:
+            return max(found, key=lambda f: f[0])[1].read_status(rank)
+        except (OSError, ValueError):
+            return None
 
     def newest_checkpoint(self) -> int:
         """The step of the newest complete checkpoint in the job's storage (0: none yet)."""
@@ -224,14 +232,14 @@ class ClusterJob:
         return Verdict(verdict.held, f"{verdict.detail} in {self.checkpoints}")
 
     def sample(self, t: float, restarts: int) -> Sample | None:
-        status = self.newest("status-0.json")
-        if not isinstance(status, dict) or "version" not in status:
+        status = self.newest_status(0)
+        if status is None or "version" not in status.record:
             return None
         return Sample(
             t=round(t, 3),
-            env_steps=int(status.get("env_steps", 0)),
-            version=int(status["version"]),
-            mean_return=mean_return(status.get("returns", [])),
+            env_steps=status.env_steps,
+            version=status.version,
+            mean_return=mean_return(status.returns),
             restarts=restarts,
             incarnation=str(status.get("incarnation", "")),
         )
@@ -329,12 +337,14 @@ class ClusterJob:
         """The training invariants over everything the job recorded, across all its learner
         incarnations; `restarted` says a fault should have restarted the learner group."""
         events = self.events()
-        statuses = [self.newest(f"status-{rank}.json") or {} for rank in range(self.cfg.ranks)]
-        folders = [d / "accounting" for d in self.output_dirs()]
+        statuses = [self.newest_status(rank) for rank in range(self.cfg.ranks)]
+        folders = [RunDir(d).accounting for d in self.output_dirs()]
         return {
             "resumed_from_checkpoint": invariants.restarts_resumed(events, restarted),
             "fragment_accounting": invariants.both(
-                invariants.fragment_accounting([s.get("intake", {}) for s in statuses]),
+                invariants.fragment_accounting(
+                    [{} if s is None else dict(s.intake) for s in statuses]
+                ),
                 gathered_ledger_verdict(folders, self.checkpoints),
                 "across all learner incarnations" + ("" if self.shared else " and hosts"),
             ),

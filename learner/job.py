@@ -20,6 +20,7 @@ from typing import Any
 from shoal import boundedjson
 from shoal.learner.config import TrainConfig
 from shoal.learner.errors import LearnerError
+from shoal.rundir import RunDir
 
 MAX_JOB_BYTES = 256 << 10
 TOKEN_VARIABLE = "SHOAL_JOB_TOKEN"
@@ -93,7 +94,7 @@ def read_task(args: argparse.Namespace, environ: dict[str, str] | None = None) -
 
 def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
     """The job's checkpoint storage (a path every host mounts), else the run dir's own."""
-    return Path(cfg.checkpoint.storage) if cfg.checkpoint.storage else run_dir / "checkpoints"
+    return Path(cfg.checkpoint.storage) if cfg.checkpoint.storage else RunDir(run_dir).checkpoints
 
 
 def listen_host(environ: dict[str, str] | None = None) -> str:

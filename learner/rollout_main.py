@@ -24,6 +24,7 @@ import torch
 from shoal.learner.errors import LearnerError
 from shoal.learner.events import append_event
 from shoal.learner.rollout import RolloutActor, RolloutSpec
+from shoal.rundir import RunDir
 
 
 def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
@@ -89,7 +90,7 @@ async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
                     RolloutActor,
                     spec,
                     failed,
-                    run_dir / "accounting",
+                    RunDir(run_dir).accounting,
                     locator(spec),
                     name=spec.name,
                 )
