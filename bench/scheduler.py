@@ -20,7 +20,6 @@ from typing import TypeVar
 
 from shoal.bench.report import Row
 from shoal.scheduler.balancer import BalancerConfig, balance
-from shoal.scheduler.ledger import Ledger
 from shoal.scheduler.model import (
     BalancerState,
     LearnerGroup,
@@ -29,6 +28,7 @@ from shoal.scheduler.model import (
     RolloutActor,
 )
 from shoal.scheduler.placement import place
+from shoal.scheduler.reservations import Reservations
 from shoal.scheduler.topology import Topology, simulated_cluster
 
 T = TypeVar("T")
@@ -73,11 +73,11 @@ def first_fit(
     actors: list[RolloutActor],
 ) -> list[Placement]:
     """The baseline: each rank and actor on the first node (in name order) with room."""
-    ledger = Ledger(topo, existing)
+    reservations = Reservations(topo, existing)
     out: list[Placement] = []
     for group in groups:
         for rank in range(group.ranks):
-            for usage in ledger.usage.values():
+            for usage in reservations.usage.values():
                 free = usage.free_gpus()
                 if len(free) >= group.gpus_per_rank and usage.fits(group.cpus_per_rank, 0):
                     p = Placement(
@@ -89,16 +89,16 @@ def first_fit(
                         group=group.name,
                         movable=False,
                     )
-                    ledger.add(p)
+                    reservations.add(p)
                     out.append(p)
                     break
     for actor in actors:
-        for usage in ledger.usage.values():
+        for usage in reservations.usage.values():
             if usage.fits(actor.cpus, actor.memory_mb):
                 p = Placement(
                     actor.name, usage.node.name, "rollout", (), actor.cpus, actor.memory_mb
                 )
-                ledger.add(p)
+                reservations.add(p)
                 out.append(p)
                 break
     return out
@@ -115,8 +115,8 @@ def groups_split(topo: Topology, placements: list[Placement]) -> int:
 
 
 def max_cpu_reserved(topo: Topology, placements: list[Placement]) -> float:
-    ledger = Ledger(topo, placements)
-    return max(u.cpus / u.node.cpus for u in ledger.usage.values())
+    reservations = Reservations(topo, placements)
+    return max(u.cpus / u.node.cpus for u in reservations.usage.values())
 
 
 def _placement_rows(repeats: int) -> tuple[list[Row], Topology, list[Placement]]:

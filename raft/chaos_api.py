@@ -15,7 +15,7 @@ from aiohttp import web
 from shoal.raft import commands as cmd
 from shoal.raft.context import ApiContext
 from shoal.raft.errors import NotFound
-from shoal.raft.fault_ledger import FAULT_KINDS, FAULT_STATES
+from shoal.raft.fault_records import FAULT_KINDS, FAULT_STATES
 from shoal.raft.handlers import CONSISTENT, reply
 from shoal.raft.routes import Call, Param, Route
 from shoal.raft.schema import Schema

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from shoal.raft.errors import PayloadTooLarge, RuleViolation, ValidationError
-from shoal.raft.fault_ledger import FAULT_KINDS, FAULT_STATES
+from shoal.raft.fault_records import FAULT_KINDS, FAULT_STATES
 from shoal.raft.model import (
     DEFAULT_BACKOFF_MAX_S,
     DEFAULT_BACKOFF_S,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from shoal.raft import fault_ledger
+from shoal.raft import fault_records
 from shoal.raft.model import (
     Checkpoint,
     Event,
@@ -67,7 +67,7 @@ class StateMachine(TaskCopies):
         an effect, so a replica restored from a dump older than this table still agrees."""
         self.applied_count = 0
         self.faults: dict[str, Fault] = {}
-        """Chaos faults by id, oldest first (raft/fault_ledger.py keeps and bounds them)."""
+        """Chaos faults by id, oldest first (raft/fault_records.py keeps and bounds them)."""
         # Derived index node -> task ids (an ordered set), kept so a heartbeat need not scan
         # every task; it is rebuilt from nothing but placements (current and incoming copies)
         # and left out of the digest.
@@ -140,7 +140,7 @@ class StateMachine(TaskCopies):
         self.events.append(Event(self.event_seq, at, kind, message, fields))
 
     def _task_ran(self, at: float) -> None:
-        fault_ledger.heal_kills(self, at)
+        fault_records.heal_kills(self, at)
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -181,7 +181,7 @@ class StateMachine(TaskCopies):
             )
             if node.liveness == "dead":
                 self._abandon_on(node.id, at)
-                fault_ledger.fail_faults_of(self, node.id, at)
+                fault_records.fail_faults_of(self, node.id, at)
         return ok(changed=changed)
 
     def _abandon_on(self, node_id: str, at: float) -> None:
@@ -404,7 +404,7 @@ class StateMachine(TaskCopies):
 
     def faults_for(self, node_id: str) -> list[Fault]:
         """The faults `node_id` has yet to execute (still `requested`), oldest first."""
-        return fault_ledger.faults_for(self, node_id)
+        return fault_records.faults_for(self, node_id)
 
     def assignments(self) -> dict[str, list[str]]:
         """node id -> ids of the tasks placed there (derived from the placements)."""
@@ -491,6 +491,6 @@ _HANDLERS: dict[str, Callable[[StateMachine, dict[str, Any], float], Result]] = 
     "add_event": StateMachine._add_event,
     "announce_leader": StateMachine._announce_leader,
     "barrier": StateMachine._barrier,
-    "inject_fault": fault_ledger.inject_fault,
-    "report_fault": fault_ledger.report_fault,
+    "inject_fault": fault_records.inject_fault,
+    "report_fault": fault_records.report_fault,
 }

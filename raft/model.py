@@ -192,9 +192,9 @@ class Fault(Restorable):
     task's node, or the node itself). Replicas only record it; the node acts, once, and
     reports the outcome: requested -> injected (-> healed, for a pause) or failed.
 
-    Its kinds, states and rules are in raft/fault_ledger.py; the record stays here with the
+    Its kinds, states and rules are in raft/fault_records.py; the record stays here with the
     others because pysyncobj's dumps pickle it by this module's path (`shoal.raft.model.Fault`),
-    so a data directory written before the ledger moved still restores."""
+    so a data directory written before the fault records moved still restores."""
 
     id: str
     kind: str

@@ -33,7 +33,6 @@ import math
 from collections.abc import Sequence
 
 from shoal.scheduler.errors import PlacementRefused, SchedulerError
-from shoal.scheduler.ledger import Ledger
 from shoal.scheduler.model import (
     BalancePlan,
     BalancerState,
@@ -45,6 +44,7 @@ from shoal.scheduler.model import (
     Placement,
 )
 from shoal.scheduler.placement import GangPlacer
+from shoal.scheduler.reservations import Reservations
 from shoal.scheduler.signals import BalancerConfig, degradation, effective_load, fault
 from shoal.scheduler.topology import Topology
 
@@ -84,10 +84,10 @@ class _Round:
         self.topology, self.prev, self.now, self.cfg = topology, prev, now, cfg
         self.moves: list[Migration] = []
         self.decisions: list[Decision] = []
-        self.ledger = Ledger(topology, placements)
+        self.reservations = Reservations(topology, placements)
         self.health: dict[str, NodeHealth] = {}
         for h in health:
-            if h.node not in self.ledger.usage:
+            if h.node not in self.reservations.usage:
                 raise SchedulerError(
                     f"health reported for unknown node {h.node!r}; register it first"
                 )
@@ -121,15 +121,15 @@ class _Round:
         }
         self.moved: set[str] = set()
         self.groups_done: set[str] = set()  # learner groups moved or found stuck this round
-        # The receivers, a ledger that shows only them as ready, and a gang placer on it:
+        # The receivers, reservations that show only them as ready, and a gang placer on it:
         # built at the first learner group a drain moves, then kept in step by `_move_all`.
-        self._gang: tuple[frozenset[str], Ledger, GangPlacer] | None = None
+        self._gang: tuple[frozenset[str], Reservations, GangPlacer] | None = None
         # Nodes that may receive tasks this round if not overloaded, and those that currently
         # may, sorted by (load, name); `_rerank` keeps the list current as loads and `over` change.
         self.receiving = {
             n
             for n in self.load
-            if self.ledger.usage[n].node.schedulable
+            if self.reservations.usage[n].node.schedulable
             and n not in self.draining
             and n not in self.degraded
             and n not in self.node_cool
@@ -139,11 +139,14 @@ class _Round:
     def _task_shares(self) -> dict[str, float]:
         """Split each node's measured load among its tasks by reservation (CPUs + GPUs)."""
         out: dict[str, float] = {}
-        for name, usage in self.ledger.usage.items():
+        for name, usage in self.reservations.usage.items():
             if name not in self.load or not usage.tasks:
                 continue
             tasks = sorted(usage.tasks)
-            weights = [self.ledger.where[t].cpus + len(self.ledger.where[t].gpus) for t in tasks]
+            weights = [
+                self.reservations.where[t].cpus + len(self.reservations.where[t].gpus)
+                for t in tasks
+            ]
             total = sum(weights)
             for task, w in zip(tasks, weights):
                 out[task] = self.load[name] * (w / total if total else 1 / len(tasks))
@@ -153,8 +156,8 @@ class _Round:
 
     def _gain(self, task: str, source: str, target: str) -> float:
         """The load `task` adds to `target`: its share, scaled by the nodes' CPU capacities."""
-        src = self.ledger.usage[source].node.cpus
-        dst = self.ledger.usage[target].node.cpus
+        src = self.reservations.usage[source].node.cpus
+        dst = self.reservations.usage[target].node.cpus
         ratio = src / dst if src and dst else 1.0
         return self.share.get(task, 0.0) * ratio
 
@@ -168,7 +171,7 @@ class _Round:
             bisect.insort(self.ranked, (self.load[node], node))
 
     def _fits(self, p: Placement, target: str) -> bool:
-        usage = self.ledger.usage[target]
+        usage = self.reservations.usage[target]
         return usage.fits(p.cpus, p.memory_mb) and usage.free_gpu_count >= len(p.gpus)
 
     def _move(self, p: Placement, target: str, gpus: tuple[int, ...], reason: str) -> None:
@@ -178,10 +181,10 @@ class _Round:
         """Move tasks together: every source is vacated before any target is taken, so a rank
         of a group may land on GPUs another rank of the same group leaves."""
         gains = [self._gain(p.task, p.node, target) for p, target, _, _ in moves]
-        ledgers = [self.ledger] if self._gang is None else [self.ledger, self._gang[1]]
+        copies = [self.reservations] if self._gang is None else [self.reservations, self._gang[1]]
         for p, _, _, _ in moves:
-            for ledger in ledgers:
-                ledger.remove(p.task)
+            for reservations in copies:
+                reservations.remove(p.task)
             if p.node in self.load:
                 old = self.load[p.node]
                 self.load[p.node] = max(0.0, old - self.share.get(p.task, 0.0))
@@ -189,8 +192,8 @@ class _Round:
                     self.over.discard(p.node)
                 self._rerank(p.node, old)
         for (p, target, gpus, reason), gain in zip(moves, gains):
-            for ledger in ledgers:
-                ledger.add(p.moved_to(target, gpus))
+            for reservations in copies:
+                reservations.add(p.moved_to(target, gpus))
             old = self.load[target]
             self.load[target] += gain
             self._rerank(target, old)
@@ -208,8 +211,8 @@ class _Round:
                 )
         for node in sorted(self.draining):
             why = fault(self.health[node], self.cfg) if node in self.faulty else "node is draining"
-            for task in sorted(self.ledger.usage[node].tasks):
-                self._drain_task(self.ledger.where[task], why, checkpoint_groups)
+            for task in sorted(self.reservations.usage[node].tasks):
+                self._drain_task(self.reservations.where[task], why, checkpoint_groups)
 
     def _drain_task(self, p: Placement, why: str, checkpoint_groups: frozenset[str]) -> None:
         if p.kind == "learner" and p.group not in checkpoint_groups:
@@ -257,7 +260,7 @@ class _Round:
             if self._fits(p, target) and (
                 self.load[target] + self._gain(p.task, p.node, target) < self.cfg.high
             ):
-                return target, tuple(self.ledger.usage[target].free_gpus()[: len(p.gpus)])
+                return target, tuple(self.reservations.usage[target].free_gpus()[: len(p.gpus)])
         return None
 
     # --- learner groups -----------------------------------------------------------------
@@ -272,14 +275,14 @@ class _Round:
         ranks = sorted(
             (
                 q
-                for q in self.ledger.where.values()
+                for q in self.reservations.where.values()
                 if q.kind == "learner" and (q.group or q.task) == name
             ),
             key=lambda q: q.task,
         )
-        ledger, placer = self._gang_placer()
+        reservations, placer = self._gang_placer()
         for q in ranks:
-            ledger.remove(q.task)  # the group's own GPUs count as free for its new place
+            reservations.remove(q.task)  # the group's own GPUs count as free for its new place
         try:
             slots = placer.place(_as_group(name, ranks))
         except PlacementRefused as exc:
@@ -296,7 +299,7 @@ class _Round:
             return
         finally:
             for q in ranks:
-                ledger.add(q)
+                reservations.add(q)
         where = self._describe(slots)
         self._move_all(
             [
@@ -312,8 +315,8 @@ class _Round:
             ]
         )
 
-    def _gang_placer(self) -> tuple[Ledger, GangPlacer]:
-        """A ledger of the current placements on the topology with every ready node that may
+    def _gang_placer(self) -> tuple[Reservations, GangPlacer]:
+        """Reservations of the current placements on the topology with every ready node that may
         not receive tasks now shown cordoned, so placement's gang rule sees only the
         receivers; and a gang placer on it (rebuilt only if the receivers changed)."""
         allowed = frozenset(n for _, n in self.ranked)
@@ -326,12 +329,12 @@ class _Round:
                     for n in self.topology.nodes
                 )
             )
-            ledger = Ledger(topology, self.ledger.where.values())
-            self._gang = (allowed, ledger, GangPlacer(topology, ledger))
+            reservations = Reservations(topology, self.reservations.where.values())
+            self._gang = (allowed, reservations, GangPlacer(topology, reservations))
         return self._gang[1], self._gang[2]
 
     def _describe(self, slots: tuple[Placement, ...]) -> str:
-        nodes = self.ledger.usage
+        nodes = self.reservations.usage
         islands = {nodes[s.node].node.island_of(g) for s in slots for g in s.gpus}
         if len(islands) == 1:
             return f"NVLink island {islands.pop()}"
@@ -349,7 +352,7 @@ class _Round:
             self._move(
                 p,
                 target,
-                tuple(self.ledger.usage[target].free_gpus()[: len(p.gpus)]),
+                tuple(self.reservations.usage[target].free_gpus()[: len(p.gpus)]),
                 f"relieve {source} (load {before:.2f} ≥ {self.cfg.low:.2f}): move {p.task} to "
                 f"{target} (load {self.load[target]:.2f} → "
                 f"{self.load[target] + self._gain(p.task, source, target):.2f})",
@@ -375,8 +378,8 @@ class _Round:
     def _candidates(self, source: str) -> list[Placement]:
         """Movable rollout actors on `source` not in cooldown, largest load share first."""
         tasks = [
-            self.ledger.where[t]
-            for t in self.ledger.usage[source].tasks
+            self.reservations.where[t]
+            for t in self.reservations.usage[source].tasks
             if t not in self.moved and t not in self.task_cool
         ]
         movable = [p for p in tasks if p.kind == "rollout" and p.movable]

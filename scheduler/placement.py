@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shoal.scheduler.errors import PlacementRefused, TopologyError
-from shoal.scheduler.ledger import CPU_EPSILON, Ledger, NodeUsage
 from shoal.scheduler.model import (
     LearnerGroup,
     Node,
@@ -25,6 +24,7 @@ from shoal.scheduler.model import (
     Refusal,
     RolloutActor,
 )
+from shoal.scheduler.reservations import CPU_EPSILON, NodeUsage, Reservations
 from shoal.scheduler.topology import Topology
 
 
@@ -35,21 +35,21 @@ def place(
     actors: Sequence[RolloutActor] = (),
 ) -> PlacementPlan:
     """Plan new placements around `existing` ones; the largest groups are placed first."""
-    ledger = Ledger(topology, existing)
-    _check_names(ledger, groups, actors)
+    reservations = Reservations(topology, existing)
+    _check_names(reservations, groups, actors)
     shape = _Shape.of(topology)
     placements: list[Placement] = []
     refused: list[Refusal] = []
     for group in sorted(groups, key=lambda g: (-g.total_gpus, -g.ranks, g.name)):
         try:
-            ranks = _place_group(ledger, shape, group)
+            ranks = _place_group(reservations, shape, group)
         except PlacementRefused as exc:
             refused.append(Refusal(exc.task, exc.reason))
             continue
         for p in ranks:
-            ledger.add(p)
+            reservations.add(p)
         placements.extend(ranks)
-    spread, unplaced = _spread_actors(ledger, actors)
+    spread, unplaced = _spread_actors(reservations, actors)
     placements.extend(spread)
     refused.extend(unplaced)
     return PlacementPlan(tuple(placements), tuple(refused))
@@ -59,30 +59,30 @@ def place_group(
     topology: Topology, existing: Sequence[Placement], group: LearnerGroup
 ) -> tuple[Placement, ...]:
     """One group's rank placements, or `PlacementRefused` saying why not."""
-    ledger = Ledger(topology, existing)
-    _check_names(ledger, [group], [])
-    return GangPlacer(topology, ledger).place(group)
+    reservations = Reservations(topology, existing)
+    _check_names(reservations, [group], [])
+    return GangPlacer(topology, reservations).place(group)
 
 
 class GangPlacer:
-    """Gang placement, group after group, on a ledger the caller keeps current between calls
-    (the balancer moving several groups in one round), so neither the ledger nor the
-    cluster's islands and domains are rebuilt per group. It reads the ledger, never changes it."""
+    """Gang placement, group after group, on reservations the caller keeps current between calls
+    (the balancer moving several groups in one round), so neither the reservations nor the
+    cluster's islands and domains are rebuilt per group. It reads the reservations, never changes them."""
 
-    def __init__(self, topology: Topology, ledger: Ledger) -> None:
-        self.ledger = ledger
+    def __init__(self, topology: Topology, reservations: Reservations) -> None:
+        self.reservations = reservations
         self._shape = _Shape.of(topology)
 
     def place(self, group: LearnerGroup) -> tuple[Placement, ...]:
-        """`group`'s rank placements on the ledger as it is now, or `PlacementRefused`."""
-        return tuple(_place_group(self.ledger, self._shape, group))
+        """`group`'s rank placements on the reservations as it is now, or `PlacementRefused`."""
+        return tuple(_place_group(self.reservations, self._shape, group))
 
 
 def _check_names(
-    ledger: Ledger, groups: Sequence[LearnerGroup], actors: Sequence[RolloutActor]
+    reservations: Reservations, groups: Sequence[LearnerGroup], actors: Sequence[RolloutActor]
 ) -> None:
     names = [g.rank_task(r) for g in groups for r in range(g.ranks)] + [a.name for a in actors]
-    seen = set(ledger.where)
+    seen = set(reservations.where)
     for name in names:
         if name in seen:
             raise TopologyError(f"task {name!r} is requested twice or is already placed")
@@ -125,44 +125,48 @@ class _Shape:
         )
 
 
-def _place_group(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> list[Placement]:
+def _place_group(reservations: Reservations, shape: _Shape, group: LearnerGroup) -> list[Placement]:
     if group.gpus_per_rank:
-        fits = _fitting(ledger, group, shape.islands)
+        fits = _fitting(reservations, group, shape.islands)
         if fits is not None:
             nodes, label = fits
-            return _assign(ledger, group, nodes, label)
-    fits_domain = _fitting(ledger, group, shape.domains)
+            return _assign(reservations, group, nodes, label)
+    fits_domain = _fitting(reservations, group, shape.domains)
     if fits_domain is not None:
         nodes, _ = fits_domain
-        return _assign(ledger, group, nodes, None)
-    raise PlacementRefused(group.name, _refusal(ledger, shape, group))
+        return _assign(reservations, group, nodes, None)
+    raise PlacementRefused(group.name, _refusal(reservations, shape, group))
 
 
 def _fitting(
-    ledger: Ledger, group: LearnerGroup, candidates: dict[str, tuple[list[str], str | None]]
+    reservations: Reservations,
+    group: LearnerGroup,
+    candidates: dict[str, tuple[list[str], str | None]],
 ) -> tuple[list[str], str | None] | None:
     """Best fit: of the candidates with room for every rank, the one with the fewest free GPUs
     (ties by label). Candidates with too few free GPUs in total are skipped unexamined."""
     order = []
     for key, (_, island) in candidates.items():
-        free = ledger.free_in_domain[key] if island is None else ledger.free_in_island[key]
+        free = (
+            reservations.free_in_domain[key] if island is None else reservations.free_in_island[key]
+        )
         if free >= group.total_gpus:
             order.append((free, key))
     for _, key in sorted(order):
         nodes, island = candidates[key]
-        if sum(_rank_slots(ledger.usage[n], group, island) for n in nodes) >= group.ranks:
+        if sum(_rank_slots(reservations.usage[n], group, island) for n in nodes) >= group.ranks:
             return candidates[key]
     return None
 
 
 def _assign(
-    ledger: Ledger, group: LearnerGroup, nodes: list[str], island: str | None
+    reservations: Reservations, group: LearnerGroup, nodes: list[str], island: str | None
 ) -> list[Placement]:
     """Pack ranks onto the nodes with most room first, so a gang spans as few nodes as it can."""
-    ranked = sorted(nodes, key=lambda n: (-_rank_slots(ledger.usage[n], group, island), n))
+    ranked = sorted(nodes, key=lambda n: (-_rank_slots(reservations.usage[n], group, island), n))
     out: list[Placement] = []
     for name in ranked:
-        usage = ledger.usage[name]
+        usage = reservations.usage[name]
         take = min(_rank_slots(usage, group, island), group.ranks - len(out))
         free = usage.free_gpus(island)
         for k in range(take):
@@ -184,7 +188,7 @@ def _assign(
     return out
 
 
-def _refusal(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> str:
+def _refusal(reservations: Reservations, shape: _Shape, group: LearnerGroup) -> str:
     need = (
         f"learner group {group.name!r} needs {group.total_gpus} GPUs "
         f"({group.ranks} ranks × {group.gpus_per_rank}, {group.cpus_per_rank:g} CPUs and "
@@ -192,20 +196,20 @@ def _refusal(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> str:
     )
     parts = [need + (" on one NVLink island" if group.gpus_per_rank else " in one RDMA domain")]
     if group.gpus_per_rank:
-        free_by_island = ledger.free_in_island
+        free_by_island = reservations.free_in_island
         if free_by_island:
             label = max(sorted(free_by_island), key=lambda k: free_by_island[k])
             parts.append(f"largest free island has {free_by_island[label]} ({label})")
         else:
             parts.append("the cluster has no GPUs")
     by_domain = {
-        d: sum(_rank_slots(ledger.usage[n], group, None) for n in nodes)
+        d: sum(_rank_slots(reservations.usage[n], group, None) for n in nodes)
         for d, (nodes, _) in shape.domains.items()
     }
     if by_domain:
         d = max(sorted(by_domain), key=lambda k: by_domain[k])
         parts.append(f"one RDMA domain fits at most {by_domain[d]} of {group.ranks} ranks ({d})")
-    never = _never_fits(ledger, shape, group)
+    never = _never_fits(reservations, shape, group)
     if never:
         parts += [never, "ask for fewer GPUs (ranks × GPUs per rank) or add larger nodes"]
     else:
@@ -213,10 +217,10 @@ def _refusal(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> str:
     return "; ".join(parts)
 
 
-def _never_fits(ledger: Ledger, shape: _Shape, group: LearnerGroup) -> str:
+def _never_fits(reservations: Reservations, shape: _Shape, group: LearnerGroup) -> str:
     """Why no RDMA domain could hold `group` even with every live node empty (what it asks
     for exceeds the hardware, so waiting will not help), else ''."""
-    nodes = [u.node for u in ledger.usage.values() if u.node.state != "dead"]
+    nodes = [u.node for u in reservations.usage.values() if u.node.state != "dead"]
     slots = {n.name: _empty_slots(n, group) for n in nodes}
     if any(
         sum(slots.get(n, 0) for n in names) >= group.ranks for names, _ in shape.domains.values()
@@ -248,9 +252,11 @@ def _empty_slots(node: Node, group: LearnerGroup) -> int:
 
 
 def _spread_actors(
-    ledger: Ledger, actors: Sequence[RolloutActor]
+    reservations: Reservations, actors: Sequence[RolloutActor]
 ) -> tuple[list[Placement], list[Refusal]]:
-    heap = [(u.reserved_load(), name) for name, u in ledger.usage.items() if u.node.schedulable]
+    heap = [
+        (u.reserved_load(), name) for name, u in reservations.usage.items() if u.node.schedulable
+    ]
     heapq.heapify(heap)
     placed: list[Placement] = []
     refused: list[Refusal] = []
@@ -259,7 +265,7 @@ def _spread_actors(
         chosen: NodeUsage | None = None
         while heap:
             load, name = heapq.heappop(heap)
-            usage = ledger.usage[name]
+            usage = reservations.usage[name]
             if usage.fits(actor.cpus, actor.memory_mb) and usage.free_gpu_count >= actor.gpus:
                 chosen = usage
                 break
@@ -267,7 +273,7 @@ def _spread_actors(
         for item in skipped:
             heapq.heappush(heap, item)
         if chosen is None:
-            refused.append(Refusal(actor.name, _actor_refusal(ledger, actor)))
+            refused.append(Refusal(actor.name, _actor_refusal(reservations, actor)))
             continue
         p = Placement(
             task=actor.name,
@@ -278,14 +284,14 @@ def _spread_actors(
             memory_mb=actor.memory_mb,
             movable=actor.movable,
         )
-        ledger.add(p)
+        reservations.add(p)
         placed.append(p)
         heapq.heappush(heap, (chosen.reserved_load(), chosen.node.name))
     return placed, refused
 
 
-def _actor_refusal(ledger: Ledger, actor: RolloutActor) -> str:
-    ready = [u for u in ledger.usage.values() if u.node.schedulable]
+def _actor_refusal(reservations: Reservations, actor: RolloutActor) -> str:
+    ready = [u for u in reservations.usage.values() if u.node.schedulable]
     if not ready:
         return f"rollout actor {actor.name!r}: no ready node (all cordoned, draining or dead)"
     cpus = max(u.free_cpus for u in ready)

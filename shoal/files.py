@@ -12,7 +12,7 @@ fsynced, together with its directory. That costs a disk flush per write, so only
 loss would be wrong after a reboot pay it, and every caller says which it wants (`durable`):
 
 * durable: a checkpoint's trainer state and its manifest (the manifest is the commit point a
-  restart trusts), the pipeline's manifest of finished stages, a node's fault ledger (so a
+  restart trusts), the pipeline's manifest of finished stages, a node's fault outcomes (so a
   fault it executed is not executed again), a node's id (its identity in the cluster).
 * not durable: status, address, progress and ledger snapshots rewritten every few seconds,
   the task/node exchange files, a chaos clock offset, a simulated GPU's state, caches. They are

@@ -5,7 +5,7 @@ shoal/agent.py).
 
 The data directory holds the node's stable id (`node-id`), a lock so two daemons never share
 it, `node.json` (pid, id, transport address: what tools and tests read), the simulated GPUs'
-state (`simgpu.json`, so chaos can raise an XID on a running node), the ledger of the chaos
+state (`simgpu.json`, so chaos can raise an XID on a running node), the outcomes of the chaos
 faults it executed (`chaos-faults.json`, shoal/node_faults.py) and `tasks/` (one log per child
 process task). SIGTERM or SIGINT drains the node and exits 0.
 """

@@ -2,8 +2,8 @@
 report its outcome to the coordinator.
 
 Faults arrive in heartbeat replies (every fault still `requested` for this node). Each outcome
-is written to a ledger in the data directory, a node-kill's before the daemon kills itself, so
-a node that comes back never executes a fault again; it only re-sends the outcome the ledger
+is written to an outcome file in the data directory, a node-kill's before the daemon kills itself, so
+a node that comes back never executes a fault again; it only re-sends the outcome it recorded
 holds, in case the first report was lost with the process. (A task fault interrupted by the
 node's death needs no entry: its task died with the node, and a retry finds nothing to fault.)
 Event-loop only.
@@ -30,8 +30,8 @@ from shoal.tasks import ActorTask, ProcessTask
 
 log = logging.getLogger("shoal.node")
 
-LEDGER_FILE = "chaos-faults.json"
-MAX_LEDGER = 1000
+OUTCOMES_FILE = "chaos-faults.json"
+MAX_OUTCOMES = 1000
 REPORT_TRIES = 5
 KILL_REPORT_TIMEOUT_S = 1.0
 
@@ -39,7 +39,7 @@ RunningTask = ActorTask | ProcessTask
 Outcome = tuple[str, str]
 
 
-class FaultLedger:
+class FaultOutcomes:
     """fault id -> (state, message) of every fault this node executed, oldest first, kept in
     a JSON file (written beside, then renamed). A missing or unreadable file starts empty:
     the only risk is executing again a fault older than the file, which the coordinator no
@@ -54,7 +54,7 @@ class FaultLedger:
 
     def record(self, fault_id: str, state: str, message: str) -> None:
         self.entries[fault_id] = (state, message)
-        while len(self.entries) > MAX_LEDGER:
+        while len(self.entries) > MAX_OUTCOMES:
             del self.entries[next(iter(self.entries))]
         entries = {k: list(v) for k, v in self.entries.items()}
         write_atomically(self.path, json.dumps(entries), durable=True)
@@ -66,7 +66,7 @@ def _load(path: Path) -> dict[str, Outcome]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        log.warning("chaos fault ledger %s is unreadable (%s); starting a new one", path, exc)
+        log.warning("chaos fault outcomes %s are unreadable (%s); starting a new one", path, exc)
         return {}
     if not isinstance(data, dict):
         return {}
@@ -104,9 +104,9 @@ class FaultOrder:
         )
 
 
-def to_execute(orders: Sequence[FaultOrder], ledger: FaultLedger, busy: set[str]) -> list[str]:
-    """Which listed faults to execute now: never one in the ledger or one in progress."""
-    return [o.id for o in orders if o.id not in ledger and o.id not in busy]
+def to_execute(orders: Sequence[FaultOrder], outcomes: FaultOutcomes, busy: set[str]) -> list[str]:
+    """Which listed faults to execute now: never one with an outcome or one in progress."""
+    return [o.id for o in orders if o.id not in outcomes and o.id not in busy]
 
 
 class NodeFaults:
@@ -124,7 +124,7 @@ class NodeFaults:
     ) -> None:
         self.node_id = node_id
         self.client = client
-        self.ledger = FaultLedger(data_dir / LEDGER_FILE)
+        self.outcomes = FaultOutcomes(data_dir / OUTCOMES_FILE)
         self.sim_gpu_state = sim_gpu_state
         self.clock_file = clock_file
         """The offset file of the node's chaos clock hook, when it runs with one."""
@@ -136,19 +136,19 @@ class NodeFaults:
     def offer(
         self, records: Sequence[Mapping[str, Any]], running: Mapping[str, RunningTask]
     ) -> None:
-        """Start every new fault in `records`; re-send the ledger's outcome of the known ones
+        """Start every new fault in `records`; re-send the recorded outcome of the known ones
         (the coordinator still lists them, so their report did not arrive)."""
         try:
             orders = [FaultOrder.from_record(r) for r in records]
         except (KeyError, TypeError, ValueError) as exc:
             log.error("a heartbeat reply with malformed faults (%r): %s", exc, records)
             return
-        fresh = set(to_execute(orders, self.ledger, self._busy))
+        fresh = set(to_execute(orders, self.outcomes, self._busy))
         for order in orders:
             if order.id in fresh:
                 self._spawn(self._execute(order, running.get(order.target)), order.id)
-            elif order.id in self.ledger and order.id not in self._busy:
-                state, message = self.ledger.entries[order.id]
+            elif order.id in self.outcomes and order.id not in self._busy:
+                state, message = self.outcomes.entries[order.id]
                 self._spawn(self._report(order.id, state, message), order.id)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], fault_id: str) -> None:
@@ -192,7 +192,7 @@ class NodeFaults:
 
     async def _node_kill(self, order: FaultOrder) -> None:
         message = f"node {self.node_id} (daemon pid {os.getpid()}) SIGKILLed itself"
-        self.ledger.record(order.id, "injected", message)
+        self.outcomes.record(order.id, "injected", message)
         with contextlib.suppress(RaftError, TimeoutError):
             await asyncio.wait_for(
                 self.client.report_fault(order.id, "injected", message), KILL_REPORT_TIMEOUT_S
@@ -262,7 +262,7 @@ class NodeFaults:
     # -- outcomes ----------------------------------------------------------------------------
 
     async def _outcome(self, fault_id: str, state: str, message: str) -> None:
-        self.ledger.record(fault_id, state, message)
+        self.outcomes.record(fault_id, state, message)
         log.warning("chaos: fault %s %s: %s", fault_id, state, message)
         await self._report(fault_id, state, message)
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shoal.raft.commands import make_command, validate_args
 from shoal.raft.errors import ValidationError
-from shoal.raft.fault_ledger import FAULT_STATES, MAX_FAULTS
+from shoal.raft.fault_records import FAULT_STATES, MAX_FAULTS
 from shoal.raft.machine import StateMachine
 
 from .strategies import any_command, args_by_op, stamps

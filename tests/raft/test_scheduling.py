@@ -15,7 +15,7 @@ from shoal.raft.machine import StateMachine
 from shoal.raft.model import LEARNER_KIND
 from shoal.raft.scheduling_decide import Memory, Round, decide
 from shoal.raft.scheduling_inputs import ACTIVE, read_inputs
-from shoal.scheduler.ledger import Ledger
+from shoal.scheduler.reservations import Reservations
 from shoal.scheduler.signals import BalancerConfig
 
 GIB = 1 << 30
@@ -166,7 +166,7 @@ def test_every_active_task_is_placed_or_pending_exactly_once(nodes: Any, tasks: 
     assert all(p.node not in dead for p in inputs.placements)
     for t in inputs.pending + inputs.held:
         assert m.tasks[t].node in dead or m.tasks[t].node is None
-    Ledger(inputs.topology, inputs.placements)  # nothing over-committed, no GPU twice
+    Reservations(inputs.topology, inputs.placements)  # nothing over-committed, no GPU twice
 
 
 @settings(max_examples=40, deadline=None)
@@ -190,7 +190,7 @@ def test_a_round_places_each_pending_task_once_and_loses_none(nodes: Any, tasks:
         assert moved == (1 if task_id in restarted or placed else 0)
     said = {e["fields"]["task"] for e in events if e["kind"] in ("placement", "replace", "refused")}
     assert said == set(inputs.pending) - restarted - gave_up
-    Ledger(after.topology, after.placements)
+    Reservations(after.topology, after.placements)
 
 
 # -- placement ---------------------------------------------------------------------------------

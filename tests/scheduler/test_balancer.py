@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from shoal.errors import ConfigError
 from shoal.scheduler.balancer import BalancerConfig, balance
 from shoal.scheduler.errors import SchedulerError
-from shoal.scheduler.ledger import Ledger
 from shoal.scheduler.model import (
     BalancePlan,
     BalancerState,
@@ -21,6 +20,7 @@ from shoal.scheduler.model import (
     RolloutActor,
 )
 from shoal.scheduler.placement import place
+from shoal.scheduler.reservations import Reservations
 from shoal.scheduler.topology import Topology, simulated_cluster
 
 COOLDOWN = 60.0
@@ -48,13 +48,13 @@ def clusters(
         for node in topo.nodes:
             if draw(st.integers(0, 5)) == 0:
                 topo = topo.with_state(node.name, "draining")
-    ledger = Ledger(topo)
+    reservations = Reservations(topo)
     if faults and topo.nodes[0].gpus:
-        ledger.add(Placement("g/rank0", "node-0", "learner", gpus=(0,), cpus=1.0, group="g"))
+        reservations.add(Placement("g/rank0", "node-0", "learner", gpus=(0,), cpus=1.0, group="g"))
     for i in range(draw(st.integers(0, 30))):
         node = topo.nodes[draw(st.integers(0, count - 1))]
         cpus = draw(st.sampled_from([0.5, 1.0, 2.0]))
-        gpus = tuple(ledger.usage[node.name].free_gpus()[: draw(st.integers(0, 1))])
+        gpus = tuple(reservations.usage[node.name].free_gpus()[: draw(st.integers(0, 1))])
         p = Placement(
             f"a{i}",
             node.name,
@@ -64,11 +64,11 @@ def clusters(
             memory_mb=256,
             movable=draw(st.booleans()) or i % 3 != 0,
         )
-        if ledger.usage[node.name].fits(p.cpus, p.memory_mb):
-            ledger.add(p)
+        if reservations.usage[node.name].fits(p.cpus, p.memory_mb):
+            reservations.add(p)
     xids = st.sampled_from([0, 0, 0, 1]) if faults else st.just(0)
     health = [NodeHealth(n.name, cpu=draw(LOADS), xid_errors=draw(xids)) for n in topo.nodes]
-    return topo, tuple(ledger.where.values()), health
+    return topo, tuple(reservations.where.values()), health
 
 
 @st.composite
@@ -121,7 +121,7 @@ def test_plan_keeps_every_task_once_and_never_overcommits(data, faults, at_check
     ckpt = frozenset({"g"}) if at_checkpoint else frozenset()
     plan = balance(topo, placements, health, state, 1000.0, checkpoint_groups=ckpt)
     after = apply(placements, plan)
-    Ledger(topo, after)  # refuses over-commit, unknown GPUs and duplicates
+    Reservations(topo, after)  # refuses over-commit, unknown GPUs and duplicates
     assert sorted(p.task for p in after) == sorted(p.task for p in placements)
     tasks = [m.task for m in plan.migrations]
     assert len(tasks) == len(set(tasks))

@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.scheduler.balancer import balance
-from shoal.scheduler.ledger import Ledger
 from shoal.scheduler.model import (
     BalancePlan,
     BalancerState,
@@ -18,6 +17,7 @@ from shoal.scheduler.model import (
     RolloutActor,
 )
 from shoal.scheduler.placement import place
+from shoal.scheduler.reservations import Reservations
 from shoal.scheduler.topology import Topology, simulated_cluster
 
 LOADS = st.sampled_from([0.0, 0.1, 0.4, 0.7, 0.9, 1.2])
@@ -60,7 +60,7 @@ def test_group_moves_to_one_node_where_per_rank_load_would_split_it():
     assert all(
         "learner group 'g' moves as one to NVLink island n3/nvl" in m.reason for m in out.migrations
     )
-    Ledger(topo, apply(placements, out))
+    Reservations(topo, apply(placements, out))
 
 
 def test_group_no_receiver_can_hold_is_stuck_and_nothing_of_it_moves():
@@ -189,7 +189,7 @@ def test_groups_move_whole_within_one_domain_and_one_island_when_one_has_room(ca
     topo, placements, health, ckpt = case
     plan = balance(topo, placements, health, BalancerState(), 0.0, checkpoint_groups=ckpt)
     after = apply(placements, plan)
-    Ledger(topo, after)
+    Reservations(topo, after)
     faulty = {h.node for h in health if h.xid_errors}
     receivers = {n.name for n in topo.nodes if n.state == "ready"} - faulty
     moved = {m.task for m in plan.migrations}

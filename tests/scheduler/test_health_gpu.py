@@ -179,16 +179,16 @@ def test_a_burst_between_two_collections_is_counted_in_full(sim_collector):
     )
 )
 def test_the_ledger_hands_out_every_xid_once_and_its_totals_only_grow(steps) -> None:
-    ledger = XidLedger()
+    reservations = XidLedger()
     raised: dict[int, list[int]] = {}
     handed: dict[int, list[int]] = {}
     before = {g: 0 for g in range(4)}
     for kind, gpu, code in [*steps, ("take", 0, 0)]:
         if kind == "xid":
-            ledger.record(gpu, code)
+            reservations.record(gpu, code)
             raised.setdefault(gpu, []).append(code)
             continue
-        for g, count in ledger.take(list(range(4))).items():
+        for g, count in reservations.take(list(range(4))).items():
             handed.setdefault(g, []).extend(count.new)
             assert count.total >= before[g]
             assert count.total - before[g] == len(count.new)

@@ -7,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.scheduler.errors import PlacementRefused, TopologyError
-from shoal.scheduler.ledger import Ledger
 from shoal.scheduler.model import (
     Gpu,
     LearnerGroup,
@@ -16,6 +15,7 @@ from shoal.scheduler.model import (
     RolloutActor,
 )
 from shoal.scheduler.placement import place, place_group
+from shoal.scheduler.reservations import Reservations
 from shoal.scheduler.topology import Topology, simulated_cluster
 
 # --- strategies ------------------------------------------------------------------------------
@@ -76,14 +76,14 @@ def requested(gs: list[LearnerGroup], acts: list[RolloutActor]) -> list[str]:
     return [g.rank_task(r) for g in gs for r in range(g.ranks)] + [a.name for a in acts]
 
 
-def island_fits(ledger: Ledger, topo: Topology, group: LearnerGroup) -> bool:
+def island_fits(reservations: Reservations, topo: Topology, group: LearnerGroup) -> bool:
     """Brute force, independent of placement.py: some island has room for every rank."""
     if group.gpus_per_rank == 0:
         return False
     for label in topo.islands():
         slots = 0
         for node in topo.nodes:
-            u = ledger.usage[node.name]
+            u = reservations.usage[node.name]
             if node.state != "ready":
                 continue
             free = [g for g in node.gpus if g.island == label and g.index not in u.gpus]
@@ -98,11 +98,11 @@ def island_fits(ledger: Ledger, topo: Topology, group: LearnerGroup) -> bool:
     return False
 
 
-def domain_fits(ledger: Ledger, topo: Topology, group: LearnerGroup) -> bool:
+def domain_fits(reservations: Reservations, topo: Topology, group: LearnerGroup) -> bool:
     for names in topo.domains().values():
         slots = 0
         for name in names:
-            u = ledger.usage[name]
+            u = reservations.usage[name]
             if u.node.state != "ready":
                 continue
             k = group.ranks
@@ -126,15 +126,15 @@ def domain_fits(ledger: Ledger, topo: Topology, group: LearnerGroup) -> bool:
 def test_plan_never_overcommits_and_loses_nothing(scene, gs, acts):
     topo, existing = scene
     plan = place(topo, existing, gs, acts)
-    # Ledger.add refuses any over-commit, unknown GPU or duplicate task.
-    ledger = Ledger(topo, existing + plan.placements)
+    # Reservations.add refuses any over-commit, unknown GPU or duplicate task.
+    reservations = Reservations(topo, existing + plan.placements)
     for label in topo.islands():
-        assert ledger.free_in_island[label] == sum(
+        assert reservations.free_in_island[label] == sum(
             1
             for n in topo.nodes
             if n.state == "ready"
             for g in n.gpus
-            if g.island == label and g.index not in ledger.usage[n.name].gpus
+            if g.island == label and g.index not in reservations.usage[n.name].gpus
         )
     placed = [p.task for p in plan.placements]
     refused = [r.task for r in plan.refused]
@@ -156,8 +156,8 @@ def test_plan_never_overcommits_and_loses_nothing(scene, gs, acts):
 def test_group_on_one_island_when_one_fits_else_one_domain(scene, gs):
     topo, existing = scene
     group = gs[0]
-    ledger = Ledger(topo, existing)
-    if not domain_fits(ledger, topo, group):
+    reservations = Reservations(topo, existing)
+    if not domain_fits(reservations, topo, group):
         with pytest.raises(PlacementRefused, match=f"learner group '{group.name}' needs"):
             place_group(topo, existing, group)
         return
@@ -165,7 +165,7 @@ def test_group_on_one_island_when_one_fits_else_one_domain(scene, gs):
     assert len(ranks) == group.ranks
     assert all(len(p.gpus) == group.gpus_per_rank for p in ranks)
     by_name = topo.by_name()
-    if island_fits(ledger, topo, group):
+    if island_fits(reservations, topo, group):
         islands = {by_name[p.node].island_of(g) for p in ranks for g in p.gpus}
         assert len(islands) == 1
     assert len({by_name[p.node].domain for p in ranks}) == 1
@@ -176,18 +176,18 @@ def test_group_on_one_island_when_one_fits_else_one_domain(scene, gs):
 def test_each_actor_goes_to_the_least_loaded_node_that_fits(scene, acts):
     topo, existing = scene
     plan = place(topo, existing, (), acts)
-    ledger = Ledger(topo, existing)
+    reservations = Reservations(topo, existing)
     for p in plan.placements:
         actor = next(a for a in acts if a.name == p.task)
         fitting = [
             (u.reserved_load(), name)
-            for name, u in ledger.usage.items()
+            for name, u in reservations.usage.items()
             if u.node.state == "ready"
             and u.fits(actor.cpus, actor.memory_mb)
             and len(u.free_gpus()) >= actor.gpus
         ]
-        assert (ledger.usage[p.node].reserved_load(), p.node) == min(fitting)
-        ledger.add(p)
+        assert (reservations.usage[p.node].reserved_load(), p.node) == min(fitting)
+        reservations.add(p)
 
 
 @settings(max_examples=60, deadline=None)

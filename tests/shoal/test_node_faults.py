@@ -1,5 +1,5 @@
 """The node's fault executor against a real in-process coordinator with chaos enabled: each
-fault runs once, its outcome is kept in the ledger and reported; a node-kill whose report was
+fault runs once, its outcome is kept on disk and reported; a node-kill whose report was
 lost is not run again by the restarted node, which re-sends the outcome instead; gpu-xid goes
 through the simulated backend only."""
 
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.local import free_port
-from shoal.node_faults import MAX_LEDGER, FaultLedger, FaultOrder, NodeFaults, to_execute
+from shoal.node_faults import MAX_OUTCOMES, FaultOrder, FaultOutcomes, NodeFaults, to_execute
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.config import ChaosSection
 from shoal.scheduler.health.clock import OffsetClock
@@ -86,7 +86,7 @@ def test_a_node_kill_whose_report_was_lost_is_not_run_again(
     unreachable = f"http://127.0.0.1:{free_port()}"
     assert asyncio.run(run_offer(unreachable, tmp_path, [fault])) == ["died"]
     assert fault_state(replica, fault["id"])["state"] == "requested"
-    assert fault["id"] in FaultLedger(tmp_path / "chaos-faults.json")
+    assert fault["id"] in FaultOutcomes(tmp_path / "chaos-faults.json")
 
     # The node is back; the coordinator still lists the fault as requested.
     assert asyncio.run(run_offer(replica.url, tmp_path, [fault])) == []
@@ -158,21 +158,21 @@ def test_clock_skew_fails_on_a_node_without_the_clock_hook(
     assert "SHOAL_CHAOS_CLOCK_FILE" in done["message"]
 
 
-def test_the_ledger_survives_a_restart_and_keeps_the_newest(tmp_path: Path) -> None:
+def test_the_outcomes_survive_a_restart_and_keeps_the_newest(tmp_path: Path) -> None:
     path = tmp_path / "chaos-faults.json"
-    ledger = FaultLedger(path)
-    for i in range(MAX_LEDGER + 3):
-        ledger.record(f"f{i}", "injected", f"m{i}")
-    again = FaultLedger(path)
-    assert len(again.entries) == MAX_LEDGER
+    outcomes = FaultOutcomes(path)
+    for i in range(MAX_OUTCOMES + 3):
+        outcomes.record(f"f{i}", "injected", f"m{i}")
+    again = FaultOutcomes(path)
+    assert len(again.entries) == MAX_OUTCOMES
     assert "f2" not in again
-    assert again.entries[f"f{MAX_LEDGER + 2}"] == ("injected", f"m{MAX_LEDGER + 2}")
+    assert again.entries[f"f{MAX_OUTCOMES + 2}"] == ("injected", f"m{MAX_OUTCOMES + 2}")
 
 
-def test_an_unreadable_ledger_starts_empty(tmp_path: Path) -> None:
+def test_unreadable_outcomes_start_empty(tmp_path: Path) -> None:
     path = tmp_path / "chaos-faults.json"
     path.write_text("{half")
-    assert FaultLedger(path).entries == {}
+    assert FaultOutcomes(path).entries == {}
 
 
 ids = st.sampled_from([f"f{i}" for i in range(8)])
@@ -180,8 +180,8 @@ ids = st.sampled_from([f"f{i}" for i in range(8)])
 
 @given(st.lists(ids, unique=True), st.sets(ids), st.sets(ids))
 def test_nothing_executes_twice(listed: list[str], done: set[str], busy: set[str]) -> None:
-    ledger = FaultLedger(Path("/nonexistent/ledger.json"))
-    ledger.entries = {f: ("injected", "") for f in done}
+    outcomes = FaultOutcomes(Path("/nonexistent/outcomes.json"))
+    outcomes.entries = {f: ("injected", "") for f in done}
     orders = [FaultOrder(f, "node-kill", "n1", 0.0, 0, None, None) for f in listed]
-    chosen = to_execute(orders, ledger, busy)
+    chosen = to_execute(orders, outcomes, busy)
     assert chosen == [f for f in listed if f not in done and f not in busy]

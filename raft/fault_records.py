@@ -1,4 +1,4 @@
-"""The chaos fault ledger: the replicated record of faults asked for through the chaos API.
+"""The chaos fault records: the replicated record of faults asked for through the chaos API.
 
 Chaos is not part of running a cluster, so its bookkeeping lives here, not in the state machine:
 raft/machine.py dispatches the `inject_fault` and `report_fault` commands to this module, calls
@@ -29,7 +29,7 @@ _FAULT_ORDER = {"requested": 0, "injected": 1, "healed": 2, "failed": 2}
 
 
 class Cluster(Protocol):
-    """What the ledger reads and writes of the state machine: its records, the replicated fault
+    """What the fault records read and write of the state machine: its records, the replicated fault
     table, the node index and the event log."""
 
     nodes: dict[str, Node]

@@ -1,6 +1,6 @@
 """What is reserved where: the one place that checks a reservation fits before it is made.
 
-Placement and the balancer both work on a private `Ledger` built from the current placements,
+Placement and the balancer both work on a private `Reservations` built from the current placements,
 so neither mutates its input and neither can over-commit a node.
 """
 
@@ -65,7 +65,7 @@ class NodeUsage:
         return max(cpu, mem)
 
 
-class Ledger:
+class Reservations:
     """Reservations of every node; `add` refuses anything that would over-commit."""
 
     def __init__(self, topology: Topology, placements: Iterable[Placement] = ()) -> None:
