@@ -18,6 +18,7 @@ import pytest
 from shoal.chaos import invariants
 from shoal.chaos.scenario import INVARIANTS
 from shoal.local import LocalCluster, coordinator_specs
+from tests.support.chaos_report import chaos_failure
 
 pytestmark = [pytest.mark.slow]
 
@@ -50,7 +51,7 @@ def test_smoke_scenario_holds_every_invariant(tmp_path: Path) -> None:
         timeout=180,
     )  # fmt: skip
     try:
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        assert done.returncode == 0, chaos_failure(done)
         report = json.loads(done.stdout)
         assert report["ok"] is True
         shown = text.read_text()

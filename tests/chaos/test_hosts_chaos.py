@@ -19,6 +19,7 @@ from shoal import hosts
 from shoal.chaos import invariants
 from shoal.chaos.scenario import INVARIANTS
 from shoal.local import LocalCluster, coordinator_specs
+from tests.support.chaos_report import chaos_failure
 from tests.support.netns import netns_cluster, reach, skip_unless_hosts
 from tests.support.waiting import eventually
 
@@ -57,21 +58,6 @@ def namespaces(run_dir: Path) -> list[str]:
     return [line for line in listed.stdout.splitlines() if f"shoal-{tag}-" in line]
 
 
-def why_failed(done: subprocess.CompletedProcess[str]) -> str:
-    """The invariants that broke and each fault's outcome (the report's end is only the
-    training timeline), else the output's tails when there is no report."""
-    try:
-        report = json.loads(done.stdout)
-        broken = {k: v for k, v in report["invariants"].items() if not v["held"]}
-        faults = [
-            {k: f.get(k) for k in ("kind", "detail", "recovered", "progress_s", "unsupported")}
-            for f in report["faults"]
-        ]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return done.stdout[-4000:] + done.stderr[-4000:]
-    return json.dumps({"broken": broken, "faults": faults}, indent=1) + done.stderr[-2000:]
-
-
 def by_kind(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {f["kind"]: f for f in report["faults"]}
 
@@ -90,7 +76,7 @@ def test_the_hosts_scenario_holds_every_invariant_on_three_hosts(tmp_path: Path)
             "chaos", "run", "hosts", "--hosts", "3", "--json", "--run-dir", str(run_dir),
             timeout=PATIENT_S,
         )  # fmt: skip
-        assert done.returncode == 0, why_failed(done)
+        assert done.returncode == 0, chaos_failure(done)
         report = json.loads(done.stdout)
         assert report["ok"] is True
         assert set(report["invariants"]) == set(INVARIANTS)
@@ -158,7 +144,7 @@ def test_host_faults_without_hosts_are_reported_unsupported(tmp_path: Path) -> N
         )
     finally:
         clean_up(run_dir)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, chaos_failure(done)
     report = json.loads(done.stdout)
     cut, kill = report["faults"]
     assert "--hosts N" in cut["unsupported"]

@@ -16,6 +16,7 @@ from shoal.chaos.errors import ScenarioError
 from shoal.chaos.scenario import LINK_KINDS, parse
 from shoal.chaos.traffic import NetFaults
 from shoal.local import LocalCluster
+from tests.support.chaos_report import chaos_failure
 
 HEAD = """
 name = "links"
@@ -130,7 +131,7 @@ def test_a_training_job_rides_out_link_faults_through_the_relay(tmp_path: Path) 
     finally:
         if (run_dir / "cluster.json").exists():
             LocalCluster(run_dir).stop_all()
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, chaos_failure(done)
     report = json.loads(done.stdout)
     assert report["ok"] is True
     assert all(v["held"] for v in report["invariants"].values()), report["invariants"]

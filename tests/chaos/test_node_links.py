@@ -13,6 +13,7 @@ import pytest
 
 from shoal.chaos import invariants
 from shoal.local import LocalCluster
+from tests.support.chaos_report import chaos_failure
 
 pytestmark = [pytest.mark.slow]
 
@@ -73,7 +74,7 @@ def test_a_partitioned_node_is_declared_dead_and_comes_back(tmp_path: Path) -> N
     finally:
         if (run_dir / "cluster.json").exists():
             LocalCluster(run_dir).stop_all()
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, chaos_failure(done)
     report = json.loads(done.stdout)
     assert all(v["held"] for v in report["invariants"].values()), report["invariants"]
     faults = {f["kind"]: f for f in report["faults"]}
