@@ -89,7 +89,8 @@ class Checker:
                     "kind": r.kind,
                     "target": r.target,
                     "progress_s": r.progress_s,
-                    "bound_s": r.bound_s,
+                    "bound_s": r.bound_s if r.held_to_s is None else r.held_to_s,
+                    "masked_by": r.masked_by,
                 }
                 for r in self.seen.injected()
             ]
@@ -110,9 +111,8 @@ class Checker:
                     if record.progress_s is None or probe is None
                     else max(probe, record.progress_s)
                 )
-                record.recovered = (
-                    record.recovery_s is not None and record.recovery_s <= record.bound_s
-                )
+                bound = record.bound_s if record.held_to_s is None else record.held_to_s
+                record.recovered = record.recovery_s is not None and record.recovery_s <= bound
 
     async def check_cluster(self) -> dict[str, invariants.Verdict]:
         wanted = self.harness.scenario.invariants

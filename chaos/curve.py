@@ -57,6 +57,50 @@ def progressed_at(
     return None
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """One injected fault as the masking rule sees it: when it came (s into the run), its own
+    bound (s from injection), when training progressed again (s from injection; None: never),
+    and whether it restarts the learner group."""
+
+    injected_at: float
+    bound_s: float
+    progress_s: float | None
+    restarts_group: bool
+
+
+def held_to(recoveries: Sequence[Recovery]) -> list[tuple[int | None, float]]:
+    """Per fault: the later fault that masked its recovery (its index, or None) and the bound
+    it is held to (s from its injection).
+
+    A fault whose recovery is interrupted — a later fault restarts the learner group before
+    training progressed again — cannot be timed apart from that fault: the new group starts
+    from scratch. It is then held to the masking fault's deadline (injection + bound) if that
+    is later than its own, and so on along the chain, so the last fault of a chain is always
+    held to its own bound and a scenario cannot pass without training recovering at its end."""
+    order = sorted(range(len(recoveries)), key=lambda i: recoveries[i].injected_at)
+    result: list[tuple[int | None, float]] = [(None, r.bound_s) for r in recoveries]
+    deadline = {i: recoveries[i].injected_at + recoveries[i].bound_s for i in order}
+    for pos in reversed(range(len(order))):
+        i = order[pos]
+        mine = recoveries[i]
+        back = None if mine.progress_s is None else mine.injected_at + mine.progress_s
+        masker = next(
+            (
+                j
+                for j in order[pos + 1 :]
+                if recoveries[j].restarts_group
+                and recoveries[j].injected_at > mine.injected_at
+                and (back is None or recoveries[j].injected_at < back)
+            ),
+            None,
+        )
+        if masker is not None:
+            deadline[i] = max(deadline[i], deadline[masker])
+        result[i] = (masker, round(deadline[i] - mine.injected_at, 3))
+    return result
+
+
 def incarnation_at(samples: Sequence[Sample], t: float) -> str | None:
     """The incarnation of the newest sample taken at or before `t`."""
     earlier = [s for s in samples if s.t <= t]

@@ -336,7 +336,9 @@ def restarts_resumed(events: Sequence[dict[str, Any]], restarted: bool) -> Verdi
 
 def training_progress(faults: Sequence[dict[str, Any]]) -> Verdict:
     """After every fault the job trained again (policy version and env steps rose) within
-    that fault's bound; each fault gives `progress_s` (None: never) and `bound_s`."""
+    that fault's bound; each fault gives `progress_s` (None: never), `bound_s` and, when a
+    later group restart interrupted its recovery, `masked_by` (its bound is then that fault's
+    deadline: chaos/curve.py `held_to`)."""
     late = [
         f"{f['kind']} {f['target']} ({f['progress_s']} s > {f['bound_s']:g} s)"
         if f["progress_s"] is not None
@@ -347,6 +349,9 @@ def training_progress(faults: Sequence[dict[str, Any]]) -> Verdict:
     if late:
         return Verdict(False, f"training did not progress again in time after: {late}")
     slowest = max((float(f["progress_s"]) for f in faults), default=0.0)
+    masked = [f"{f['kind']} {f['target']}" for f in faults if f.get("masked_by")]
+    also = f"; masked by a later group restart: {masked}" if masked else ""
     return Verdict(
-        True, f"training progressed after each of {len(faults)} faults, slowest {slowest:.2f} s"
+        True,
+        f"training progressed after each of {len(faults)} faults, slowest {slowest:.2f} s{also}",
     )

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shoal.chaos.curve import Sample, incarnation_at, progressed_at, thin
+from shoal.chaos.curve import Recovery, Sample, held_to, incarnation_at, progressed_at, thin
 from shoal.chaos.errors import FaultError
 from shoal.chaos.faults import WriterFileLimit
 from shoal.chaos.job_process import ClusterJob
@@ -136,6 +136,7 @@ class JobFaults:
             after = record.healed_at if record.healed_at is not None else record.injected_at
             at = progressed_at(self.samples, after, old)
             record.progress_s = None if at is None else round(at - record.injected_at, 3)
+        hold(records, restarts_group)
 
     def section(self) -> dict[str, Any]:
         """The report's `training` section: the job and its thinned curve."""
@@ -216,3 +217,16 @@ class JobFaults:
     async def disk_freed(self, spec: FaultSpec) -> str:
         fault = self._limits.pop(id(spec), None)
         return "nothing to heal" if fault is None else await asyncio.to_thread(fault.heal)
+
+
+def hold(records: Sequence[FaultRecord], restarts_group: Callable[[int], bool]) -> None:
+    """Each injected fault's `masked_by` and `held_to_s` (chaos/curve.py `held_to`)."""
+    injected = [(i, r) for i, r in enumerate(records) if r.injected_at is not None]
+    recoveries = [
+        Recovery(float(r.injected_at or 0.0), r.bound_s, r.progress_s, restarts_group(i))
+        for i, r in injected
+    ]
+    for (_, record), (masker, bound) in zip(injected, held_to(recoveries), strict=True):
+        masking = None if masker is None else injected[masker][1]
+        record.masked_by = None if masking is None else f"{masking.kind} {masking.target}"
+        record.held_to_s = bound

@@ -24,6 +24,12 @@ class FaultRecord:
     """duration + recover_within_s: recovery (and training progress) must come within it."""
     progress_s: float | None = None
     """Seconds from injection until the training job progressed again after the heal."""
+    masked_by: str | None = None
+    """A later fault that restarted the learner group before training recovered from this
+    one ("kind target"): this one's recovery cannot be timed apart from it."""
+    held_to_s: float | None = None
+    """The bound training progress is held to, from injection: `bound_s`, or the masking
+    fault's deadline when that is later (chaos/curve.py `held_to`)."""
     liveness: dict[str, list[str]] = field(default_factory=dict)
     """Node faults: each faulted node's liveness as the leader gave it, in order."""
     tasks_elsewhere_s: float | None = None
@@ -75,6 +81,8 @@ def render_text(report: RunReport) -> str:
             took = f"UNSUPPORTED here: {f.unsupported}"
         at = "-" if f.injected_at is None else f"{f.injected_at:.1f}"
         trained = "" if f.progress_s is None else f"; training again after {f.progress_s:.2f} s"
+        if f.masked_by is not None:
+            trained += f" (masked by {f.masked_by})"
         moved = (
             ""
             if f.tasks_elsewhere_s is None

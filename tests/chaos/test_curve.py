@@ -9,7 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.chaos.curve import (
+    Recovery,
     Sample,
+    held_to,
     incarnation_at,
     mean_return,
     plot,
@@ -112,3 +114,63 @@ def test_plot_marks_faults_and_spans_the_values() -> None:
     assert all(col.count("*") == 1 for col in columns)
     assert plot([], [1.0]) == ["(no training samples)"]
     assert plot(samples, [], "mean_return") == ["(no mean_return samples)"]
+
+
+def test_a_group_restart_before_training_recovered_masks_the_earlier_fault() -> None:
+    """The smoke scenario's chain: a leader kill whose recovery a learner kill interrupts, a
+    learner kill a node kill interrupts; the node kill recovers on its own."""
+    chain = [
+        Recovery(injected_at=2.0, bound_s=63.0, progress_s=58.8, restarts_group=False),
+        Recovery(injected_at=5.0, bound_s=60.0, progress_s=55.8, restarts_group=True),
+        Recovery(injected_at=16.0, bound_s=70.0, progress_s=44.8, restarts_group=True),
+        Recovery(injected_at=28.0, bound_s=62.0, progress_s=32.8, restarts_group=False),
+    ]
+    assert held_to(chain) == [(1, 84.0), (2, 81.0), (None, 70.0), (None, 62.0)]
+
+
+def test_a_fault_training_recovered_from_before_the_next_is_held_to_its_own_bound() -> None:
+    recovered_first = [
+        Recovery(injected_at=2.0, bound_s=10.0, progress_s=3.0, restarts_group=True),
+        Recovery(injected_at=8.0, bound_s=60.0, progress_s=50.0, restarts_group=True),
+    ]
+    assert held_to(recovered_first) == [(None, 10.0), (None, 60.0)]
+
+
+def test_a_fault_that_never_recovered_is_masked_only_by_a_later_group_restart() -> None:
+    never = [
+        Recovery(injected_at=1.0, bound_s=5.0, progress_s=None, restarts_group=False),
+        Recovery(injected_at=3.0, bound_s=5.0, progress_s=None, restarts_group=False),
+    ]
+    assert held_to(never) == [(None, 5.0), (None, 5.0)]
+
+
+recoveries = st.lists(
+    st.builds(
+        Recovery,
+        injected_at=st.floats(0.0, 100.0),
+        bound_s=st.floats(0.0, 100.0),
+        progress_s=st.none() | st.floats(0.0, 200.0),
+        restarts_group=st.booleans(),
+    ),
+    max_size=12,
+)
+
+
+@given(recoveries)
+def test_masking_only_extends_bounds_and_every_chain_ends_on_its_own(
+    faults: list[Recovery],
+) -> None:
+    held = held_to(faults)
+    assert len(held) == len(faults)
+    for fault, (masker, bound) in zip(faults, held, strict=True):
+        assert bound >= fault.bound_s - 1e-3
+        if masker is None:
+            assert bound == round(fault.bound_s, 3)
+            continue
+        later = faults[masker]
+        assert later.restarts_group
+        assert later.injected_at > fault.injected_at
+        if fault.progress_s is not None:
+            assert later.injected_at < fault.injected_at + fault.progress_s
+        chained = max(fault.injected_at + fault.bound_s, later.injected_at + held[masker][1])
+        assert abs(fault.injected_at + bound - chained) < 1e-2
