@@ -45,6 +45,18 @@ class StatusRefused(TrainError, ValueError):
     it and keeps the record it had."""
 
 
+def fresh_path(root: Path, label: str) -> Path:
+    """root/<UTC timestamp>-<label>[-n], never an existing directory; `label` (an environment
+    id, say) made safe for a file name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    base = root / f"{stamp}-{label.replace('/', '_').replace(':', '_')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Where each file of a run lives. Laid out by `shoal train` (job.json, checkpoints/,
@@ -57,13 +69,7 @@ class RunDir:
     @classmethod
     def create(cls, root: Path, env_id: str) -> RunDir:
         """A new runs/<UTC timestamp>-<env>[-n], laid out."""
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        base = root / f"{stamp}-{env_id.replace('/', '_').replace(':', '_')}"
-        path, n = base, 1
-        while path.exists():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-        return cls.lay_out(path)
+        return cls.lay_out(fresh_path(root, env_id))
 
     @classmethod
     def lay_out(cls, path: Path) -> RunDir:

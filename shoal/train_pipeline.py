@@ -18,6 +18,7 @@ from typing import Any
 
 from shoal.errors import ConfigError
 from shoal.learner.pipeline import PipelineConfig, run_pipeline
+from shoal.rundir import fresh_path
 
 STAGES = ("demonstrations", "pretrain", "ppo", "evaluation")
 # the metrics worth one line per stage; the rest stay in pipeline.json
@@ -68,13 +69,7 @@ def _pipeline_table(path: Path) -> dict[str, Any]:
 
 def default_run_dir(env_id: str, root: Path = Path("runs")) -> Path:
     """runs/<UTC timestamp>-pipeline-<env>[-n], never an existing directory."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = root / f"{stamp}-pipeline-{env_id.replace('/', '_').replace(':', '_')}"
-    run_dir, n = base, 1
-    while run_dir.exists():
-        n += 1
-        run_dir = base.with_name(f"{base.name}-{n}")
-    return run_dir
+    return fresh_path(root, f"pipeline-{env_id}")
 
 
 def _metric(metrics: Mapping[str, Any], dotted: str) -> Any:
