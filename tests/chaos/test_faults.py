@@ -35,6 +35,11 @@ from tests.support.waiting import eventually, eventually_async
 
 pytestmark = pytest.mark.timeout(60)
 
+RUN_TIME_LIMIT_S = 600
+"""A training child's own --time-limit: longer than any test here may run, so the test stops
+the run (SIGTERM, `stopped_by` interrupted), never the run's clock, which a loaded machine
+reaches first; it only bounds a child a dead test harness left behind."""
+
 
 def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -300,7 +305,7 @@ class Training:
             sys.executable, "-m", "shoal", "train", "cartpole", "--json", "--quiet", "--no-eval",
             "--run-dir", str(self.run_dir), "--ranks", "1", "--workers", "1",
             "--checkpoint-interval", "1", "--seed", "3", "--target-return", "1e9",
-            "--time-limit", "150",
+            "--time-limit", str(RUN_TIME_LIMIT_S),
         ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
 
