@@ -15,6 +15,7 @@ import base64
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -293,7 +294,9 @@ def test_a_screenshot_during_a_real_training_run_shows_its_curves(tmp_path: Path
     train: subprocess.Popen[bytes] | None = None
     try:
         subprocess.run(up, env=environ, check=True, timeout=120, stdout=subprocess.DEVNULL)
-        argv = _shoal("train", "cartpole", "--target-return", "1e9", "--time-limit", "40",
+        # No clock of its own that a loaded machine could reach before 8 metric points: the
+        # test stops the run (Ctrl-C, an orderly stop) once the screenshot is taken.
+        argv = _shoal("train", "cartpole", "--target-return", "1e9", "--time-limit", "600",
                       "--no-eval", "--quiet", "--run-dir", str(tmp_path / "train"))  # fmt: skip
         with open(tmp_path / "train.log", "wb") as log:
             train = subprocess.Popen(argv, env=environ, stdout=log, stderr=subprocess.STDOUT)
@@ -301,6 +304,7 @@ def test_a_screenshot_during_a_real_training_run_shows_its_curves(tmp_path: Path
         job_id = asyncio.run(_wait_job_metrics(local, points=8, timeout=150))
         png = asyncio.run(_screenshot_job(local, job_id, tmp_path))
         assert png.startswith(b"\x89PNG")
+        train.send_signal(signal.SIGINT)
         assert train.wait(timeout=180) in (0, 1), (tmp_path / "train.log").read_text()
     finally:
         if train is not None and train.poll() is None:
