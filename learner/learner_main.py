@@ -155,7 +155,32 @@ async def _group_batch(core: LearnerCore, stopping: asyncio.Event) -> list[Fragm
     return await core.intake.get(core.cfg.intake.fragments_per_update)
 
 
-async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
+class CheckpointEvents:
+    """Rank 0's `checkpoint` events, each written only once its checkpoint is complete
+    (manifest published): readers (`shoal train`, the chaos checks) take an event as "this
+    step can be resumed from". A save only starts an asynchronous write, completed by the time
+    the next save (or the final one) returns, so the event follows then."""
+
+    def __init__(self, core: LearnerCore) -> None:
+        self.core = core
+        self.reasons: dict[int, str] = {}
+        self.announced = -1
+
+    def started(self, step: int, reason: str) -> None:
+        self.reasons[step] = reason
+
+    def announce(self) -> None:
+        done = self.core.checkpoints.last_complete
+        if not self.core.group.is_leader or done is None or done.step <= self.announced:
+            return
+        self.announced = done.step
+        reason = self.reasons.get(done.step, "periodic")
+        self.reasons = {s: r for s, r in self.reasons.items() if s > done.step}
+        event = {"event": "checkpoint", "step": done.step, "reason": reason}
+        unless_disk_full("a checkpoint event", partial(append_event, self.core.run_dir, event))
+
+
+async def train(core: LearnerCore, stopping: asyncio.Event, events: CheckpointEvents) -> None:
     """The rank's training loop; returns after the update at which the group agreed to stop
     (or, in a group, before the update at which a rank had no batch when asked to stop)."""
     last_status = last_ledger = 0.0
@@ -173,10 +198,9 @@ async def train(core: LearnerCore, stopping: asyncio.Event) -> None:
             trained = await asyncio.to_thread(core.gather_trained)
             reason = "on demand" if core.checkpoint_requested else "periodic"
             core.checkpoint_requested = False
+            events.started(core.version, reason)
             await asyncio.to_thread(core.save_checkpoint, trained)
-            if core.group.is_leader:
-                event = {"event": "checkpoint", "step": core.version, "reason": reason}
-                unless_disk_full("a checkpoint event", partial(append_event, core.run_dir, event))
+            events.announce()
         now = time.monotonic()
         if now - last_ledger >= LEDGER_EVERY_S:
             last_ledger = now
@@ -253,13 +277,14 @@ async def serve(
                     "phases": core.phases,
                 },
             )
+            events = CheckpointEvents(core)
             poster = (
                 asyncio.ensure_future(post_forever(metrics, core.status, cfg.target_window))
                 if metrics is not None and group.is_leader
                 else None
             )
             try:
-                await train(core, stopping)
+                await train(core, stopping, events)
             finally:
                 if poster is not None:
                     poster.cancel()
@@ -267,7 +292,9 @@ async def serve(
             if metrics is not None and group.is_leader:
                 await post_once(metrics, core.status(), cfg.target_window)
             trained = await asyncio.to_thread(core.gather_trained)
+            events.started(core.version, "final")
             await asyncio.to_thread(core.save_checkpoint, trained, True)
+            events.announce()
             if group.is_leader:
                 append_event(run_dir, {"event": "stop", "rank": group.rank, "step": core.version})
             RunDir(run_dir).write_status(group.rank, core.status())
