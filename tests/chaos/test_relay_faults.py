@@ -27,8 +27,11 @@ pytestmark = pytest.mark.timeout(90)
 
 TOKEN = "relay-faults-token"
 
+# The child imports torch before it announces its address: the first tensor it receives would
+# otherwise import it inside an ask, seconds of a loaded machine's time with its loop blocked.
 CHILD = """
 import asyncio, os, sys
+import torch
 from shoal.runtime.actor import Actor
 from shoal.runtime.loop import run
 from shoal.runtime.system import ActorSystem
@@ -88,7 +91,7 @@ def _through_relay(children: Children, check: Check) -> None:
 
     async def main() -> None:
         async with LinkRelay(seed=7) as relay, ActorSystem() as system:
-            config = TransportConfig(token=TOKEN, relay=relay.address, connect_timeout=1.0)
+            config = TransportConfig(token=TOKEN, relay=relay.address, connect_timeout=5.0)
             transport = await attach(system, config)
             try:
                 one = system.ref(f"{address}/worker")
