@@ -27,12 +27,15 @@ the stop string (the learner trains on what was sampled); `texts` leave out the 
 first stop string (the environment scores the program, not its terminator). A stop string is
 looked for in the decoded last `utf8 bytes + 3` tokens, assuming a token decodes to >= 1 byte.
 
-Weight arrival. `weight_arrival = "interrupt"` (the default; docs/generation.md has the
-measurement): the caller loads the new weights into the policy between two steps and calls
-`swap`, which re-prefills prompt + tokens-so-far of the unfinished rows with the new weights; the
-later tokens carry the new version. `"finish"`: the caller keeps the old weights until `step`
-returns False. Concurrency: a Generator and its `Generation` are used from one thread at a time,
-and the policy's weights must not change while `step` or `swap` runs.
+Weight arrival. `weight_arrival = "finish"` (the default, measured in docs/generation.md): the
+caller keeps the old weights in the policy until `step` returns False, so a batch is one version.
+`"interrupt"`: the caller loads the new weights between two steps and calls `swap`, which
+re-prefills prompt + tokens-so-far of the unfinished rows with them; later tokens carry the new
+version. On a CPU a swap costs about as much as the rest of an average batch, so it only pays
+where a prefill is cheap beside the decode steps it saves (a GPU, long completions).
+
+Concurrency: a Generator and its `Generation` are used from one thread at a time, and the
+policy's weights must not change while `step` or `swap` runs.
 """
 
 from __future__ import annotations
@@ -90,8 +93,8 @@ class SamplingConfig:
     """A row ends once its decoded completion contains one of these."""
     stop_at_eos: bool = True
     """A row ends at the tokenizer's EOS token."""
-    weight_arrival: str = "interrupt"
-    """"interrupt" (swap mid-batch and resume) or "finish" (keep the old weights to the end)."""
+    weight_arrival: str = "finish"
+    """"finish" (keep the old weights to the batch's end) or "interrupt" (swap and resume)."""
 
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE, low_open=False)
@@ -232,7 +235,10 @@ class Generator:
             )
         self.device = next(policy.parameters()).device
         self._rng = torch.Generator(device=self.device)
-        self._rng.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
+        if seed is None:
+            self._rng.seed()  # a fresh non-deterministic seed, without touching torch's global one
+        else:
+            self._rng.manual_seed(seed)
 
     # -- the public steps ----------------------------------------------------------------
 
@@ -427,7 +433,8 @@ class Generator:
             completion = completion[:-1]
         text = self.tokenizer.decode(completion)
         if reason == "stop":
-            text = text[: min(i for s in self.cfg.stop if (i := text.find(s)) >= 0)]
+            found = [i for s in self.cfg.stop if (i := text.find(s)) >= 0]
+            text = text[: min(found, default=len(text))]
         return text
 
 
