@@ -1,0 +1,326 @@
+"""CodeGen-v1: a seeded rule engine of tiny Python tasks whose completion is a function body.
+
+Prompt format (every task; under 160 bytes):
+
+    def f(x):
+        # return x plus 3; f(1)=4, f(5)=8
+
+The completion is the body, e.g. ``    return x + 3\\n``; generation ends at EOS or a blank line
+(stop string "\\n\\n"). The program prompt + body runs in the sandbox against 5 hidden tests
+(calls on fresh inputs, never the two shown); reward is text_tasks' documented formula.
+
+Ten FAMILIES, each a rule with one integer parameter k: eight are trained on, two (`max`,
+`list_mul`, neighbours of `min` and `list_add`) are held out as families. Within a train
+family the values in HELD_OUT_VALUES (3 and 7) are never used in "train": the "heldout" split
+asks for exactly those, so copying k from the statement, not memorising it, is what
+generalises. Every task is drawn from the split's own seeded stream: the same (split, count,
+seed) gives the same tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shoal.envs.code_scoring import CodeScorer
+from shoal.envs.sandbox import TestCase
+from shoal.envs.text_tasks import Score, TextEnvError, TextEnvironment, TextTask
+
+__all__ = ["FAMILIES", "HELD_OUT_VALUES", "CodeGenEnv", "Family", "render"]
+
+GENERATOR = "codegen"
+GENERATOR_VERSION = 1
+ENTRY = "f"
+HELD_OUT_VALUES = frozenset({3, 7})
+TESTS_PER_TASK = 5
+MAX_PROMPT_BYTES = 192
+
+Value = Any
+_ARG_NAMES = {"int": ("x", "n", "a"), "str": ("s", "w", "t"), "list": ("xs", "ys", "nums")}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One rule: `wordings` of its statement, the reference `body`, and what it computes.
+
+    Templates use {a} (the argument's name) and {k} (the parameter)."""
+
+    name: str
+    kind: str
+    """"int", "str" or "list": the argument's type, which picks its inputs."""
+    wordings: tuple[str, ...]
+    body: str
+    values: tuple[int, ...]
+    rule: Callable[[Value, int], Value]
+    heldout: bool = False
+    pivot: bool = False
+    """Examples straddle k (one input at or below, one above), so they show the comparison."""
+
+    def describe(self) -> dict[str, Any]:
+        """Everything that defines the family, for the environment hash."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "wordings": list(self.wordings),
+            "body": self.body,
+            "values": list(self.values),
+            "heldout": self.heldout,
+            "pivot": self.pivot,
+        }
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "add",
+        "int",
+        ("return {a} plus {k}", "return {k} more than {a}"),
+        "return {a} + {k}",
+        tuple(range(1, 10)),
+        lambda x, k: x + k,
+    ),
+    Family(
+        "sub",
+        "int",
+        ("return {a} minus {k}", "return {k} less than {a}"),
+        "return {a} - {k}",
+        tuple(range(1, 10)),
+        lambda x, k: x - k,
+    ),
+    Family(
+        "mul",
+        "int",
+        ("return {a} times {k}", "return {a} multiplied by {k}"),
+        "return {a} * {k}",
+        tuple(range(2, 10)),
+        lambda x, k: x * k,
+    ),
+    Family(
+        "min",
+        "int",
+        ("return the smaller of {a} and {k}", "return {a} but at most {k}"),
+        "return min({a}, {k})",
+        tuple(range(1, 10)),
+        lambda x, k: min(x, k),
+        pivot=True,
+    ),
+    Family(
+        "repeat",
+        "str",
+        ("return {a} repeated {k} times", "return {k} copies of {a} joined"),
+        "return {a} * {k}",
+        tuple(range(2, 6)),
+        lambda s, k: s * k,
+    ),
+    Family(
+        "head",
+        "str",
+        ("return the first {k} chars of {a}", "return {a} cut to {k} chars"),
+        "return {a}[:{k}]",
+        tuple(range(1, 6)),
+        lambda s, k: s[:k],
+    ),
+    Family(
+        "list_add",
+        "list",
+        ("return {a} with {k} added to each item", "add {k} to every item of {a}"),
+        "return [v + {k} for v in {a}]",
+        tuple(range(1, 10)),
+        lambda xs, k: [v + k for v in xs],
+    ),
+    Family(
+        "filter_gt",
+        "list",
+        ("return the items of {a} above {k}", "keep the items of {a} over {k}"),
+        "return [v for v in {a} if v > {k}]",
+        tuple(range(1, 9)),
+        lambda xs, k: [v for v in xs if v > k],
+        pivot=True,
+    ),
+    Family(
+        "max",
+        "int",
+        ("return the larger of {a} and {k}", "return {a} but at least {k}"),
+        "return max({a}, {k})",
+        tuple(range(1, 10)),
+        lambda x, k: max(x, k),
+        heldout=True,
+        pivot=True,
+    ),
+    Family(
+        "list_mul",
+        "list",
+        ("return {a} with each item times {k}", "multiply every item of {a} by {k}"),
+        "return [v * {k} for v in {a}]",
+        tuple(range(2, 10)),
+        lambda xs, k: [v * k for v in xs],
+        heldout=True,
+    ),
+)
+_BY_NAME = {family.name: family for family in FAMILIES}
+_LETTERS = "abcdefgh"
+
+
+def _word(rng: np.random.Generator, low: int, high: int) -> str:
+    size = int(rng.integers(low, high + 1))
+    return "".join(_LETTERS[int(i)] for i in rng.integers(len(_LETTERS), size=size))
+
+
+def _input(kind: str, rng: np.random.Generator, wide: bool) -> Value:
+    """One argument; `wide` inputs (hidden tests) range further than the shown examples."""
+    if kind == "int":
+        return int(rng.integers(-20, 31)) if wide else int(rng.integers(0, 10))
+    if kind == "str":
+        return _word(rng, 0, 7) if wide else _word(rng, 2, 4)
+    size = int(rng.integers(0, 5)) if wide else int(rng.integers(2, 4))
+    low = -5 if wide else 0
+    return [int(v) for v in rng.integers(low, 10, size=size)]
+
+
+def _pivot_examples(family: Family, k: int, rng: np.random.Generator) -> list[Value]:
+    """Two inputs whose outputs show the comparison with k: one at or below, one above."""
+    low, high = int(rng.integers(0, k + 1)), int(rng.integers(k + 1, k + 6))
+    pair: list[Value]
+    if family.kind == "int":
+        pair = [low, high]
+    else:
+        pair = [[low, high], [high, int(rng.integers(0, 10)), low]]
+    order = rng.permutation(2)
+    return [pair[int(i)] for i in order]
+
+
+def _distinct(draw: Callable[[], Value], count: int, avoid: list[Value]) -> list[Value]:
+    """`count` inputs from `draw` that differ from each other and from `avoid` (tries bounded:
+    a repeat is allowed rather than looping when the input space is small)."""
+    out: list[Value] = []
+    for _ in range(count * 20):
+        value = draw()
+        if value not in out and value not in avoid:
+            out.append(value)
+            if len(out) == count:
+                return out
+    while len(out) < count:
+        out.append(draw())
+    return out
+
+
+def _examples(family: Family, k: int, rng: np.random.Generator) -> list[Value]:
+    if family.pivot:
+        return _pivot_examples(family, k, rng)
+    return _distinct(lambda: _input(family.kind, rng, wide=False), 2, [])
+
+
+def render(family: Family, k: int, arg: str, wording: int, examples: list[Value]) -> str:
+    """The prompt: header, then the statement and two examples in one comment line."""
+    statement = family.wordings[wording].format(a=arg, k=k)
+    shown = ", ".join(f"{ENTRY}({x!r})={family.rule(x, k)!r}" for x in examples)
+    return f"def {ENTRY}({arg}):\n    # {statement}; {shown}\n"
+
+
+def _reference(family: Family, k: int, arg: str) -> str:
+    return "    " + family.body.format(a=arg, k=k) + "\n"
+
+
+def _task(family: Family, k: int, rng: np.random.Generator) -> TextTask:
+    arg = _ARG_NAMES[family.kind][0]
+    examples = _examples(family, k, rng)
+    hidden = _distinct(lambda: _input(family.kind, rng, wide=True), TESTS_PER_TASK, examples)
+    tests = tuple(TestCase(f"{ENTRY}({x!r})", family.rule(x, k)) for x in hidden)
+    prompt = render(family, k, arg, 0, examples)
+    key = json.dumps([prompt, [[t.call, t.expected] for t in tests]])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return TextTask(
+        id=f"{family.name}-k{k}-{digest}",
+        family=family.name,
+        prompt=prompt,
+        reference=_reference(family, k, arg),
+        tests=tests,
+        entry=ENTRY,
+        params=(("k", k), ("arg", arg), ("wording", 0), ("examples", tuple(examples))),
+    )
+
+
+def split_pools(split: str) -> list[tuple[Family, tuple[int, ...]]]:
+    """The (family, parameter values) a split draws from."""
+    if split == "heldout_families":
+        return [(f, f.values) for f in FAMILIES if f.heldout]
+    train = [f for f in FAMILIES if not f.heldout]
+    if split == "heldout":
+        pools = [(f, tuple(v for v in f.values if v in HELD_OUT_VALUES)) for f in train]
+    else:
+        pools = [(f, tuple(v for v in f.values if v not in HELD_OUT_VALUES)) for f in train]
+    return [(f, values) for f, values in pools if values]
+
+
+class CodeGenEnv(TextEnvironment):
+    """CodeGen-v1 (see the module docstring); scoring runs in a lazily started sandbox pool."""
+
+    name = "CodeGen-v1"
+    generator = GENERATOR
+    version = GENERATOR_VERSION
+    stop = ("\n\n",)
+    max_prompt_tokens = MAX_PROMPT_BYTES
+
+    def __init__(
+        self,
+        tokenizer: Any = "bytes",
+        max_new_tokens: int = 64,
+        workers: int = 2,
+        batch: int = 32,
+    ) -> None:
+        super().__init__(tokenizer, max_new_tokens)
+        self._scorer = CodeScorer(workers, batch)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "families": [family.describe() for family in FAMILIES],
+            "held_out_values": sorted(HELD_OUT_VALUES),
+            "tests_per_task": TESTS_PER_TASK,
+            "entry": ENTRY,
+        }
+
+    def _generate(self, split: str, count: int, rng: np.random.Generator) -> list[TextTask]:
+        pools = split_pools(split)
+        tasks = []
+        for _ in range(count):
+            family, values = pools[int(rng.integers(len(pools)))]
+            tasks.append(_task(family, int(values[int(rng.integers(len(values)))]), rng))
+        return tasks
+
+    def _score(self, tasks: list[TextTask], completions: list[str]) -> list[Score]:
+        return self._scorer.score(tasks, completions)
+
+    def perturb(self, task: TextTask, rng: np.random.Generator) -> TextTask:
+        """Another wording, another argument name, or the examples swapped (at least one;
+        each with probability 1/2); the tests, and so the semantics, are unchanged."""
+        family = _BY_NAME.get(task.family)
+        if family is None:
+            raise TextEnvError(f"task {task.id} is not a CodeGen task (family {task.family!r})")
+        k, arg, wording = task.param("k"), task.param("arg"), task.param("wording")
+        examples = list(task.param("examples"))
+        changes = rng.random(3) < 0.5
+        if not changes.any():
+            changes[int(rng.integers(3))] = True
+        if changes[0]:
+            wording = (wording + 1) % len(family.wordings)
+        if changes[1]:
+            names = [n for n in _ARG_NAMES[family.kind] if n != arg]
+            arg = names[int(rng.integers(len(names)))]
+        if changes[2]:
+            examples.reverse()
+        return TextTask(
+            id=f"{task.id}~p",
+            family=task.family,
+            prompt=render(family, k, arg, wording, examples),
+            reference=_reference(family, k, arg),
+            tests=task.tests,
+            entry=task.entry,
+            params=(("k", k), ("arg", arg), ("wording", wording), ("examples", tuple(examples))),
+        )
+
+    def close(self) -> None:
+        self._scorer.close()
