@@ -21,7 +21,7 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +33,10 @@ from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.fragment import Fragment
 from shoal.learner.models.base import PolicyModel
 from shoal.learner.parallel import full_tensor
+from shoal.learner.sequences import AnyFragment, SequenceFragment
+
+if TYPE_CHECKING:
+    from shoal.learner.token_ppo import TokenPPO, TokenRLConfig
 
 MetricSync = Callable[[torch.Tensor], torch.Tensor]
 
@@ -215,6 +219,11 @@ def lag_stats(fragments: Sequence[Fragment], current_version: int) -> dict[str, 
             f"fragment from {bad.actor_id!r} seq {bad.seq} claims policy version "
             f"{bad.policy_version}, newer than the learner's {current_version}"
         )
+    return lag_summary(lags)
+
+
+def lag_summary(lags: np.ndarray) -> dict[str, float]:
+    """Median, mean, max and histogram of non-negative policy lags (int64, at least one)."""
     stats = {
         "policy_lag_median": float(np.median(lags)),
         "policy_lag_mean": float(lags.mean()),
@@ -241,6 +250,8 @@ class PPOLearner:
     wrapper, which reduce gradients across the group inside `backward`); `policy` is the
     unwrapped model, whose `check_fragment` refuses data from another environment.
     `forward_context` wraps every forward pass (bf16 autocast for a replicated GPU model).
+    `update` trains on SequenceFragments with learner/token_ppo.py's token update, configured
+    by `token_cfg` (set it before the first such update; None: derived from `cfg`).
     """
 
     def __init__(
@@ -260,6 +271,8 @@ class PPOLearner:
         self.policy = policy
         self.cfg = cfg
         self.forward_context = forward_context
+        self.token_cfg: TokenRLConfig | None = None
+        self._tokens: TokenPPO | None = None
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
             lr=cfg.lr,
@@ -288,7 +301,7 @@ class PPOLearner:
 
     def update(
         self,
-        fragments: list[Fragment],
+        fragments: Sequence[AnyFragment],
         current_version: int,
         kl_sync: MetricSync | None = None,
     ) -> dict[str, float]:
@@ -296,7 +309,45 @@ class PPOLearner:
 
         With `target_kl` set in a group, pass `kl_sync` (e.g. an all-reduce mean), so every
         rank stops at the same epoch instead of leaving the others in a collective.
+        Sequence fragments go to the token update (`token_update`).
         """
+        sequences = [f for f in fragments if isinstance(f, SequenceFragment)]
+        if sequences:
+            if len(sequences) != len(fragments):
+                raise BadFragment("one update cannot mix step fragments and sequence fragments")
+            return self.token_update(sequences, current_version)
+        return self.step_update(
+            [f for f in fragments if isinstance(f, Fragment)], current_version, kl_sync
+        )
+
+    def token_update(
+        self, fragments: Sequence[SequenceFragment], current_version: int
+    ) -> dict[str, float]:
+        """learner/token_ppo.py's update on this learner's policy and optimiser."""
+        from shoal.learner.token_ppo import TokenPPO, TokenRLConfig  # it builds on this module
+
+        if self.model is not self.policy:
+            raise LearnerError(
+                "token updates run on a single learner rank for now: the DDP/FSDP wrapper's "
+                "forward takes steps, not sequences (set learner.ranks = 1 for text environments)"
+            )
+        if self._tokens is None:
+            cfg = self.token_cfg or TokenRLConfig.from_ppo(self.cfg)
+            self._tokens = TokenPPO(
+                self.policy,
+                cfg,
+                self.optimizer,
+                forward_context=self.forward_context,
+            )
+        return self._tokens.update(fragments, current_version)
+
+    def step_update(
+        self,
+        fragments: Sequence[Fragment],
+        current_version: int,
+        kl_sync: MetricSync | None = None,
+    ) -> dict[str, float]:
+        """One PPO update over step fragments (see `update`)."""
         cfg = self.cfg
         metrics = lag_stats(fragments, current_version)
         batch = build_batch(fragments, cfg, self.device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shoal.learner.generation import Completions
 from shoal.learner.sequences import SequenceFragment
 
 
@@ -45,4 +46,41 @@ def make_sequences(
         values=np.where(mask, rng.normal(size=(n, length)), 0).astype(np.float32),
         rewards=rng.random(n).astype(np.float32),
         groups=np.repeat(np.arange(first_group, first_group + groups), group_size).astype(np.int64),
+    )
+
+
+def from_completions(
+    prompts: list[list[int]],
+    completions: Completions,
+    rewards: list[float],
+    group_size: int,
+    pad_id: int,
+    seq: int = 0,
+) -> SequenceFragment:
+    """Rows of learner/generation.py's output (prompt i // group_size for row i) as a fragment."""
+    n = len(prompts)
+    width = max(map(len, prompts)) + completions.tokens.shape[1]
+    tokens = np.full((n, width), pad_id, dtype=np.int64)
+    grids = {
+        "logprobs": np.zeros((n, width), np.float32),
+        "values": np.zeros((n, width), np.float32),
+        "versions": np.full((n, width), -1, np.int32),
+    }
+    for i, prompt in enumerate(prompts):
+        end = len(prompt) + int(completions.lengths[i])
+        tokens[i, : len(prompt)] = prompt
+        tokens[i, len(prompt) : end] = completions.tokens[i, : completions.lengths[i]]
+        for name, grid in grids.items():
+            grid[i, len(prompt) : end] = getattr(completions, name)[i, : completions.lengths[i]]
+    return SequenceFragment(
+        actor_id="a1",
+        seq=seq,
+        policy_version=int(completions.versions[completions.versions >= 0].min()),
+        env_hash="h",
+        tokens=tokens,
+        prompt_lengths=np.array([len(p) for p in prompts], np.int32),
+        completion_lengths=completions.lengths.astype(np.int32),
+        rewards=np.asarray(rewards, np.float32),
+        groups=np.arange(n, dtype=np.int64) // group_size,
+        **grids,
     )

@@ -1,0 +1,545 @@
+"""Token-level PPO and GRPO on `SequenceFragment`s, with the decoupled off-policy correction.
+
+Each completion token is one action; the state is the prompt and the tokens before it. The
+reward arrives once, at the completion's last token. Two ways to turn it into per-token
+advantages:
+
+- `algo = "ppo"`: GAE over the completion tokens with the value head's behaviour values
+  (γ = `gamma`, 1 by default: the episode is short and undiscounted; λ = `gae_lambda`), and a
+  clipped value loss, as learner/ppo.py does for steps.
+- `algo = "grpo"`: each prompt is sampled `group_size` times; a completion's advantage is its
+  reward normalised within its group, (r − mean) / (std + eps), given to every one of its
+  tokens. No critic and no value loss.
+
+Both correct for staleness as learner/ppo.py does: the trust region is taken around π_prox, the
+learner's parameters when the update starts, and each token is re-weighted by π_prox/μ capped at
+`is_cap`, where μ is the behaviour log-prob learner/generation.py recorded: the log-prob under
+the SAMPLING distribution, softmax(logits / temperature). So every log-prob here is computed at
+the same `temperature` the actors sample with; with it, on-policy data gets weight 1 exactly.
+An optional KL penalty to a frozen reference policy uses the k3 estimator
+exp(ref − logp) − (ref − logp) − 1 per token (unbiased, always >= 0).
+
+Normalisation (`loss_norm`): "token" (the default) averages the per-token loss over every
+completion token of the minibatch; "sequence" averages within each completion first, then over
+completions. Sequence-mean gives each completion the same total weight, so a token of a
+100-token completion counts 1/100 as much as the token of a 1-token one: long wrong answers are
+penalised less per token and long right ones rewarded less, a length bias the model learns to
+exploit (DAPO and Dr. GRPO measured it). Token-mean weighs every sampled token equally; its
+only cost is that a minibatch's total weight depends on how many tokens it holds.
+
+Staleness is measured in versions from the per-token stamps (current version − the version that
+sampled the token); the intake's bound (learner/buffer.py) holds for every token because a
+fragment's `policy_version` is its oldest stamp.
+
+`token_outputs` is the one forward: the HF decoder over [N, L], then the LM head and value head
+only at the completion positions (an [N, L, vocab] logit tensor would be most of the memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from shoal.errors import ConfigError
+from shoal.learner.errors import BadFragment, PolicyError
+from shoal.learner.models.base import PolicyModel
+from shoal.learner.models.causal_lm import CausalLMPolicy
+from shoal.learner.parallel import full_tensor
+from shoal.learner.ppo import PPOConfig, explained_variance, lag_summary
+from shoal.learner.sequences import SequenceFragment, check_vocab
+
+Algo = Literal["ppo", "grpo"]
+LossNorm = Literal["token", "sequence"]
+MAX_GROUP_SIZE = 4096
+
+
+@dataclass
+class TokenRLConfig:
+    """The token update's hyper-parameters (the `[token]` section of a job)."""
+
+    algo: Algo = "grpo"
+    """"grpo" (group-normalised rewards, no critic) or "ppo" (value head + GAE)."""
+    group_size: int = 4
+    """Completions sampled per prompt; GRPO refuses a group of another size (>= 2 for GRPO)."""
+    temperature: float = 1.0
+    """The actors' sampling temperature: log-probs are recomputed under softmax(logits / it)."""
+    lr: float = 1e-4
+    """AdamW learning rate when TokenPPO owns its optimiser (under PPOLearner: ppo.lr)."""
+    adam_eps: float = 1e-8
+    clip_coef: float = 0.2
+    """PPO's ratio clip ε around π_prox (also the value clip when clip_vloss)."""
+    is_cap: float = 2.0
+    """Cap on the per-token importance weight π_prox/μ (>= 1)."""
+    update_epochs: int = 1
+    """Passes over the batch per update."""
+    num_minibatches: int = 1
+    """Minibatches (of whole completions) per epoch."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to the frozen reference policy; 0 keeps no reference."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    vf_coef: float = 0.5
+    """Weight of the value loss (ppo only)."""
+    gamma: float = 1.0
+    """Discount over completion tokens (ppo only)."""
+    gae_lambda: float = 0.95
+    """GAE's λ over completion tokens (ppo only)."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip."""
+    clip_vloss: bool = True
+    """Clip the value update around the behaviour values (ppo only)."""
+    norm_adv: bool = True
+    """Whiten the token advantages per minibatch (ppo only; GRPO's are normalised per group)."""
+    adv_eps: float = 1e-6
+    """GRPO's eps in (r − mean) / (std + eps): a group whose rewards are all equal gets 0."""
+    loss_norm: LossNorm = "token"
+    """"token": mean over the minibatch's completion tokens; "sequence": per completion first
+    (see the module docstring for why token is the default)."""
+
+    def __post_init__(self) -> None:
+        if self.algo not in ("ppo", "grpo"):
+            raise ConfigError(f"token.algo = {self.algo!r:.40} is invalid: use 'ppo' or 'grpo'")
+        if self.loss_norm not in ("token", "sequence"):
+            raise ConfigError(
+                f"token.loss_norm = {self.loss_norm!r:.40} is invalid: use 'token' or 'sequence'"
+            )
+        low = 2 if self.algo == "grpo" else 1
+        _integer("group_size", self.group_size, low, MAX_GROUP_SIZE)
+        _integer("update_epochs", self.update_epochs, 1, 1000)
+        _integer("num_minibatches", self.num_minibatches, 1, 1 << 16)
+        _real("temperature", self.temperature, low=0, open_low=True, high=100)
+        for key in ("lr", "adam_eps", "clip_coef", "max_grad_norm", "adv_eps"):
+            _real(key, getattr(self, key), low=0, open_low=True)
+        for key in ("kl_coef", "ent_coef", "vf_coef"):
+            _real(key, getattr(self, key), low=0)
+        for key in ("gamma", "gae_lambda"):
+            _real(key, getattr(self, key), low=0, high=1)
+        _real("is_cap", self.is_cap, low=1)
+        for key in ("clip_vloss", "norm_adv"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"token.{key} must be true or false")
+
+    @classmethod
+    def from_ppo(cls, ppo: PPOConfig, **overrides: Any) -> TokenRLConfig:
+        """The shared hyper-parameters taken from a `[ppo]` section, the rest defaulted or given."""
+        shared = {f.name for f in fields(cls)} & {f.name for f in fields(PPOConfig)}
+        shared -= {"gamma"}  # steps are discounted, completion tokens are not
+        return cls(**{**{k: getattr(ppo, k) for k in shared}, **overrides})
+
+
+def _integer(key: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(
+            f"token.{key} = {value!r:.40} is invalid: use an integer from {low} to {high}"
+        )
+
+
+def _real(
+    key: str, value: object, low: float, high: float = math.inf, open_low: bool = False
+) -> None:
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    if not (math.isfinite(number) and low <= number <= high) or (open_low and number == low):
+        above = f"> {low:g}" if open_low else f">= {low:g}"
+        bound = f" and <= {high:g}" if math.isfinite(high) else ""
+        raise ConfigError(
+            f"token.{key} = {value!r:.40} is invalid: use a finite number {above}{bound}"
+        )
+
+
+# -- advantages (pure numpy) -------------------------------------------------------------------
+
+
+def grpo_advantages(rewards: np.ndarray, groups: np.ndarray, eps: float) -> np.ndarray:
+    """(r − mean) / (std + eps) within each group (population std); float32 [N].
+
+    `groups` [N] holds any integer labels; a row's group is the rows with its label."""
+    _, label = np.unique(groups, return_inverse=True)
+    label = label.reshape(-1)
+    count = np.bincount(label).astype(np.float64)
+    r = rewards.astype(np.float64)
+    mean = np.bincount(label, weights=r) / count
+    centred = r - mean[label]
+    std = np.sqrt(np.bincount(label, weights=centred**2) / count)
+    return (centred / (std[label] + eps)).astype(np.float32)
+
+
+def token_gae(
+    rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, gamma: float, lam: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """GAE over each row's completion tokens (mask [N, L], one contiguous run per row), the
+    reward [N] arriving at the last one, nothing after it (terminal). Returns (advantages,
+    returns = advantages + values), float32 [N, L], 0 outside the mask."""
+    n, length = mask.shape
+    last = np.zeros((n, length), dtype=bool)
+    ends = length - 1 - np.argmax(mask[:, ::-1], axis=1)
+    last[np.arange(n), ends] = True
+    advantages = np.zeros((n, length), dtype=np.float32)
+    next_value = np.zeros(n, dtype=np.float32)
+    next_advantage = np.zeros(n, dtype=np.float32)
+    for t in reversed(range(length)):
+        inside = mask[:, t]
+        reward = np.where(last[:, t], rewards, 0.0)
+        delta = reward + gamma * next_value - values[:, t]
+        advantage = np.where(inside, delta + gamma * lam * next_advantage, 0.0)
+        advantages[:, t] = advantage
+        next_value = np.where(inside, values[:, t], 0.0)
+        next_advantage = advantage
+    returns = np.where(mask, advantages + values, 0.0)
+    return advantages, returns.astype(np.float32)
+
+
+# -- the forward -------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenOutputs:
+    """Per completion token, flat [K] in row-major order (row 0's tokens, then row 1's, ...)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor
+
+
+def completion_mask(
+    prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, length: int
+) -> torch.Tensor:
+    """bool [N, length]: True at each row's completion positions."""
+    position = torch.arange(length, device=prompt_lengths.device)[None, :]
+    start = prompt_lengths.long()[:, None]
+    return (position >= start) & (position < start + completion_lengths.long()[:, None])
+
+
+def token_outputs(
+    policy: CausalLMPolicy,
+    tokens: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    temperature: float,
+) -> TokenOutputs:
+    """Log-probs and entropies of softmax(logits / temperature) at every completion token, and
+    V of the state each was sampled in, with ONE decoder forward over the right-padded [N, L]
+    (causal attention: padding after a row's end is never attended to). Position i is
+    predicted from hidden state i − 1, so prompts need >= 1 token."""
+    ends = (prompt_lengths.long() + completion_lengths.long()).max()
+    tokens = tokens[:, : int(ends)].to(policy.device)
+    mask = completion_mask(
+        prompt_lengths.to(tokens.device), completion_lengths.to(tokens.device), tokens.shape[1]
+    )
+    hidden = policy.lm.get_decoder()(input_ids=tokens, use_cache=False).last_hidden_state
+    at = mask[:, 1:]
+    states = hidden[:, :-1][at]  # [K, H]: the state before each completion token
+    logits = policy.lm.get_output_embeddings()(states)[:, : policy.action_dim]
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = log_probs.gather(-1, tokens[:, 1:][at].unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    head = policy.value_head
+    values = head(states.to(head.weight.dtype)).squeeze(-1).float()
+    return TokenOutputs(logp, entropy, values)
+
+
+# -- the batch ---------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenBatch:
+    """Fragments' rows stacked to [B, L] tensors; per-token fields flat [K] in row-major order."""
+
+    tokens: torch.Tensor
+    prompt_lengths: torch.Tensor
+    completion_lengths: torch.Tensor
+    behaviour_logp: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    offsets: torch.Tensor
+    """[B]: where row r's tokens start in the flat per-token fields."""
+
+    @property
+    def rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def token_index(self, rows: torch.Tensor) -> torch.Tensor:
+        """Flat token positions of `rows`, in their order: what token_outputs(rows) returns."""
+        lengths = self.completion_lengths[rows].long()
+        starts = torch.repeat_interleave(self.offsets[rows], lengths)
+        first = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+        return starts + torch.arange(int(lengths.sum()), device=lengths.device) - first
+
+
+def build_token_batch(
+    fragments: Sequence[SequenceFragment], cfg: TokenRLConfig, device: torch.device
+) -> TokenBatch:
+    """Advantages per fragment (groups never straddle fragments), then rows stacked."""
+    length = max(int((f.prompt_lengths + f.completion_lengths).max()) for f in fragments)
+    parts: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("tok", "pl", "cl", "logp", "val", "adv", "ret")
+    }
+    for frag in fragments:
+        mask = frag.completion_mask()
+        if cfg.algo == "grpo":
+            _check_groups(frag, cfg.group_size)
+            row_adv = grpo_advantages(frag.rewards, frag.groups, cfg.adv_eps)
+            adv = np.broadcast_to(row_adv[:, None], mask.shape)[mask]
+            ret = np.zeros_like(adv)
+        else:
+            adv_grid, ret_grid = token_gae(
+                frag.rewards, frag.values, mask, cfg.gamma, cfg.gae_lambda
+            )
+            adv, ret = adv_grid[mask], ret_grid[mask]
+        tokens = np.zeros((frag.num_envs, length), dtype=np.int64)
+        width = min(length, frag.horizon)
+        tokens[:, :width] = frag.tokens[:, :width]
+        parts["tok"].append(tokens)
+        parts["pl"].append(frag.prompt_lengths)
+        parts["cl"].append(frag.completion_lengths)
+        parts["logp"].append(frag.logprobs[mask])
+        parts["val"].append(frag.values[mask])
+        parts["adv"].append(adv)
+        parts["ret"].append(ret)
+
+    def cat(key: str) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate(parts[key])).to(device)
+
+    completion = cat("cl").long()
+    offsets = torch.cumsum(completion, 0) - completion
+    return TokenBatch(
+        cat("tok"),
+        cat("pl").long(),
+        completion,
+        cat("logp"),
+        cat("val"),
+        cat("adv"),
+        cat("ret"),
+        offsets,
+    )
+
+
+def _check_groups(frag: SequenceFragment, group_size: int) -> None:
+    ids, counts = np.unique(frag.groups, return_counts=True)
+    wrong = counts != group_size
+    if wrong.any():
+        k = int(np.argmax(wrong))
+        raise BadFragment(
+            f"fragment from {frag.actor_id!r} seq {frag.seq} has {int(counts[k])} rows in group "
+            f"{int(ids[k])}, token.group_size is {group_size}: a group is group_size samples of "
+            "one prompt and never straddles fragments (set token.group_size to the actors' one)"
+        )
+
+
+def token_lag_stats(
+    fragments: Sequence[SequenceFragment], current_version: int
+) -> dict[str, float]:
+    """Policy lag per completion token (current version − the version that sampled it)."""
+    lags = np.concatenate(
+        [current_version - f.versions[f.completion_mask()].astype(np.int64) for f in fragments]
+    )
+    if (lags < 0).any():
+        bad = next(f for f in fragments if int(f.versions.max()) > current_version)
+        raise BadFragment(
+            f"fragment from {bad.actor_id!r} seq {bad.seq} has tokens sampled by version "
+            f"{int(bad.versions.max())}, newer than the learner's {current_version}"
+        )
+    return lag_summary(lags)
+
+
+# -- the learner -------------------------------------------------------------------------------
+
+
+class TokenPPO:
+    """Runs token PPO/GRPO updates on a CausalLMPolicy; one caller at a time (not thread-safe).
+
+    `optimizer` defaults to AdamW over the policy at `cfg.lr` (PPOLearner passes its own, so
+    checkpoints and learning-rate annealing see one optimiser). `reference` is the frozen policy
+    the KL penalty pulls towards; with kl_coef > 0 and none given, a copy of the policy as it is
+    now (the SFT model at the start of RL) is frozen and kept.
+    """
+
+    def __init__(
+        self,
+        policy: PolicyModel,
+        cfg: TokenRLConfig,
+        optimizer: torch.optim.Optimizer | None = None,
+        reference: CausalLMPolicy | None = None,
+        forward_context: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            contextlib.nullcontext
+        ),
+    ) -> None:
+        if not isinstance(policy, CausalLMPolicy):
+            raise PolicyError(
+                f"sequence fragments train a causal-lm policy, this one is {policy.family or 'custom'}"
+            )
+        self.policy: CausalLMPolicy = policy
+        self.cfg = cfg
+        self.forward_context = forward_context
+        self.optimizer = optimizer or torch.optim.AdamW(
+            policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0
+        )
+        if reference is None and cfg.kl_coef > 0:
+            reference = copy.deepcopy(policy)
+        self.reference = reference
+        if reference is not None:
+            reference.requires_grad_(False).eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.policy.device
+
+    def outputs(
+        self, policy: CausalLMPolicy, batch: TokenBatch, rows: torch.Tensor
+    ) -> TokenOutputs:
+        """token_outputs of `rows` under the forward context."""
+        with self.forward_context():
+            return token_outputs(
+                policy,
+                batch.tokens[rows],
+                batch.prompt_lengths[rows],
+                batch.completion_lengths[rows],
+                self.cfg.temperature,
+            )
+
+    def check(self, fragments: Sequence[SequenceFragment]) -> None:
+        """Refuse fragments this policy cannot score: unknown ids or rows longer than its positions."""
+        if not fragments:
+            raise BadFragment("update() needs at least one fragment")
+        positions = int(self.policy.lm.config.max_position_embeddings)
+        for frag in fragments:
+            check_vocab(frag, self.policy.action_dim)
+            if int((frag.prompt_lengths + frag.completion_lengths).max()) > positions:
+                raise BadFragment(
+                    f"fragment from {frag.actor_id!r} seq {frag.seq} has rows longer than the "
+                    f"policy's {positions} positions"
+                )
+        rows = sum(f.num_envs for f in fragments)
+        if rows < self.cfg.num_minibatches:
+            raise BadFragment(
+                f"update() got {rows} completions, fewer than token.num_minibatches = "
+                f"{self.cfg.num_minibatches}: collect more per update or use fewer minibatches"
+            )
+
+    def update(
+        self, fragments: Sequence[SequenceFragment], current_version: int
+    ) -> dict[str, float]:
+        """One update over `fragments`; returns losses, KL, clip fraction, IS weights, lag, …."""
+        cfg = self.cfg
+        self.check(fragments)
+        metrics = token_lag_stats(fragments, current_version)
+        batch = build_token_batch(fragments, cfg, self.device)
+        chunks = torch.arange(batch.rows, device=self.device).tensor_split(cfg.num_minibatches)
+        with torch.no_grad():
+            prox = torch.cat([self.outputs(self.policy, batch, c).logprobs for c in chunks])
+            raw = torch.exp(prox - batch.behaviour_logp)
+            weights = raw.clamp(max=cfg.is_cap)
+            ref = None
+            if self.reference is not None and cfg.kl_coef > 0:
+                ref = torch.cat([self.outputs(self.reference, batch, c).logprobs for c in chunks])
+        sums: dict[str, float] = {}
+        steps = 0
+        for _ in range(cfg.update_epochs):
+            for rows in torch.randperm(batch.rows, device=self.device).tensor_split(
+                cfg.num_minibatches
+            ):
+                for key, value in self.minibatch_step(batch, rows, prox, weights, ref).items():
+                    sums[key] = sums.get(key, 0.0) + value
+                steps += 1
+        rewards = np.concatenate([f.rewards for f in fragments])
+        metrics.update({key: value / steps for key, value in sums.items()})
+        metrics.update(
+            {
+                "is_weight_mean": float(weights.mean()),
+                "is_weight_capped_frac": float((raw > cfg.is_cap).float().mean()),
+                "reward_mean": float(rewards.mean()),
+                "reward_std": float(rewards.std()),
+                "completion_length_mean": float(batch.completion_lengths.float().mean()),
+                "epochs": float(cfg.update_epochs),
+                "num_steps": float(batch.behaviour_logp.numel()),
+                "num_sequences": float(batch.rows),
+                "num_fragments": float(len(fragments)),
+                "lr": float(self.optimizer.param_groups[0]["lr"]),
+            }
+        )
+        if cfg.algo == "ppo":
+            metrics["explained_variance"] = explained_variance(batch.values, batch.returns)
+        return metrics
+
+    def minibatch_step(
+        self,
+        batch: TokenBatch,
+        rows: torch.Tensor,
+        prox: torch.Tensor,
+        weights: torch.Tensor,
+        ref: torch.Tensor | None,
+    ) -> dict[str, float]:
+        """Loss, backward, clip and step for the completions `rows`; returns its statistics."""
+        cfg = self.cfg
+        at = batch.token_index(rows)
+        out = self.outputs(self.policy, batch, rows)
+        log_ratio = out.logprobs - prox[at]
+        ratio = log_ratio.exp()
+        adv = batch.advantages[at]
+        if cfg.algo == "ppo" and cfg.norm_adv and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        surrogate = torch.max(
+            -adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
+        )
+        policy_loss = weights[at] * surrogate
+        per_token = policy_loss - cfg.ent_coef * out.entropy
+        stats: dict[str, torch.Tensor] = {}
+        if ref is not None:
+            to_ref = ref[at] - out.logprobs
+            kl = to_ref.exp() - to_ref - 1
+            per_token = per_token + cfg.kl_coef * kl
+            stats["kl_ref"] = kl.mean()
+        if cfg.algo == "ppo":
+            v_loss = _value_loss(out.values, batch.values[at], batch.returns[at], cfg)
+            per_token = per_token + cfg.vf_coef * v_loss
+            stats["value_loss"] = v_loss.mean()
+        lengths = batch.completion_lengths[rows]
+        loss = normalise_loss(per_token, lengths, cfg.loss_norm)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = full_tensor(
+            nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+        )
+        self.optimizer.step()
+
+        with torch.no_grad():
+            stats["approx_kl"] = ((ratio - 1) - log_ratio).mean()
+            stats["clipfrac"] = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+            stats["policy_loss"] = policy_loss.mean()
+            stats["entropy"] = out.entropy.mean()
+        return {
+            "loss": loss.item(),
+            "grad_norm": float(grad_norm),
+            **{k: v.item() for k, v in stats.items()},
+        }
+
+
+def normalise_loss(per_token: torch.Tensor, lengths: torch.Tensor, mode: LossNorm) -> torch.Tensor:
+    """The minibatch loss from per-token losses [K] (row-major) of completions of `lengths` [B]:
+    "token" averages over all K tokens, "sequence" within each completion, then over them."""
+    if mode == "token":
+        return per_token.mean()
+    lengths = lengths.long()
+    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    sums = torch.zeros(lengths.numel(), device=per_token.device, dtype=per_token.dtype)
+    return (sums.index_add(0, row, per_token) / lengths).mean()
+
+
+def _value_loss(
+    new: torch.Tensor, old: torch.Tensor, returns: torch.Tensor, cfg: TokenRLConfig
+) -> torch.Tensor:
+    """Per-token ½ squared error to the returns, clipped around the behaviour values."""
+    unclipped = (new - returns).pow(2)
+    if not cfg.clip_vloss:
+        return 0.5 * unclipped
+    clipped = old + (new - old).clamp(-cfg.clip_coef, cfg.clip_coef)
+    return 0.5 * torch.max(unclipped, (clipped - returns).pow(2))
