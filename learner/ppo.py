@@ -326,10 +326,14 @@ class PPOLearner:
         """learner/token_ppo.py's update on this learner's policy and optimiser."""
         from shoal.learner.token_ppo import TokenPPO, TokenRLConfig  # it builds on this module
 
-        if self.model is not self.policy:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if self.model is not self.policy or (
+            distributed and torch.distributed.get_world_size() > 1
+        ):
             raise LearnerError(
-                "token updates run on a single learner rank for now: the DDP/FSDP wrapper's "
-                "forward takes steps, not sequences (set learner.ranks = 1 for text environments)"
+                "token updates run on a single learner rank for now: the DDP/FSDP wrappers' "
+                "hooks run on the policy's step forward, which the token forward does not go "
+                "through (set learner.ranks = 1 for text environments)"
             )
         if self._tokens is None:
             cfg = self.token_cfg or TokenRLConfig.from_ppo(self.cfg)
