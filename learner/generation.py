@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
+from shoal.envs.tokenizer import Tokenizer
 from shoal.learner.errors import LearnerError
 from shoal.learner.models.causal_lm import CausalLMPolicy
 
@@ -63,20 +64,6 @@ _VERSION_RANGE = (0, 2**31 - 1)
 
 class GenerationError(LearnerError):
     """A sampling config, a prompt batch or a tokenizer that this generator cannot use."""
-
-
-class TokenizerLike(Protocol):
-    """What generation needs of envs/tokenizer.py's tokenizers."""
-
-    @property
-    def eos_id(self) -> int: ...
-
-    @property
-    def pad_id(self) -> int: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -212,7 +199,7 @@ class Generator:
     def __init__(
         self,
         policy: CausalLMPolicy,
-        tokenizer: TokenizerLike,
+        tokenizer: Tokenizer,
         cfg: SamplingConfig,
         seed: int | None = None,
     ) -> None:

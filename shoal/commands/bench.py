@@ -12,6 +12,7 @@ from shoal.errors import ConfigError
 SUITES: dict[str, str] = {
     "chaos": "chaos",
     "envs": "envs",
+    "generation": "generation",
     "hosts": "hosts",
     "learner": "learner",
     "raft": "raft",

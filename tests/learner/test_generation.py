@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
+from shoal.envs.tokenizer import ByteTokenizer
 from shoal.learner.generation import (
     Completions,
     GenerationError,
@@ -25,19 +26,6 @@ from shoal.learner.generation import (
     sampling_log_probs,
 )
 from shoal.learner.models import CausalLMPolicy, ModelConfig, build_model
-
-
-class ByteTokenizer:
-    """256 byte ids + PAD=256, BOS=257, EOS=258 (the shape of envs/tokenizer.py's)."""
-
-    vocab_size, pad_id, bos_id, eos_id = 259, 256, 257, 258
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode(errors="replace")
-
 
 TOKENIZER = ByteTokenizer()
 VOCAB = 259
