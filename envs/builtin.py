@@ -66,6 +66,18 @@ def register_builtins(registry: Registry) -> None:
         description="pick one of 4 candidate programs per task (one-hot task id); PPO-learnable",
     )
     registry.register(
+        "CodeGen-v1",
+        "shoal.envs.text_episodes:codegen_episodes",
+        requirements=_NUMPY,
+        description="write the body of a tiny seeded Python task; 8 train + 2 held-out families",
+    )
+    registry.register(
+        "Countdown-v1",
+        "shoal.envs.text_episodes:countdown_episodes",
+        requirements=_NUMPY,
+        description="reach a target from 3 (or held-out 4) numbers with + - *; exact checker",
+    )
+    registry.register(
         "TokenRecall-v1",
         "shoal.envs.token_recall:make_single",
         vector_entry_point="shoal.envs.token_recall:make_batched",

@@ -21,6 +21,7 @@ import numpy as np
 
 from shoal.envs.errors import EnvError
 from shoal.envs.registry import Registry, default_registry
+from shoal.envs.text_registry import text_manifest
 from shoal.files import write_atomically
 
 MANIFEST_FORMAT = 1
@@ -83,7 +84,7 @@ def env_manifest(
     spec = registry.spec(env_id)
     params = {**spec.kwargs, **(kwargs or {})}
     limit = params.pop("max_episode_steps", spec.max_episode_steps)
-    return {
+    manifest = {
         "format": MANIFEST_FORMAT,
         "id": spec.id,
         "entry_point": spec.entry_point_name,
@@ -93,6 +94,10 @@ def env_manifest(
         "python": platform.python_version(),
         "packages": {name: package_version(name) for name in sorted(spec.requirements)},
     }
+    text = text_manifest(spec.id, params)
+    if text is not None:  # a text environment: its generator, version, parameters, tokenizer
+        manifest["text"] = _json_value("text", text)
+    return manifest
 
 
 def manifest_hash(manifest: Manifest) -> str:
