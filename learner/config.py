@@ -25,8 +25,10 @@ from typing import Any, Literal
 
 from shoal.config import check_int, check_number
 from shoal.errors import ConfigError
+from shoal.learner.generation import GenerationError, SamplingConfig
 from shoal.learner.models.config import ModelConfig
 from shoal.learner.ppo import PPOConfig
+from shoal.learner.token_ppo import TokenRLConfig
 from shoal.learner.weight_plan import WeightSyncConfig
 
 # Returns that count as solved where the environment declares none (Gymnasium's thresholds).
@@ -180,6 +182,57 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class TextConfig:
+    """How a text environment's completions are sampled (`[text]`; other environments ignore
+    it). The update's side, group size and temperature included, is `[token]`
+    (learner/token_ppo.py's `TokenRLConfig`).
+
+    Each rollout actor's fragment is `rollout.num_envs` completions: `num_envs / token.group_size`
+    prompts, each sampled `group_size` times (GRPO's group); `max_new_tokens` plays the part of
+    `rollout.horizon`.
+    """
+
+    tokenizer: str = "bytes"
+    """"bytes" (259 ids, needs nothing) or a local directory with a Hugging Face tokenizer."""
+    top_p: float = 1.0
+    """Nucleus mass; keep 1 to train (see learner/generation.py)."""
+    max_new_tokens: int = 64
+    """Completion tokens per sample at most."""
+    stop: tuple[str, ...] = ()
+    """A completion also ends at any of these strings (besides EOS and the environment's own)."""
+    weight_arrival: str = "finish"
+    """New weights mid-batch: "finish" keeps the old ones to the batch's end, "interrupt"
+    resumes the batch on them (learner/generation.py; docs/training.md)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokenizer, str) or not self.tokenizer.strip():
+            raise ConfigError(
+                f"text.tokenizer = {self.tokenizer!r} is invalid: use 'bytes' or a local "
+                "tokenizer directory"
+            )
+        self.sampling(1.0)
+
+    def sampling(self, temperature: float, stop: tuple[str, ...] = ()) -> SamplingConfig:
+        """The generator's `SamplingConfig` at `temperature` (the `[token]` one), also ending at
+        `stop` (the environment's); ConfigError naming the key if one is wrong."""
+        if temperature == 0:
+            raise ConfigError(
+                "token.temperature = 0 is invalid for training: greedy decoding has no "
+                "behaviour log-probs; use a temperature > 0"
+            )
+        try:
+            return SamplingConfig(
+                temperature=temperature,
+                top_p=self.top_p,
+                max_new_tokens=self.max_new_tokens,
+                stop=tuple(dict.fromkeys((*stop, *self.stop))),
+                weight_arrival=self.weight_arrival,
+            )
+        except GenerationError as exc:
+            raise ConfigError(f"text.{exc}") from None
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """One training job: which environment, when to stop, and every section above."""
 
@@ -212,6 +265,11 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    """Sampling and tokenizer of a text environment (CodeGen-v1, CodeExec-v1)."""
+    token: TokenRLConfig = field(default_factory=TokenRLConfig)
+    """The token update of a text environment: algo (grpo or ppo), group_size, kl_coef, ...;
+    the optimiser's learning rate stays `ppo.lr`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str) or not self.env_id.strip():
@@ -223,6 +281,7 @@ class TrainConfig:
             check_number("target_return", self.target_return)
         if self.max_env_steps is not None:
             check_int("max_env_steps", self.max_env_steps, 1)
+        self.text.sampling(self.token.temperature)
         if self.total_actors < self.learner.ranks:
             # Each rank trains only on the fragments of its own actors; a rank with none would
             # wait in the gradient all-reduce for ever.

@@ -53,10 +53,10 @@ from shoal.learner.config import TrainConfig
 from shoal.learner.diskfull import unless_disk_full
 from shoal.learner.errors import BadFragment, LearnerError
 from shoal.learner.events import append_event
-from shoal.learner.fragment import Fragment
 from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
 from shoal.learner.job_metrics import MetricsTarget, post_forever, post_once
 from shoal.learner.peers import LEARNER_NAME, LEARNER_ROLE, Publication, PublishedRendezvous
+from shoal.learner.sequences import AnyFragment, fragment_from_wire
 from shoal.learner.trainer import LearnerCore
 from shoal.rundir import RunDir
 from shoal.runtime.actor import Actor
@@ -79,6 +79,9 @@ class LearnerActor(Actor):
 
     def __init__(self, core: LearnerCore) -> None:
         self.core = core
+        lm = getattr(core.policy, "lm", None)
+        self.vocab_size: int | None = None if lm is None else int(lm.config.vocab_size)
+        """A causal LM's vocabulary: a sequence fragment's ids must be below it."""
 
     def register(self, actor_id: str, path: str) -> dict[str, Any]:
         """A rollout actor announces itself; it gets the current weights, version, incarnation."""
@@ -94,7 +97,7 @@ class LearnerActor(Actor):
         if core.closed:
             return {"incarnation": core.incarnation, "admission": "closed", "registered": False}
         try:
-            fragment = Fragment.from_wire(payload)
+            fragment = fragment_from_wire(payload, self.vocab_size)
         except BadFragment as exc:
             core.rejected += 1
             log.warning("rejected a fragment: %s", exc)
@@ -115,7 +118,7 @@ class LearnerActor(Actor):
         return self.core.status()
 
 
-async def _next_batch(core: LearnerCore, stopping: asyncio.Event) -> list[Fragment] | None:
+async def _next_batch(core: LearnerCore, stopping: asyncio.Event) -> list[AnyFragment] | None:
     """The next batch of fragments, or None if a stop was requested while waiting."""
     get = asyncio.ensure_future(core.intake.get(core.cfg.intake.fragments_per_update))
     stop = asyncio.ensure_future(stopping.wait())
@@ -142,7 +145,7 @@ async def _batch_ready(core: LearnerCore, stopping: asyncio.Event) -> bool:
     return not stopping.is_set()
 
 
-async def _group_batch(core: LearnerCore, stopping: asyncio.Event) -> list[Fragment] | None:
+async def _group_batch(core: LearnerCore, stopping: asyncio.Event) -> list[AnyFragment] | None:
     """The next batch of a rank in a group, or None when the group stops before this update.
 
     Every update of a group starts with one agreement: a rank asked to stop before it has a
@@ -163,6 +166,9 @@ class CheckpointEvents:
 
     def __init__(self, core: LearnerCore) -> None:
         self.core = core
+        lm = getattr(core.policy, "lm", None)
+        self.vocab_size: int | None = None if lm is None else int(lm.config.vocab_size)
+        """A causal LM's vocabulary: a sequence fragment's ids must be below it."""
         self.reasons: dict[int, str] = {}
         self.announced = -1
 

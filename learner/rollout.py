@@ -18,6 +18,10 @@ incarnation and admission, which the learner acknowledged; it writes them to
 chaos checker's cross-restart accounting (`fragment_ledger` in chaos/invariants.py). Each send
 and each acknowledgement is also appended to `rollout-<actor id>.jsonl` (`learner/journal.py`)
 before it is acted on, so a SIGKILL loses none of them.
+
+For a text environment the collector is a `SequenceCollector` (learner/sequence_collector.py):
+each step is one decode step of a batch of completions, and `finish` hands the batch to its
+scoring thread; the push awaits the scores, so the sandbox runs while the next batch generates.
 """
 
 from __future__ import annotations
@@ -45,12 +49,16 @@ from shoal.learner.fragment import Fragment
 from shoal.learner.journal import Journal
 from shoal.learner.models import ModelConfig, build_model
 from shoal.learner.seqranges import SeqRanges, ranges_json
+from shoal.learner.sequence_collector import PendingSequences, SequenceCollector, settled
 from shoal.learner.weight_assembler import WeightAssembler
 from shoal.runtime.actor import Actor
 from shoal.runtime.errors import ActorError, MailboxFull, WireError
 from shoal.runtime.ref import ActorRef
 
 log = logging.getLogger(__name__)
+
+AnyCollector = Collector | SequenceCollector
+"""Steps of a vector environment, or sampled completions of a text one (the same interface)."""
 
 # Asks to the learner that may wait for intake room use this timeout; back-pressure is not a failure.
 PUSH_TIMEOUT_S = 600.0
@@ -84,6 +92,10 @@ class RolloutSpec:
     """The learner rank this actor feeds, found through the job's published task state."""
     weights_timeout_s: float = 120.0
     """After registering, how long to wait for a complete version before registering again."""
+    text: dict[str, Any] = field(default_factory=dict)
+    """A text environment's `[text]` section (learner/config.py `TextConfig`); else unused."""
+    token: dict[str, Any] = field(default_factory=dict)
+    """A text environment's `[token]` section (its group size and temperature sample here)."""
 
 
 class Pacer:
@@ -149,34 +161,28 @@ class RolloutActor(Actor):
         self._weights_arrived = asyncio.Event()
         self._lost = False
         self.pacer = Pacer(spec.fragments_per_version)
-        self._collector: Collector | None = None
+        self._collector: AnyCollector | None = None
         self._incarnation = ""
         self.registrations = 0
         self.pushed = 0
 
     async def on_start(self) -> None:
-        from shoal.envs.hashing import env_hash
-        from shoal.envs.vector import make_vector
-
         spec = self.spec
-        env = make_vector(spec.env_id, spec.num_envs, seed=spec.seed, **spec.env_kwargs)
-        try:
-            cfg = load(ModelConfig, spec.model, source="the rollout spec", environ={})
-            policy = build_model(cfg, env.single_observation_space, env.single_action_space)
-        except (ConfigError, PolicyError) as exc:
-            env.close()
-            raise ActorError(f"{spec.name}: no policy for {spec.env_id}: {exc}") from exc
         # A fresh id per incarnation: sequence numbers restart at 0, so the learner's
         # exactly-once accounting must see a new actor, not duplicates.
         actor_id = f"{spec.name}#{os.urandom(4).hex()}"
-        digest = env_hash(spec.env_id, dict(spec.env_kwargs), spec.seed)
-        self._collector = Collector(actor_id, env, policy, spec.horizon, digest, spec.seed)
-        self._assembler = WeightAssembler(policy.state_dict())
+        try:
+            cfg = load(ModelConfig, spec.model, source="the rollout spec", environ={})
+            collector = _collector(spec, actor_id, cfg)
+        except (ConfigError, PolicyError) as exc:
+            raise ActorError(f"{spec.name}: no policy for {spec.env_id}: {exc}") from exc
+        self._collector = collector
+        self._assembler = WeightAssembler(collector.policy.state_dict())
         if self.ledger_dir is not None:
             self.ledger_dir.mkdir(parents=True, exist_ok=True)
             self._journal = Journal(self.ledger_dir / f"rollout-{actor_id}.jsonl")
             self._journal.append({"actor_id": actor_id, "sent": [], "acked": {}})
-        self._task = asyncio.create_task(self._run(self._collector), name=f"rollout {spec.name}")
+        self._task = asyncio.create_task(self._run(collector), name=f"rollout {spec.name}")
 
     async def on_stop(self) -> None:
         for task in (self._task, self._in_flight):
@@ -184,7 +190,7 @@ class RolloutActor(Actor):
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         if self._collector is not None:
-            self._collector.env.close()
+            _close(self._collector)
             self.write_ledger()
         if self._journal is not None:
             self._journal.close()
@@ -279,7 +285,7 @@ class RolloutActor(Actor):
             "weights_dropped": 0 if self._assembler is None else self._assembler.dropped,
         }
 
-    async def _run(self, collector: Collector) -> None:
+    async def _run(self, collector: AnyCollector) -> None:
         try:
             await self._loop(collector)
         except asyncio.CancelledError:
@@ -290,7 +296,7 @@ class RolloutActor(Actor):
                 self._failed.set_exception(exc)
             raise
 
-    async def _loop(self, collector: Collector) -> None:
+    async def _loop(self, collector: AnyCollector) -> None:
         learner = await self._register(collector)
         while True:
             if self._lost:  # register before collecting with weights the learner lost
@@ -299,7 +305,7 @@ class RolloutActor(Actor):
                     await self._in_flight  # failed or refused: the learner it went to is gone
                     self._in_flight = None
                 learner = await self._register(collector)
-            buf = collector.new_buffers()
+            buf: Any = collector.new_buffers()  # the collector's own kind of buffers
             self._adopt()
             version = collector.policy_version
             for t in range(collector.horizon):
@@ -319,7 +325,7 @@ class RolloutActor(Actor):
                 self.write_ledger()
             await self._wait_for_turn(collector, learner)
 
-    async def _wait_for_turn(self, collector: Collector, learner: ActorRef) -> None:
+    async def _wait_for_turn(self, collector: AnyCollector, learner: ActorRef) -> None:
         """Hold off the next fragment until the learner has consumed enough (see `Pacer`).
 
         Newer weights are the signal; without them for PACE_TIMEOUT_S (a lost message, a slow
@@ -363,9 +369,10 @@ class RolloutActor(Actor):
             collector.set_weights(version, weights, source)
             self._held_source = source
 
-    async def _push(self, learner: ActorRef, fragment: Fragment) -> bool:
-        """Send one fragment; False when the learner is gone, a new incarnation, or no longer
-        publishing weights to this actor."""
+    async def _push(self, learner: ActorRef, item: Fragment | PendingSequences) -> bool:
+        """Send one fragment (a text batch once it is scored); False when the learner is gone,
+        a new incarnation, or no longer publishing weights to this actor."""
+        fragment = await settled(item)
         try:
             reply = await learner.ask(timeout=PUSH_TIMEOUT_S).push_fragment(fragment.to_wire())
         except (ActorError, WireError) as exc:
@@ -387,7 +394,7 @@ class RolloutActor(Actor):
             and reply.get("registered", True) is True
         )
 
-    async def _register(self, collector: Collector) -> ActorRef:
+    async def _register(self, collector: AnyCollector) -> ActorRef:
         """Register until the learner answers and its weights arrive complete within
         `weights_timeout_s`; the learner's path is looked up again before every try."""
         while True:
@@ -402,7 +409,7 @@ class RolloutActor(Actor):
                 )
                 return learner
 
-    async def _register_once(self, collector: Collector) -> tuple[ActorRef, int]:
+    async def _register_once(self, collector: AnyCollector) -> tuple[ActorRef, int]:
         """One registration: the learner's ref and the version it holds now."""
         delay = 0.05
         while True:
@@ -428,7 +435,9 @@ class RolloutActor(Actor):
         self.registrations += 1
         return learner, int(reply["version"])
 
-    async def _await_weights(self, collector: Collector, learner: ActorRef, version: int) -> bool:
+    async def _await_weights(
+        self, collector: AnyCollector, learner: ActorRef, version: int
+    ) -> bool:
         """Wait until the collector holds a complete version >= `version` from the incarnation
         registered with; False when the link drops or `weights_timeout_s` passes first."""
         deadline = time.monotonic() + self.spec.weights_timeout_s
@@ -452,6 +461,31 @@ class RolloutActor(Actor):
                 await asyncio.wait_for(self._weights_arrived.wait(), min(LINK_CHECK_S, remaining))
             except TimeoutError:
                 continue
+
+
+def _collector(spec: RolloutSpec, actor_id: str, model: ModelConfig) -> AnyCollector:
+    """The actor's collector: sampled completions for a text environment, steps otherwise."""
+    from shoal.envs.hashing import env_hash
+    from shoal.envs.vector import make_vector
+    from shoal.learner.text_job import is_text_job, text_collector
+
+    if is_text_job(spec.env_id):
+        return text_collector(spec, actor_id, lambda obs, act: build_model(model, obs, act))
+    env = make_vector(spec.env_id, spec.num_envs, seed=spec.seed, **spec.env_kwargs)
+    try:
+        policy = build_model(model, env.single_observation_space, env.single_action_space)
+    except (ConfigError, PolicyError):
+        env.close()
+        raise
+    digest = env_hash(spec.env_id, dict(spec.env_kwargs), spec.seed)
+    return Collector(actor_id, env, policy, spec.horizon, digest, spec.seed)
+
+
+def _close(collector: AnyCollector) -> None:
+    if isinstance(collector, SequenceCollector):
+        collector.close()
+    else:
+        collector.env.close()
 
 
 def _le(version: object, held: int) -> bool:

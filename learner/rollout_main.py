@@ -42,6 +42,8 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
             model=dict(value.get("model") or {}),
             weights_timeout_s=float(value.get("weights_timeout_s", 120.0)),
             fragments_per_version=float(value.get("fragments_per_version", 0.0)),
+            text=dict(value.get("text") or {}),
+            token=dict(value.get("token") or {}),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise LearnerError(f"malformed rollout spec {value!r}: {exc}") from exc

@@ -42,6 +42,9 @@ from shoal.learner.generation import Completions, Generation, Generator, Samplin
 from shoal.learner.models.causal_lm import CausalLMPolicy
 from shoal.learner.sequences import SequenceFragment
 
+Weights = Mapping[str, np.ndarray | torch.Tensor]
+"""A complete policy version, as the actor receives it or a caller hands it over."""
+
 
 def prompt_ids(task: Any, env: Any) -> list[int]:
     """A task's prompt as the policy reads it: BOS, then the environment's ids for it (the
@@ -118,14 +121,12 @@ class SequenceCollector:
         self._salt = (zlib.crc32(actor_id.encode()) & 0x7FFFFFFF) << 32
         self._batches = 0
         self._current: Generation | None = None
-        self._held: tuple[int, Mapping[str, torch.Tensor], str] | None = None
+        self._held: tuple[int, Weights, str] | None = None
         self._scoring = ThreadPoolExecutor(1, thread_name_prefix=f"score-{actor_id[:16]}")
 
     # -- weights -------------------------------------------------------------------------
 
-    def set_weights(
-        self, version: int, weights: Mapping[str, torch.Tensor], source: str = ""
-    ) -> None:
+    def set_weights(self, version: int, weights: Weights, source: str = "") -> None:
         """Adopt a complete version: at once (resuming a running batch on it, "interrupt"),
         or, with "finish" while a batch runs, once that batch's last token is sampled."""
         running = self._current is not None and not self._current.done
@@ -136,7 +137,7 @@ class SequenceCollector:
         if running and self._current is not None:
             self.generator.swap(self._current, version)
 
-    def _load(self, version: int, weights: Mapping[str, torch.Tensor], source: str) -> None:
+    def _load(self, version: int, weights: Weights, source: str) -> None:
         self.policy.set_weights(weights)
         self.policy_version = version
         self.policy_source = source

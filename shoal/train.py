@@ -121,6 +121,15 @@ def _check_env(env_id: str, cfg: TrainConfig) -> None:
         env.close()
 
 
+def _step_env_id(cfg: TrainConfig) -> str:
+    """The canonical id of a stepped environment (unknown ids fail here), checked by making one."""
+    from shoal.envs import registry
+
+    env_id = registry.spec(cfg.env_id).id
+    _check_env(env_id, cfg)
+    return env_id
+
+
 def train(
     cfg: TrainConfig,
     *,
@@ -138,10 +147,10 @@ def train(
     `max_restarts` restarts of its tasks within `restart_window_s` seconds, and one more
     failure fails the job."""
     RestartPolicy(max_restarts, restart_window_s)  # refused before any process starts
-    from shoal.envs import registry
+    from shoal.learner.text_job import is_text_job, resolve
 
-    env_id = registry.spec(cfg.env_id).id  # unknown ids fail here, before any process starts
-    _check_env(env_id, cfg)
+    text = is_text_job(cfg.env_id)  # a causal LM writes its completions (learner/text_job.py)
+    env_id, cfg = resolve(cfg) if text else (_step_env_id(cfg), cfg)
     if cfg.learner.backend == "nccl":
         import torch
 
@@ -170,7 +179,7 @@ def train(
         signal.signal(signal.SIGTERM, previous)
     if progress is not None:
         progress.close()
-    if evaluate_at_end and result.checkpoint is not None:
+    if evaluate_at_end and result.checkpoint is not None and not text:
         eval_result, json_path, html_path = evaluate_checkpoint(
             Path(result.checkpoint),
             env_id,
