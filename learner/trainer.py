@@ -30,7 +30,6 @@ from shoal.learner.buffer import Intake
 from shoal.learner.checkpoint import CheckpointInfo, CheckpointManager
 from shoal.learner.config import TrainConfig
 from shoal.learner.errors import LearnerError
-from shoal.learner.fragment import Fragment
 from shoal.learner.group import LearnerGroup
 from shoal.learner.job import checkpoint_dir
 from shoal.learner.job_metrics import loss_name
@@ -48,6 +47,7 @@ from shoal.learner.parallel import (
 from shoal.learner.peers import Publication
 from shoal.learner.ppo import PPOLearner
 from shoal.learner.seqranges import SeqRanges, ranges_by_actor, ranges_json
+from shoal.learner.sequences import AnyFragment
 from shoal.learner.train_state import model_optimizer_state, restore_model_optimizer
 from shoal.learner.weight_sync import WeightBroadcaster, WeightSnapshot
 from shoal.rundir import RunDir
@@ -74,16 +74,13 @@ class LearnerCore:
         run_dir: Path,
         publication: Publication | None = None,
     ) -> None:
-        from shoal.envs.vector import make_vector
+        from shoal.learner.text_job import job_spaces
 
         self.cfg = cfg
         self.env_id = env_id
         self.group = group
         self.run_dir = run_dir
-        probe = make_vector(env_id, 1, seed=cfg.seed, **cfg.env_kwargs)
-        observation_space = probe.single_observation_space
-        action_space = probe.single_action_space
-        probe.close()
+        observation_space, action_space = job_spaces(env_id, cfg)
         torch.manual_seed(cfg.seed)  # every rank initialises identically (FSDP2 relies on it)
         self.device = _device(group)
         self.policy = build_model(cfg.model, observation_space, action_space).to(self.device)
@@ -137,6 +134,7 @@ class LearnerCore:
         self._ppo = PPOLearner(
             self.parallel.module, self.cfg.ppo, self.policy, self.parallel.forward_context
         )
+        self._ppo.token_cfg = self.cfg.token
 
     @property
     def ppo(self) -> PPOLearner:
@@ -256,14 +254,14 @@ class LearnerCore:
 
     # -- intake side (loop thread) -----------------------------------------------------------
 
-    def record(self, fragment: Fragment) -> None:
+    def record(self, fragment: AnyFragment) -> None:
         self.env_steps += fragment.num_steps
         self.episodes += int(fragment.episode_returns.size)
         self.returns.extend(fragment.episode_returns.tolist())
 
     # -- training side -----------------------------------------------------------------------
 
-    def train_step(self, fragments: list[Fragment], stop: bool) -> tuple[bool, bool]:
+    def train_step(self, fragments: list[AnyFragment], stop: bool) -> tuple[bool, bool]:
         """One update (in a worker thread); returns whether the group agreed to stop after it
         and whether rank 0 wants a checkpoint (every rank then gathers its trained ranges)."""
         cfg = self.cfg
