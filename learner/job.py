@@ -142,6 +142,8 @@ def rollout_specs(cfg: TrainConfig, env_id: str, worker: int) -> list[dict[str, 
                 # its first before it registers again.
                 "weights_timeout_s": 2 * cfg.weight_sync.deadline_s,
                 "fragments_per_version": pace_share(cfg),
+                "text": asdict(cfg.text),
+                "token": asdict(cfg.token),
             }
         )
     return specs
