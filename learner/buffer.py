@@ -28,9 +28,9 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 from shoal.learner.errors import LearnerError
-from shoal.learner.fragment import Fragment
 from shoal.learner.journal import Journal
 from shoal.learner.seqranges import SeqRanges, ranges_json
+from shoal.learner.sequences import AnyFragment
 
 
 class IntakeFull(LearnerError):
@@ -78,7 +78,7 @@ class Intake:
         self.trained_seqs: dict[str, SeqRanges] = {}
         self.stale_seqs: dict[str, SeqRanges] = {}
         self.duplicate_seqs: dict[str, SeqRanges] = {}
-        self._queue: deque[Fragment] = deque()
+        self._queue: deque[AnyFragment] = deque()
         self._queued_steps = 0
         self._changed = asyncio.Event()
         self.journal = journal
@@ -102,7 +102,7 @@ class Intake:
         self.source = source
         self.lineage_version = version
 
-    def is_stale(self, fragment: Fragment) -> bool:
+    def is_stale(self, fragment: AnyFragment) -> bool:
         """Too old, newer than this learner, or made by another incarnation's weights past
         the version this learner resumed from: versions up to that one are the same weights
         in both lineages, later ones branched off (the old incarnation went on without a
@@ -112,7 +112,7 @@ class Intake:
         branched = foreign and fragment.policy_version > self.lineage_version
         return lag > self.max_staleness or lag < 0 or branched
 
-    def offer(self, fragment: Fragment) -> Admission:
+    def offer(self, fragment: AnyFragment) -> Admission:
         """Admit or drop one fragment now; raises IntakeFull (counting nothing) when full."""
         account = self.accounts.setdefault(fragment.actor_id, ActorAccount())
         if fragment.seq < account.next_seq:
@@ -139,9 +139,9 @@ class Intake:
         self._changed.set()
         return Admission.ACCEPTED
 
-    def take(self, count: int) -> list[Fragment]:
+    def take(self, count: int) -> list[AnyFragment]:
         """Pop up to `count` fresh fragments (oldest first) and count them as trained on."""
-        taken: list[Fragment] = []
+        taken: list[AnyFragment] = []
         while self._queue and len(taken) < count:
             fragment = self._pop()
             account = self.accounts[fragment.actor_id]
@@ -161,7 +161,7 @@ class Intake:
         if version < self.version:
             raise LearnerError(f"policy version must not go back: {self.version} → {version}")
         self.version = version
-        kept: deque[Fragment] = deque()
+        kept: deque[AnyFragment] = deque()
         dropped = 0
         while self._queue:
             fragment = self._pop()
@@ -177,7 +177,7 @@ class Intake:
         self._changed.set()
         return dropped
 
-    async def put(self, fragment: Fragment) -> Admission:
+    async def put(self, fragment: AnyFragment) -> Admission:
         """Like `offer`, but wait while the intake is full (this is what back-pressures actors)."""
         while True:
             try:
@@ -185,7 +185,7 @@ class Intake:
             except IntakeFull:
                 await self._wait_change()
 
-    async def get(self, count: int) -> list[Fragment]:
+    async def get(self, count: int) -> list[AnyFragment]:
         """Wait until `count` fresh fragments are queued, then `take` them."""
         if not 1 <= count <= self.capacity:
             raise LearnerError(
@@ -224,15 +224,15 @@ class Intake:
             "queued": ranges_json(queued),
         }
 
-    def _mark(self, kind: str, seqs: dict[str, SeqRanges], fragment: Fragment) -> None:
+    def _mark(self, kind: str, seqs: dict[str, SeqRanges], fragment: AnyFragment) -> None:
         _mark(seqs, fragment)
         self._record(kind, fragment)
 
-    def _record(self, kind: str, fragment: Fragment) -> None:
+    def _record(self, kind: str, fragment: AnyFragment) -> None:
         if self.journal is not None:
             self.journal.append({"actor": fragment.actor_id, "seq": fragment.seq, "kind": kind})
 
-    def _pop(self) -> Fragment:
+    def _pop(self) -> AnyFragment:
         fragment = self._queue.popleft()
         self.accounts[fragment.actor_id].queued -= 1
         self._queued_steps -= fragment.num_steps
@@ -247,5 +247,5 @@ class Intake:
         await self._changed.wait()
 
 
-def _mark(seqs: dict[str, SeqRanges], fragment: Fragment) -> None:
+def _mark(seqs: dict[str, SeqRanges], fragment: AnyFragment) -> None:
     seqs.setdefault(fragment.actor_id, SeqRanges()).add(fragment.seq)
