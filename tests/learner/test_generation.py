@@ -305,3 +305,28 @@ def test_the_sampling_distribution_is_a_normalised_nucleus(logits, temperature, 
         assert float(full[~kept].max()) <= float(full[kept].min()) + 1e-6
     if top_p == 1.0:
         torch.testing.assert_close(logp, (raw / temperature).log_softmax(-1))
+
+
+def test_the_learner_recomputes_the_recorded_logprobs_and_values_exactly():
+    """learner/token_ppo.py's one-forward recompute at the sampling temperature gives back the
+    generator's behaviour log-probs and values: an on-policy ratio is 1."""
+    from shoal.learner.token_ppo import token_outputs
+
+    model = policy(seed=4, favour="ab\n")
+    cfg = SamplingConfig(temperature=0.8, max_new_tokens=16)
+    batch = prompts() * 2
+    done = Generator(model, TOKENIZER, cfg, seed=5).generate(batch, version=0)
+    rows = [p + done.tokens[i, : done.lengths[i]].tolist() for i, p in enumerate(batch)]
+    width = max(map(len, rows))
+    tokens = torch.tensor([r + [TOKENIZER.pad_id] * (width - len(r)) for r in rows])
+    with torch.no_grad():
+        out = token_outputs(
+            model,
+            tokens,
+            torch.tensor([len(p) for p in batch]),
+            torch.from_numpy(done.lengths),
+            cfg.temperature,
+        )
+    inside = np.arange(done.tokens.shape[1])[None, :] < done.lengths[:, None]
+    np.testing.assert_allclose(out.logprobs.numpy(), done.logprobs[inside], atol=2e-4)
+    np.testing.assert_allclose(out.values.numpy(), done.values[inside], atol=2e-4)
