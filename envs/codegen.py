@@ -11,10 +11,13 @@ The completion is the body, e.g. ``    return x + 3\\n``; generation ends at EOS
 
 Ten FAMILIES, each a rule with one integer parameter k: eight are trained on, two (`max`,
 `list_mul`, neighbours of `min` and `list_add`) are held out as families. Within a train
-family the values in HELD_OUT_VALUES (3 and 7) are never used in "train": the "heldout" split
-asks for exactly those, so copying k from the statement, not memorising it, is what
-generalises. Every task is drawn from the split's own seeded stream: the same (split, count,
-seed) gives the same tasks.
+family the values in HELD_OUT_VALUES (12, 21, 25, 34) are never used in "train"; the
+"heldout" split asks for exactly those. Each is a new combination of digits that train uses
+in the same places (1x and x2, 2x and x1, ...), so a model that copies k from the statement
+digit by digit generalises, one that memorised (family, k) pairs does not; a byte a model never
+copied (a held-out single digit) would test something no training could reach. The string
+families (k up to 5 or 6) have no held-out values. Every task is drawn from the split's own
+seeded stream: the same (split, count, seed) gives the same tasks.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ __all__ = ["FAMILIES", "HELD_OUT_VALUES", "CodeGenEnv", "Family", "render"]
 GENERATOR = "codegen"
 GENERATOR_VERSION = 1
 ENTRY = "f"
-HELD_OUT_VALUES = frozenset({3, 7})
+HELD_OUT_VALUES = frozenset({12, 21, 25, 34})
 TESTS_PER_TASK = 5
 MAX_PROMPT_BYTES = 192
 
@@ -59,7 +62,9 @@ class Family:
     rule: Callable[[Value, int], Value]
     heldout: bool = False
     pivot: bool = False
-    """Examples straddle k (one input at or below, one above), so they show the comparison."""
+    """Inputs are drawn around k, and the examples and two hidden tests straddle it (one below,
+    one above; for strings, length), so they show the comparison and neither the identity nor
+    a constant passes."""
 
     def describe(self) -> dict[str, Any]:
         """Everything that defines the family, for the environment hash."""
@@ -80,7 +85,7 @@ FAMILIES: tuple[Family, ...] = (
         "int",
         ("return {a} plus {k}", "return {k} more than {a}"),
         "return {a} + {k}",
-        tuple(range(1, 10)),
+        tuple(range(1, 40)),
         lambda x, k: x + k,
     ),
     Family(
@@ -88,7 +93,7 @@ FAMILIES: tuple[Family, ...] = (
         "int",
         ("return {a} minus {k}", "return {k} less than {a}"),
         "return {a} - {k}",
-        tuple(range(1, 10)),
+        tuple(range(1, 40)),
         lambda x, k: x - k,
     ),
     Family(
@@ -96,7 +101,7 @@ FAMILIES: tuple[Family, ...] = (
         "int",
         ("return {a} times {k}", "return {a} multiplied by {k}"),
         "return {a} * {k}",
-        tuple(range(2, 10)),
+        tuple(range(2, 13)),
         lambda x, k: x * k,
     ),
     Family(
@@ -104,7 +109,7 @@ FAMILIES: tuple[Family, ...] = (
         "int",
         ("return the smaller of {a} and {k}", "return {a} but at most {k}"),
         "return min({a}, {k})",
-        tuple(range(1, 10)),
+        tuple(range(1, 40)),
         lambda x, k: min(x, k),
         pivot=True,
     ),
@@ -121,15 +126,16 @@ FAMILIES: tuple[Family, ...] = (
         "str",
         ("return the first {k} chars of {a}", "return {a} cut to {k} chars"),
         "return {a}[:{k}]",
-        tuple(range(1, 6)),
+        tuple(range(1, 7)),
         lambda s, k: s[:k],
+        pivot=True,
     ),
     Family(
         "list_add",
         "list",
         ("return {a} with {k} added to each item", "add {k} to every item of {a}"),
         "return [v + {k} for v in {a}]",
-        tuple(range(1, 10)),
+        tuple(range(1, 40)),
         lambda xs, k: [v + k for v in xs],
     ),
     Family(
@@ -137,7 +143,7 @@ FAMILIES: tuple[Family, ...] = (
         "list",
         ("return the items of {a} above {k}", "keep the items of {a} over {k}"),
         "return [v for v in {a} if v > {k}]",
-        tuple(range(1, 9)),
+        tuple(range(1, 40)),
         lambda xs, k: [v for v in xs if v > k],
         pivot=True,
     ),
@@ -146,7 +152,7 @@ FAMILIES: tuple[Family, ...] = (
         "int",
         ("return the larger of {a} and {k}", "return {a} but at least {k}"),
         "return max({a}, {k})",
-        tuple(range(1, 10)),
+        tuple(range(1, 40)),
         lambda x, k: max(x, k),
         heldout=True,
         pivot=True,
@@ -156,7 +162,7 @@ FAMILIES: tuple[Family, ...] = (
         "list",
         ("return {a} with each item times {k}", "multiply every item of {a} by {k}"),
         "return [v * {k} for v in {a}]",
-        tuple(range(2, 10)),
+        tuple(range(2, 13)),
         lambda xs, k: [v * k for v in xs],
         heldout=True,
     ),
@@ -181,16 +187,31 @@ def _input(kind: str, rng: np.random.Generator, wide: bool) -> Value:
     return [int(v) for v in rng.integers(low, 10, size=size)]
 
 
-def _pivot_examples(family: Family, k: int, rng: np.random.Generator) -> list[Value]:
-    """Two inputs whose outputs show the comparison with k: one at or below, one above."""
-    low, high = int(rng.integers(0, k + 1)), int(rng.integers(k + 1, k + 6))
-    pair: list[Value]
-    if family.kind == "int":
-        pair = [low, high]
-    else:
-        pair = [[low, high], [high, int(rng.integers(0, 10)), low]]
-    order = rng.permutation(2)
-    return [pair[int(i)] for i in order]
+def _side(kind: str, k: int, above: bool, rng: np.random.Generator, floor: int) -> Value:
+    """An input on one side of k: an int (or a list's telling item) from max(floor, k - 9) to
+    k - 1, or above k; a string no longer than k, or longer."""
+    if kind == "str":
+        return _word(rng, k + 1, k + 4) if above else _word(rng, 1, k)
+    value = int(rng.integers(k + 1, k + 10)) if above else int(rng.integers(max(floor, k - 9), k))
+    if kind == "int":
+        return value
+    other = int(rng.integers(max(0, k - 9), k + 10))
+    return [value, other] if rng.random() < 0.5 else [other, value]
+
+
+def _pivot_input(kind: str, k: int, rng: np.random.Generator) -> Value:
+    """A hidden-test input of a pivot family: drawn around k, so both sides are likely."""
+    if kind == "int":
+        return k + int(rng.integers(-15, 16))
+    if kind == "str":
+        return _word(rng, 0, k + 4)
+    return [k + int(v) for v in rng.integers(-10, 11, size=int(rng.integers(0, 5)))]
+
+
+def _straddle(family: Family, k: int, rng: np.random.Generator) -> list[Value]:
+    """Two shown inputs, one on each side of k (none negative), in random order."""
+    pair = [_side(family.kind, k, False, rng, 0), _side(family.kind, k, True, rng, 0)]
+    return pair if rng.random() < 0.5 else pair[::-1]
 
 
 def _distinct(draw: Callable[[], Value], count: int, avoid: list[Value]) -> list[Value]:
@@ -210,8 +231,21 @@ def _distinct(draw: Callable[[], Value], count: int, avoid: list[Value]) -> list
 
 def _examples(family: Family, k: int, rng: np.random.Generator) -> list[Value]:
     if family.pivot:
-        return _pivot_examples(family, k, rng)
+        return _straddle(family, k, rng)
     return _distinct(lambda: _input(family.kind, rng, wide=False), 2, [])
+
+
+def _hidden(family: Family, k: int, rng: np.random.Generator, shown: list[Value]) -> list[Value]:
+    """TESTS_PER_TASK fresh inputs; a pivot family's start with one on each side of k, so
+    neither the identity nor a constant passes them all."""
+    if not family.pivot:
+        return _distinct(lambda: _input(family.kind, rng, wide=True), TESTS_PER_TASK, shown)
+    below = _distinct(lambda: _side(family.kind, k, False, rng, k - 9), 1, shown)
+    above = _distinct(lambda: _side(family.kind, k, True, rng, k - 9), 1, shown + below)
+    rest = _distinct(
+        lambda: _pivot_input(family.kind, k, rng), TESTS_PER_TASK - 2, shown + below + above
+    )
+    return below + above + rest
 
 
 def render(family: Family, k: int, arg: str, wording: int, examples: list[Value]) -> str:
@@ -228,7 +262,7 @@ def _reference(family: Family, k: int, arg: str) -> str:
 def _task(family: Family, k: int, rng: np.random.Generator) -> TextTask:
     arg = _ARG_NAMES[family.kind][0]
     examples = _examples(family, k, rng)
-    hidden = _distinct(lambda: _input(family.kind, rng, wide=True), TESTS_PER_TASK, examples)
+    hidden = _hidden(family, k, rng, examples)
     tests = tuple(TestCase(f"{ENTRY}({x!r})", family.rule(x, k)) for x in hidden)
     prompt = render(family, k, arg, 0, examples)
     key = json.dumps([prompt, [[t.call, t.expected] for t in tests]])

@@ -21,10 +21,11 @@ def env():
         yield made
 
 
-def _run_reference(task: TextTask) -> list[object]:
-    """Our own generated reference, executed in-process (trusted code) for the pure checks."""
+def _run_reference(task: TextTask, body: str | None = None) -> list[object]:
+    """Our own generated reference (or a trivial body of ours), executed in-process (trusted
+    code) for the pure checks."""
     scope: dict[str, object] = {}
-    exec(task.prompt + task.reference, scope)
+    exec(task.prompt + (task.reference if body is None else body), scope)
     entry = scope[task.entry]
     return [eval(test.call, {task.entry: entry}) for test in task.tests]
 
@@ -43,8 +44,11 @@ def test_generated_tasks_are_short_regular_and_their_references_are_right(split,
         assert len({t.call for t in task.tests}) == 5
         for test in task.tests:  # the hidden tests are never the two shown examples
             assert f"{test.call}=" not in task.prompt
-        assert _run_reference(task) == [t.expected for t in task.tests]
+        expected = [t.expected for t in task.tests]
+        assert _run_reference(task) == expected
         assert body_format_ok(task.prompt, task.reference, task.entry)
+        for trivial in (task.param("arg"), str(task.param("k"))):  # the tests tell them apart
+            assert _run_reference(task, f"    return {trivial}\n") != expected, task
 
 
 def test_the_same_seed_gives_the_same_tasks_and_another_seed_others():
@@ -135,7 +139,7 @@ def test_a_function_that_raises_fails_its_tests_naming_the_exception(env):
 def test_the_format_term_and_partial_credit_follow_the_documented_formula(env):
     task = next(t for t in env.tasks("train", 50, 0) if t.family == "min")
     k = task.param("k")
-    wrong, partial = "    return 0\n", f"    return {k}\n"
+    wrong, partial = "    return 'no'\n", f"    return {k}\n"
     scores = env.score_many([task] * 3, [wrong, partial, task.reference + "\n\nignored"])
     passed = scores[1].passed
     assert scores[0].reward == pytest.approx(0.1)
