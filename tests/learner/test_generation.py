@@ -32,9 +32,9 @@ VOCAB = 259
 PROMPTS = ["def f(x):", "ab", "return x + 1\n", "q"]
 
 
-def policy(seed: int = 0, favour: str | None = None) -> CausalLMPolicy:
-    """A tiny byte LM; `favour` gives its LM head weight only for those bytes and EOS, so it
-    writes mostly them (rows then end early, at EOS or a stop string)."""
+def policy(seed: int = 0, favour: str | None = None, eos: bool = True) -> CausalLMPolicy:
+    """A tiny byte LM; `favour` gives its LM head a bias towards those bytes (and EOS unless
+    `eos` is False), so it writes mostly them (rows then end early, at EOS or a stop string)."""
     torch.manual_seed(seed)
     sizes = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                  intermediate_size=64, max_positions=128)  # fmt: skip
@@ -43,12 +43,14 @@ def policy(seed: int = 0, favour: str | None = None) -> CausalLMPolicy:
     model = build_model(cfg, obs, spaces.Discrete(VOCAB))
     assert isinstance(model, CausalLMPolicy)
     if favour is not None:
-        head = model.lm.get_output_embeddings().weight
-        chosen = [*TOKENIZER.encode(favour), TOKENIZER.eos_id]
+        old = model.lm.get_output_embeddings()
+        head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+        chosen = TOKENIZER.encode(favour) + ([TOKENIZER.eos_id] if eos else [])
         with torch.no_grad():
-            kept = head[chosen].clone()
-            head.zero_()
-            head[chosen] = kept * 40
+            head.weight.copy_(old.weight)
+            head.bias.zero_()
+            head.bias[chosen] = 6.0
+        model.lm.set_output_embeddings(head)
     return model
 
 
@@ -153,13 +155,18 @@ def test_greedy_equals_hf_greedy_generate(cfg):
     assert (done.logprobs == 0).all(), "a point mass: greedy log-probs are 0"
 
 
-def test_eos_and_stop_strings_end_rows_with_the_right_lengths_and_texts():
-    model = policy(seed=7, favour="ab\n")
-    cfg = SamplingConfig(temperature=1.0, max_new_tokens=20, stop=("ba", "\n\n"))
+@pytest.mark.parametrize(
+    ("favour", "eos", "stop", "seen"),
+    [("ab\n", True, ("ba", "\n\n"), {"eos", "stop"}), ("é\n", False, ("\né",), {"stop"})],
+    ids=["ascii", "multi-byte"],
+)
+def test_eos_and_stop_strings_end_rows_with_the_right_lengths_and_texts(favour, eos, stop, seen):
+    model = policy(seed=7, favour=favour, eos=eos)
+    cfg = SamplingConfig(temperature=1.0, max_new_tokens=20, stop=stop)
     done = Generator(model, TOKENIZER, cfg, seed=1).generate(prompts() * 4, version=2)
     reasons = done.stop_reasons
     assert set(reasons) <= {"eos", "stop", "length"}
-    assert {"eos", "stop"} <= set(reasons)
+    assert seen <= set(reasons)
     check_padding(done)
     for row, reason in enumerate(reasons):
         length = int(done.lengths[row])
