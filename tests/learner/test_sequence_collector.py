@@ -12,22 +12,14 @@ import torch
 
 from shoal.envs.codegen import CodeGenEnv
 from shoal.learner.generation import SamplingConfig
-from shoal.learner.models import ModelConfig, build_model
 from shoal.learner.models.causal_lm import CausalLMPolicy
 from shoal.learner.sequence_collector import SequenceCollector, prompt_ids
 from shoal.learner.sequences import SequenceFragment, fragment_from_wire
+from tests.support.hostile_lm import HOSTILE, tiny_lm, trained_to_write
 
 pytestmark = pytest.mark.timeout(300)
 
 MAX_NEW = 64
-HOSTILE = {
-    "loops": b"    while True:\n        pass\n\n",
-    "floods": b"    print('x' * 10**7)\n\n",
-    "forks": b"    import os\n    while True:\n        os.fork()\n\n",
-    "not_utf8": b"    return \xff\xfe\n\n",
-}
-"""Function bodies (CodeGen's completions): an infinite loop, 10 MB of output, a fork bomb,
-bytes that are not UTF-8."""
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +29,7 @@ def env() -> Iterator[CodeGenEnv]:
 
 
 def _policy(env: CodeGenEnv, seed: int = 0) -> CausalLMPolicy:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        family="causal-lm", vocab_size=env.tokenizer.vocab_size, hidden_size=64, num_layers=2,
-        num_heads=4, num_kv_heads=2, intermediate_size=128, max_positions=288,
-    )  # fmt: skip
-    policy = build_model(cfg, env.observation_space, env.action_space)
-    assert isinstance(policy, CausalLMPolicy)
-    return policy
+    return tiny_lm(env, seed)
 
 
 def _collector(
@@ -125,37 +110,8 @@ def test_weights_arriving_mid_batch(env: CodeGenEnv, arrival: str) -> None:
     collector.close()
 
 
-def _trained_to_write(env: CodeGenEnv, bodies: list[bytes], steps: int = 250) -> CausalLMPolicy:
-    """A tiny LM taught, by cross-entropy on completions, to answer any CodeGen prompt with one
-    of `bodies` (+ EOS), picked at random: which one a sample writes is its first branch."""
-    policy = _policy(env)
-    tokenizer = env.tokenizer
-    prompts = [[tokenizer.bos_id, *env.prompt_ids(t)] for t in env.tasks("train", 64, 0)]
-    targets = [[*body, tokenizer.eos_id] for body in bodies]
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
-    rng = np.random.default_rng(0)
-    for _ in range(steps):
-        rows = [
-            (prompts[int(rng.integers(len(prompts)))], targets[int(rng.integers(len(targets)))])
-            for _ in range(16)
-        ]
-        width = max(len(p) + len(b) for p, b in rows)
-        ids = torch.full((16, width), tokenizer.pad_id)
-        mask = torch.zeros(16, width, dtype=torch.bool)
-        for i, (prompt, body) in enumerate(rows):
-            ids[i, : len(prompt) + len(body)] = torch.tensor(prompt + body)
-            mask[i, len(prompt) : len(prompt) + len(body)] = True
-        logits = policy.lm(input_ids=ids).logits[:, :-1]
-        target = mask[:, 1:]
-        loss = torch.nn.functional.cross_entropy(logits[target], ids[:, 1:][target])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return policy
-
-
 def test_hostile_programs_score_zero_and_the_collector_keeps_producing(env: CodeGenEnv) -> None:
-    policy = _trained_to_write(env, list(HOSTILE.values()))
+    policy = trained_to_write(env, list(HOSTILE.values()))
     collector = _collector(env, policy, max_new=MAX_NEW)
     seen: set[str] = set()
     fragments = 0

@@ -1,0 +1,93 @@
+"""`shoal train` on text environments, on the embedded cluster: rollout workers sample completions
+from a tiny causal LM and score them in the sandbox, the learner trains on SequenceFragments, and
+the run ends with a checkpoint. A model that writes only hostile programs trains too, with no
+rollout worker restarted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal.envs.codegen import CodeGenEnv
+from shoal.learner.models.causal_lm import export_pretrained
+from tests.support.hostile_lm import HOSTILE, trained_to_write
+
+pytestmark = pytest.mark.timeout(600)
+
+JOB = """
+env_id = "{env_id}"
+max_env_steps = {steps}
+time_limit_s = 300
+[model]
+{model}
+[rollout]
+workers = 1
+num_envs = 8
+[text]
+max_new_tokens = {max_new}
+[token]
+group_size = 4
+[checkpoint]
+interval_s = 5
+"""
+TINY = "hidden_size = 32\nnum_layers = 1\nnum_heads = 2\nnum_kv_heads = 1\nintermediate_size = 64"
+
+
+def _train(tmp_path: Path, job: str) -> tuple[dict[str, Any], dict[str, Any], Path]:
+    """(the JSON summary, rank 0's status, the run directory) of one `shoal train` run."""
+    path = tmp_path / "job.toml"
+    path.write_text(job)
+    run_dir = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "shoal", "train", str(path), "--embedded", "--run-dir",
+        str(run_dir), "--quiet", "--json",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=550)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    status = json.loads((run_dir / "status-0.json").read_text())
+    return summary, status, run_dir
+
+
+def _assert_trained(summary: dict[str, Any], status: dict[str, Any], run_dir: Path) -> None:
+    assert summary["stopped_by"] == "max_env_steps"
+    assert summary["restarts"] == 0
+    assert summary["intake"]["trained"] >= 2
+    assert summary["intake"]["lost"] == summary["intake"]["duplicates"] == 0
+    assert status["version"] >= 2  # updates happened
+    assert status["metrics"]["num_sequences"] == 8
+    assert 0 <= status["metrics"]["reward_mean"] <= 1
+    assert Path(summary["checkpoint"]).is_dir()
+    assert Path(summary["checkpoint"]).is_relative_to(run_dir)
+
+
+def test_shoal_train_codeexec_trains_on_the_embedded_cluster(tmp_path: Path) -> None:
+    job = JOB.format(env_id="CodeExec-v1", steps=1500, model=TINY, max_new=32)
+    summary, status, run_dir = _train(tmp_path, job)
+    _assert_trained(summary, status, run_dir)
+    assert summary["env_id"] == "CodeExec-v1"
+    spec = json.loads((run_dir / "job.json").read_text())["config"]
+    assert spec["model"]["family"] == "causal-lm"  # `auto` became the causal LM
+    assert spec["model"]["vocab_size"] == 259  # the byte tokenizer's
+
+
+def test_a_model_writing_hostile_programs_never_breaks_a_rollout_worker(tmp_path: Path) -> None:
+    with CodeGenEnv(max_new_tokens=64, workers=1) as env:
+        policy = trained_to_write(env, list(HOSTILE.values()))
+    model_dir = export_pretrained(policy, tmp_path / "hostile")
+    job = JOB.format(
+        env_id="CodeGen-v1",
+        steps=1500,
+        model=f'family = "causal-lm"\npath = "{model_dir}"',
+        max_new=64,
+    )
+    summary, status, run_dir = _train(tmp_path, job)
+    _assert_trained(summary, status, run_dir)
+    assert status["rejected"] == 0
+    returns = sorted(status["returns"])
+    assert returns[len(returns) // 2] == 0  # most samples were hostile and scored 0
