@@ -179,19 +179,27 @@ def train(
         signal.signal(signal.SIGTERM, previous)
     if progress is not None:
         progress.close()
-    if evaluate_at_end and result.checkpoint is not None and not text:
-        eval_result, json_path, html_path = evaluate_checkpoint(
-            Path(result.checkpoint),
-            env_id,
-            cfg.eval.episodes,
-            directory.reports,
-            seed=cfg.seed + 12345,
-            env_kwargs=cfg.env_kwargs,
-            success_threshold=run.status.target,
-        )
+    if evaluate_at_end and result.checkpoint is not None:
+        if text:
+            from shoal.learner.text_job import evaluate_checkpoint as evaluate_text
+
+            mean, json_path, html_path = evaluate_text(
+                Path(result.checkpoint), env_id, cfg, directory.reports, seed=cfg.seed + 12345
+            )
+        else:
+            eval_result, json_path, html_path = evaluate_checkpoint(
+                Path(result.checkpoint),
+                env_id,
+                cfg.eval.episodes,
+                directory.reports,
+                seed=cfg.seed + 12345,
+                env_kwargs=cfg.env_kwargs,
+                success_threshold=run.status.target,
+            )
+            mean = float(eval_result.mean_return)
         result.report = str(json_path)
         result.report_html = str(html_path)
-        result.eval_mean_return = float(eval_result.mean_return)
+        result.eval_mean_return = mean
         if run.embedded is None:  # a cluster that outlives the run: its events keep the report
             run.record_report(result)
     directory.result.write_text(json.dumps(asdict(result), indent=1))

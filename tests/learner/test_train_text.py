@@ -38,14 +38,14 @@ interval_s = 5
 TINY = "hidden_size = 32\nnum_layers = 1\nnum_heads = 2\nnum_kv_heads = 1\nintermediate_size = 64"
 
 
-def _train(tmp_path: Path, job: str) -> tuple[dict[str, Any], dict[str, Any], Path]:
+def _train(tmp_path: Path, job: str, *extra: str) -> tuple[dict[str, Any], dict[str, Any], Path]:
     """(the JSON summary, rank 0's status, the run directory) of one `shoal train` run."""
     path = tmp_path / "job.toml"
     path.write_text(job)
     run_dir = tmp_path / "run"
     argv = [
         sys.executable, "-m", "shoal", "train", str(path), "--embedded", "--run-dir",
-        str(run_dir), "--quiet", "--json",
+        str(run_dir), "--quiet", "--json", *extra,
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=550)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -74,6 +74,10 @@ def test_shoal_train_codeexec_trains_on_the_embedded_cluster(tmp_path: Path) -> 
     spec = json.loads((run_dir / "job.json").read_text())["config"]
     assert spec["model"]["family"] == "causal-lm"  # `auto` became the causal LM
     assert spec["model"]["vocab_size"] == 259  # the byte tokenizer's
+    report = json.loads(Path(summary["report"]).read_text())  # pass@k of the final checkpoint
+    result = report["policies"]["policy"]["train"]
+    assert set(result["pass_at"]) == {"1", "4"}
+    assert sum(result["outcomes"].values()) == result["tasks"] * result["samples_per_task"]
 
 
 def test_a_model_writing_hostile_programs_never_breaks_a_rollout_worker(tmp_path: Path) -> None:
@@ -86,7 +90,7 @@ def test_a_model_writing_hostile_programs_never_breaks_a_rollout_worker(tmp_path
         model=f'family = "causal-lm"\npath = "{model_dir}"',
         max_new=64,
     )
-    summary, status, run_dir = _train(tmp_path, job)
+    summary, status, run_dir = _train(tmp_path, job, "--no-eval")
     _assert_trained(summary, status, run_dir)
     assert status["rejected"] == 0
     returns = sorted(status["returns"])
