@@ -379,9 +379,11 @@ class TokenPPO:
         self.policy: CausalLMPolicy = policy
         self.cfg = cfg
         self.forward_context = forward_context
-        self.optimizer = optimizer or torch.optim.AdamW(
-            policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0
-        )
+        if optimizer is None:
+            optimizer = torch.optim.AdamW(
+                policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0
+            )
+        self.optimizer = optimizer
         if reference is None and cfg.kl_coef > 0:
             reference = copy.deepcopy(policy)
         self.reference = reference
@@ -434,9 +436,9 @@ class TokenPPO:
         batch = build_token_batch(fragments, cfg, self.device)
         chunks = torch.arange(batch.rows, device=self.device).tensor_split(cfg.num_minibatches)
         with torch.no_grad():
-            prox = torch.cat([self.outputs(self.policy, batch, c).logprobs for c in chunks])
-            raw = torch.exp(prox - batch.behaviour_logp)
-            weights = raw.clamp(max=cfg.is_cap)
+            prox = None  # one pass over the batch: π_prox is the forward the loss takes anyway
+            if cfg.update_epochs * cfg.num_minibatches > 1:
+                prox = torch.cat([self.outputs(self.policy, batch, c).logprobs for c in chunks])
             ref = None
             if self.reference is not None and cfg.kl_coef > 0:
                 ref = torch.cat([self.outputs(self.reference, batch, c).logprobs for c in chunks])
@@ -446,15 +448,13 @@ class TokenPPO:
             for rows in torch.randperm(batch.rows, device=self.device).tensor_split(
                 cfg.num_minibatches
             ):
-                for key, value in self.minibatch_step(batch, rows, prox, weights, ref).items():
+                for key, value in self.minibatch_step(batch, rows, prox, ref).items():
                     sums[key] = sums.get(key, 0.0) + value
                 steps += 1
         rewards = np.concatenate([f.rewards for f in fragments])
         metrics.update({key: value / steps for key, value in sums.items()})
         metrics.update(
             {
-                "is_weight_mean": float(weights.mean()),
-                "is_weight_capped_frac": float((raw > cfg.is_cap).float().mean()),
                 "reward_mean": float(rewards.mean()),
                 "reward_std": float(rewards.std()),
                 "completion_length_mean": float(batch.completion_lengths.float().mean()),
@@ -473,15 +473,19 @@ class TokenPPO:
         self,
         batch: TokenBatch,
         rows: torch.Tensor,
-        prox: torch.Tensor,
-        weights: torch.Tensor,
+        prox: torch.Tensor | None,
         ref: torch.Tensor | None,
     ) -> dict[str, float]:
-        """Loss, backward, clip and step for the completions `rows`; returns its statistics."""
+        """Loss, backward, clip and step for the completions `rows`; returns its statistics.
+        `prox` holds π_prox per token; None when this step is the update's only one, where
+        π_prox is this very forward (detached)."""
         cfg = self.cfg
         at = batch.token_index(rows)
         out = self.outputs(self.policy, batch, rows)
-        log_ratio = out.logprobs - prox[at]
+        prox_at = out.logprobs.detach() if prox is None else prox[at]
+        raw = torch.exp(prox_at - batch.behaviour_logp[at])
+        weights = raw.clamp(max=cfg.is_cap)
+        log_ratio = out.logprobs - prox_at
         ratio = log_ratio.exp()
         adv = batch.advantages[at]
         if cfg.algo == "ppo" and cfg.norm_adv and adv.numel() > 1:
@@ -489,7 +493,7 @@ class TokenPPO:
         surrogate = torch.max(
             -adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
         )
-        policy_loss = weights[at] * surrogate
+        policy_loss = weights * surrogate
         per_token = policy_loss - cfg.ent_coef * out.entropy
         stats: dict[str, torch.Tensor] = {}
         if ref is not None:
@@ -513,6 +517,8 @@ class TokenPPO:
 
         with torch.no_grad():
             stats["approx_kl"] = ((ratio - 1) - log_ratio).mean()
+            stats["is_weight_mean"] = weights.mean()
+            stats["is_weight_capped_frac"] = (raw > cfg.is_cap).float().mean()
             stats["clipfrac"] = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
             stats["policy_loss"] = policy_loss.mean()
             stats["entropy"] = out.entropy.mean()

@@ -197,7 +197,8 @@ def test_token_index_follows_any_row_order():
 # -- the decoupled correction and the KL penalty -----------------------------------------------
 
 
-def test_on_policy_weights_are_one_when_the_temperature_matches_the_generators():
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_on_policy_weights_are_one_when_the_temperature_matches_the_generators(minibatches):
     policy = tiny_policy()
     frag = sample(policy, temperature=0.7, seed=3)
     mask = frag.completion_mask()
@@ -207,7 +208,7 @@ def test_on_policy_weights_are_one_when_the_temperature_matches_the_generators()
     np.testing.assert_allclose(same, np.bincount(rows, weights=behaviour), atol=1e-4)
     other = row_logprobs(policy, frag, 1.0)
     assert np.abs(other - np.bincount(rows, weights=behaviour)).max() > 1e-2
-    cfg = TokenRLConfig(group_size=GROUP, temperature=0.7, num_minibatches=2, lr=1e-3)
+    cfg = TokenRLConfig(group_size=GROUP, temperature=0.7, num_minibatches=minibatches, lr=1e-3)
     metrics = TokenPPO(policy, cfg).update([frag], current_version=0)
     assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["is_weight_capped_frac"] == 0.0
@@ -245,14 +246,23 @@ def test_staleness_is_measured_per_token_and_future_stamps_are_refused():
 # -- learning ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_a_few_updates_raise_the_log_prob_of_rewarded_completions(algo):
+@pytest.mark.parametrize(
+    ("algo", "loss_norm"), [("grpo", "token"), ("ppo", "token"), ("grpo", "sequence")]
+)
+def test_a_few_updates_raise_the_log_prob_of_rewarded_completions(algo, loss_norm):
     policy = tiny_policy(seed=1)
     frag = sample(policy, temperature=1.0, seed=5)
     good = frag.rewards > 0
     assert 0 < good.sum() < frag.num_envs
     before = row_logprobs(policy, frag, 1.0)
-    cfg = TokenRLConfig(algo=algo, group_size=GROUP, lr=3e-3, num_minibatches=2, update_epochs=2)
+    cfg = TokenRLConfig(
+        algo=algo,
+        group_size=GROUP,
+        loss_norm=loss_norm,
+        lr=3e-3,
+        num_minibatches=2,
+        update_epochs=2,
+    )
     ppo = TokenPPO(policy, cfg)
     for _ in range(4):
         metrics = ppo.update([frag], current_version=0)
