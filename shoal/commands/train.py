@@ -46,6 +46,19 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="the policy's model family: auto, mlp, cnn, causal-lm, or package.module:factory",
     )
     parser.add_argument(
+        "--algo",
+        choices=("grpo", "ppo"),
+        help="text environments: the token update, GRPO (group-normalised rewards, no critic) "
+        "or PPO (value head)",
+    )
+    parser.add_argument(
+        "--group-size", type=int, help="text environments: completions sampled per prompt"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        help="text environments: 'bytes' or a local tokenizer directory (never downloaded)",
+    )
+    parser.add_argument(
         "--checkpoint-storage",
         type=Path,
         help="a directory every host of the cluster mounts at this path; checkpoints go there "
@@ -119,6 +132,8 @@ def build_config(args: argparse.Namespace) -> Any:
             "sharding": args.sharding,
         },
         "model": {"family": args.model},
+        "token": {"algo": args.algo, "group_size": args.group_size},
+        "text": {"tokenizer": args.tokenizer},
         "checkpoint": {
             "interval_s": args.checkpoint_interval,
             "storage": None
@@ -162,7 +177,8 @@ def find_coordinators(args: argparse.Namespace) -> Any:
 
 # flags of the PPO job that the pipeline has no use for: an error, not silently ignored
 NOT_FOR_PIPELINE = ("time_limit", "target_return", "max_env_steps", "workers", "envs", "ranks",
-                    "gpus_per_rank", "sharding", "model", "checkpoint_storage",
+                    "gpus_per_rank", "sharding", "model", "algo", "group_size", "tokenizer",
+                    "checkpoint_storage",
                     "checkpoint_interval", "cluster", "coordinators", "token_file",
                     "max_restarts", "restart_window")  # fmt: skip
 

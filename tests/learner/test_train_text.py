@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from shoal.cli import main
 from shoal.envs.codegen import CodeGenEnv
 from shoal.learner.models.causal_lm import export_pretrained
 from tests.support.hostile_lm import HOSTILE, trained_to_write
@@ -95,3 +96,33 @@ def test_a_model_writing_hostile_programs_never_breaks_a_rollout_worker(tmp_path
     assert status["rejected"] == 0
     returns = sorted(status["returns"])
     assert returns[len(returns) // 2] == 0  # most samples were hostile and scored 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--envs", "6"], "rollout.num_envs = 6 is invalid with token.group_size = 4"),
+        (["--model", "mlp"], "model.family = 'mlp' cannot write text"),
+        (["--group-size", "1"], "token.group_size = 1 is invalid"),
+        (["--tokenizer", "/no/such/dir"], "/no/such/dir"),
+        (["--ranks", "2", "--workers", "2"], "the token update runs on one learner rank"),
+    ],
+)
+def test_a_bad_text_job_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    run_dir = tmp_path / "r"
+    assert main(["train", "CodeExec-v1", *flags, "--embedded", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert message in err
+    assert not run_dir.exists()
+
+
+def test_prompts_longer_than_the_models_positions_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text('env_id = "CodeGen-v1"\n[model]\nmax_positions = 128\n')
+    assert main(["train", str(job), "--embedded", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "model.max_positions = 128 is invalid" in capsys.readouterr().err
