@@ -177,6 +177,8 @@ def reward_of(passed: int, total: int, status: str, format_ok: bool) -> float:
     """The documented reward: 0.9 × fraction passed + 0.1 × format, only when status is "ok"."""
     if status != "ok" or total <= 0:
         return 0.0
+    if passed == total and format_ok:
+        return 1.0  # exactly: 0.9 × 9/9 + 0.1 is 0.9999999999999999 in floating point
     return (1.0 - FORMAT_WEIGHT) * passed / total + FORMAT_WEIGHT * float(format_ok)
 
 

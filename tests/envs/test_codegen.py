@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from shoal.envs.code_scoring import body_format_ok
 from shoal.envs.codegen import FAMILIES, HELD_OUT_VALUES, CodeGenEnv
 from shoal.envs.sandbox import SandboxPool
-from shoal.envs.text_tasks import SPLITS, TextEnvError, TextTask
+from shoal.envs.text_tasks import SPLITS, TextEnvError, TextTask, cut_at_stop, reward_of
 
 MAX_PROMPT_BYTES = 160
 
@@ -224,3 +224,30 @@ def test_tasks_survive_a_json_round_trip_and_bad_records_are_refused():
     ):
         with pytest.raises(BadTask):
             task_from_dict(broken)
+
+
+@given(st.text(max_size=300))
+def test_the_format_check_never_raises_and_rejects_what_is_not_a_body(body):
+    prompt = "def f(x):\n    # return x plus 1\n"
+    ok = body_format_ok(prompt, body, "f")
+    if ok:
+        assert all(line.startswith((" ", "\t")) for line in body.splitlines() if line.strip())
+        assert "import" in body or "__" not in body
+
+
+@given(st.text(max_size=100), st.lists(st.text(min_size=1, max_size=3), max_size=3))
+def test_cutting_at_a_stop_keeps_a_prefix_that_holds_at_most_one_stop_at_its_end(text, stops):
+    cut = cut_at_stop(text, stops)
+    assert text.startswith(cut)
+    inner = cut[:-1]
+    assert not any(stop in inner for stop in stops)
+
+
+@given(st.integers(0, 50), st.integers(1, 50), st.booleans(), st.sampled_from(["ok", "timeout"]))
+def test_the_reward_is_in_range_and_one_only_for_a_full_pass_in_format(passed, total, fmt, status):
+    passed = min(passed, total)
+    reward = reward_of(passed, total, status, fmt)
+    assert 0.0 <= reward <= 1.0
+    assert (reward == 1.0) == (status == "ok" and passed == total and fmt)
+    if status != "ok":
+        assert reward == 0.0
