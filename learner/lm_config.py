@@ -1,0 +1,121 @@
+"""`LMPipelineConfig`: every setting of the language-model pipeline, checked before stage 1.
+
+The defaults are the CPU recipe (a byte-level Qwen2 student of a few million parameters, all
+four stages on 2 cores in minutes; docs/pipeline.md has the measurements). A GPU cluster's recipe
+is the same table with bigger `[pipeline.teacher]`/`[pipeline.student]` sizes and more steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shoal.config import check_int, check_number
+from shoal.errors import ConfigError
+from shoal.learner.config import SEED_MAX
+from shoal.learner.distill import FitConfig
+from shoal.learner.models import ModelConfig
+from shoal.learner.token_ppo import TokenRLConfig
+
+STAGES = ("synthesis", "distillation", "rl", "evaluation")
+
+
+def _lm(hidden: int, layers: int, heads: int, intermediate: int) -> ModelConfig:
+    return ModelConfig(family="causal-lm", arch="qwen2", hidden_size=hidden, num_layers=layers,
+                       num_heads=heads, num_kv_heads=max(1, heads // 2),
+                       intermediate_size=intermediate, max_positions=512)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RLStageConfig:
+    """Stage 3: asynchronous RL from the distilled student."""
+
+    steps: int = 40
+    """Learner updates; each consumes one batch of prompts_per_step × token.group_size samples."""
+    prompts_per_step: int = 8
+    max_staleness: int = 1
+    """A batch is at most this many policy versions older than the learner that consumes it;
+    the generation worker waits rather than run further ahead."""
+    queue_size: int = 2
+    """Finished batches waiting for the learner at most."""
+    max_new_tokens: int = 48
+    token: TokenRLConfig = field(
+        default_factory=lambda: TokenRLConfig(algo="grpo", group_size=8, lr=1e-4)
+    )
+    """The token update (algo grpo|ppo, group_size, temperature, lr, kl_coef, clip, ...)."""
+
+    def __post_init__(self) -> None:
+        check_int("pipeline.rl.steps", self.steps, 0, 1_000_000)
+        check_int("pipeline.rl.prompts_per_step", self.prompts_per_step, 1, 4096)
+        check_int("pipeline.rl.max_staleness", self.max_staleness, 0, 64)
+        check_int("pipeline.rl.queue_size", self.queue_size, 1, 64)
+        check_int("pipeline.rl.max_new_tokens", self.max_new_tokens, 1, 4096)
+        if self.prompts_per_step * self.token.group_size < self.token.num_minibatches:
+            raise ConfigError(
+                "pipeline.rl.prompts_per_step × token.group_size is fewer completions than "
+                "token.num_minibatches: raise the first or lower the second"
+            )
+
+
+@dataclass(frozen=True)
+class EvalStageConfig:
+    """Stage 4: pass@k of the teacher, the distilled student and the RL policy."""
+
+    tasks: int = 48
+    """Tasks per split (held-out tasks, held-out families, perturbed held-out tasks)."""
+    samples: int = 8
+    """Samples per task: pass@k for k up to this, by the unbiased estimator."""
+    ks: tuple[int, ...] = (1, 4, 8)
+    temperature: float = 0.8
+    max_new_tokens: int = 48
+
+    def __post_init__(self) -> None:
+        check_int("pipeline.eval.tasks", self.tasks, 1, 100_000)
+        check_int("pipeline.eval.samples", self.samples, 1, 1024)
+        if not self.ks or any(
+            isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.samples
+            for k in self.ks
+        ):
+            raise ConfigError(
+                f"pipeline.eval.ks = {self.ks!r} is invalid: list integers from 1 to "
+                f"pipeline.eval.samples ({self.samples})"
+            )
+        check_number("pipeline.eval.temperature", self.temperature, above=0, high=10)
+        check_int("pipeline.eval.max_new_tokens", self.max_new_tokens, 1, 4096)
+
+
+@dataclass(frozen=True)
+class LMPipelineConfig:
+    """The four stages for a text environment (CodeGen-v1, Countdown-v1, ...)."""
+
+    env_id: str = "CodeGen-v1"
+    seed: int = 0
+    """Seeds stage 1's tasks and every model's initialisation and sampling."""
+    tokenizer: str = "bytes"
+    """"bytes" or a local tokenizer directory (never downloaded)."""
+    train_tasks: int = 2000
+    """Training tasks synthesised in stage 1 (SFT and distillation examples, RL prompts)."""
+    torch_threads: int = 2
+    teacher: ModelConfig = field(default_factory=lambda: _lm(256, 4, 4, 704))
+    student: ModelConfig = field(default_factory=lambda: _lm(192, 3, 4, 512))
+    sft: FitConfig = field(default_factory=lambda: FitConfig(epochs=6, lr=3e-3))
+    """How the teacher learns the reference solutions."""
+    distill: FitConfig = field(default_factory=lambda: FitConfig(epochs=6, lr=3e-3))
+    """How the student learns the teacher's logits (temperature, ce_weight)."""
+    rl: RLStageConfig = field(default_factory=RLStageConfig)
+    eval: EvalStageConfig = field(default_factory=EvalStageConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.env_id, str) or not self.env_id:
+            raise ConfigError(f"pipeline.env_id = {self.env_id!r} is invalid: use e.g. CodeGen-v1")
+        check_int("pipeline.seed", self.seed, 0, SEED_MAX)
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ConfigError(
+                f"pipeline.tokenizer = {self.tokenizer!r} is invalid: use bytes or a directory"
+            )
+        check_int("pipeline.train_tasks", self.train_tasks, 1, 1_000_000)
+        check_int("pipeline.torch_threads", self.torch_threads, 1, 1024)
+        for name in ("teacher", "student"):
+            if getattr(self, name).family != "causal-lm":
+                raise ConfigError(
+                    f"pipeline.{name}.family must be causal-lm (the pipeline trains token policies)"
+                )

@@ -1,0 +1,352 @@
+"""The language-model pipeline: synthesis → teacher SFT + student distillation → async RL →
+evaluation, each stage's outputs hashed into pipeline.json.
+
+1. *Synthesis*: the text environment's rule engine writes train, held-out, held-out-family and
+   perturbed held-out tasks (prompt, reference solution, hidden tests) as JSONL; every reference
+   is scored by the environment (the sandbox for code), so a broken generator fails here.
+2. *Distillation*: a teacher LM learns the references by cross-entropy, then a smaller student
+   learns the teacher's next-token distributions (forward KL on logits, learner/distill.py).
+3. *RL*: the student improves on sandbox rewards, asynchronously: a worker thread generates and
+   scores while the learner updates (learner/lm_rl.py).
+4. *Evaluation*: pass@1/pass@k of teacher, student and RL policy on the held-out splits, with
+   the failure breakdown, as report.json + report.html (learner/lm_eval.py).
+
+Each stage reads only the previous stages' recorded outputs, checked against their sha256, so
+`from_stage` reruns any stage (and those after it) from what the earlier ones left on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from shoal.learner.distill import fit
+from shoal.learner.errors import PipelineError
+from shoal.learner.lm_config import STAGES, LMPipelineConfig
+from shoal.learner.models import build_model
+from shoal.learner.models.causal_lm import CausalLMPolicy, export_pretrained
+from shoal.learner.pipeline import Recorder
+from shoal.learner.sequence_collector import prompt_ids
+
+EVAL_SPLITS = ("heldout", "heldout_families", "perturbed")
+TASK_SPLITS = ("train", *EVAL_SPLITS)
+POLICIES = ("teacher", "student", "rl")
+MAX_TASK_LINE = 1 << 20
+"""A task's JSONL line at most (bytes): a file edited by hand is hostile input."""
+
+
+def stage_index(stage: str | int | None) -> int:
+    """0-based index of a stage given by name or 1-based number (None: the first)."""
+    if stage is None:
+        return 0
+    if isinstance(stage, int) or (isinstance(stage, str) and stage.isdigit()):
+        number = int(stage)
+        if 1 <= number <= len(STAGES):
+            return number - 1
+    elif stage in STAGES:
+        return STAGES.index(stage)
+    raise PipelineError(
+        f"--from-stage {stage!r} is not a stage: use 1-{len(STAGES)} or one of {', '.join(STAGES)}"
+    )
+
+
+def run_lm_pipeline(
+    cfg: LMPipelineConfig, run_dir: str | Path, from_stage: str | int | None = None
+) -> dict[str, Any]:
+    """Run the stages from `from_stage` on into `run_dir`; earlier stages' recorded outputs are
+    checked and reused. Returns the manifest also written to pipeline.json."""
+    root = Path(run_dir)
+    start = stage_index(from_stage)
+    previous = _previous_stages(root, start)
+    root.mkdir(parents=True, exist_ok=True)
+    rec = Recorder(root, cfg)  # type: ignore[arg-type]
+    rec.manifest["kind"] = "lm"
+    rec.manifest["stages"] = previous
+    rec.flush()
+    with _torch_threads(cfg.torch_threads):
+        for name in STAGES[start:]:
+            torch.manual_seed(cfg.seed + STAGES.index(name))
+            _RUNNERS[name](cfg, rec)
+    return rec.manifest
+
+
+@contextmanager
+def _torch_threads(count: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _previous_stages(root: Path, start: int) -> list[dict[str, Any]]:
+    """The recorded stages before `start`, each output checked against its sha256."""
+    if start == 0:
+        return []
+    path = root / "pipeline.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PipelineError(
+            f"cannot rerun from stage {start + 1}: {path} is missing or unreadable ({exc}); "
+            "run the whole pipeline first"
+        ) from exc
+    stages = manifest.get("stages") if isinstance(manifest, dict) else None
+    names = [s.get("name") for s in stages or [] if isinstance(s, dict)]
+    if names[:start] != list(STAGES[:start]):
+        raise PipelineError(
+            f"cannot rerun from stage {start + 1} ({STAGES[start]}): {path} records {names}, "
+            f"not {list(STAGES[:start])}; rerun from an earlier stage"
+        )
+    kept = [dict(s, reused=True) for s in stages[:start]]  # type: ignore[index]
+    for stage in kept:
+        for output in stage.get("outputs", {}).values():
+            _verify(root, output, stage["name"])
+    return kept
+
+
+def _verify(root: Path, output: Mapping[str, Any], stage: str) -> Path:
+    path = root / str(output.get("path", ""))
+    if not path.resolve().is_relative_to(root.resolve()) or not path.exists():
+        raise PipelineError(f"stage {stage}'s output {path} is missing; rerun from that stage")
+    if digest(path) != output.get("sha256"):
+        raise PipelineError(
+            f"stage {stage}'s output {path} changed since it was recorded (sha256 differs); "
+            "rerun from that stage"
+        )
+    return path
+
+
+def digest(path: Path) -> str:
+    """sha256 of a file, or of a directory: over its files' relative paths and sha256s."""
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    lines = [
+        f"{p.relative_to(path).as_posix()}\0{hashlib.sha256(p.read_bytes()).hexdigest()}\n"
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    ]
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def _output(rec: Recorder, path: Path) -> dict[str, str]:
+    return rec.output(path, digest(path))
+
+
+def _input(rec: Recorder, stage: str, key: str) -> Path:
+    for entry in rec.manifest["stages"]:
+        if entry["name"] == stage and key in entry["outputs"]:
+            return _verify(rec.run_dir, entry["outputs"][key], stage)
+    raise PipelineError(f"stage {stage} recorded no {key!r}; rerun from stage {stage}")
+
+
+# -- tasks on disk -----------------------------------------------------------------------------
+
+
+def _write_tasks(path: Path, tasks: Sequence[Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(task_to_json(t), sort_keys=True) for t in tasks]
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+def task_to_json(task: Any) -> dict[str, Any]:
+    from shoal.envs.text_tasks import task_to_dict
+
+    return task_to_dict(task)
+
+
+def read_tasks(path: Path) -> list[Any]:
+    """Tasks from a JSONL file stage 1 wrote (bounded lines, each validated by the env module)."""
+    from shoal.envs.text_tasks import task_from_dict
+
+    tasks = []
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, 1):
+            if len(line) > MAX_TASK_LINE:
+                raise PipelineError(f"{path}:{number}: a task line over {MAX_TASK_LINE} bytes")
+            try:
+                tasks.append(task_from_dict(json.loads(line)))
+            except (ValueError, TypeError) as exc:
+                raise PipelineError(f"{path}:{number}: not a task ({exc}); rerun stage 1") from exc
+    return tasks
+
+
+# -- models ------------------------------------------------------------------------------------
+
+
+def policy_spaces(vocab: int, positions: int) -> tuple[spaces.Box, spaces.Discrete]:
+    """The token spaces a causal-lm policy over this vocabulary is built for."""
+    return spaces.Box(0, vocab - 1, (positions,), np.int64), spaces.Discrete(vocab)
+
+
+def new_policy(model_cfg: Any, tokenizer: Any) -> CausalLMPolicy:
+    from dataclasses import replace
+
+    cfg = replace(model_cfg, vocab_size=int(tokenizer.vocab_size))
+    policy = build_model(cfg, *policy_spaces(cfg.vocab_size, cfg.max_positions))
+    if not isinstance(policy, CausalLMPolicy):
+        raise PipelineError(f"model family {cfg.family!r} is not a causal LM")
+    return policy
+
+
+def load_policy(path: Path, tokenizer: Any) -> CausalLMPolicy:
+    """A model a stage exported (config.json and weights read as hostile input by
+    `CausalLMPolicy.from_pretrained`), quietly: no progress bar."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    config = json.loads((path / "config.json").read_text())
+    obs, act = policy_spaces(int(tokenizer.vocab_size), int(config["max_position_embeddings"]))
+    return CausalLMPolicy.from_pretrained(path, obs, act)
+
+
+def examples(tasks: Sequence[Any], env: Any) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, completion ids) per task: the prompt as every stage encodes it (BOS +
+    prompt, learner/sequence_collector.py), the reference + EOS."""
+    tokenizer = env.tokenizer
+    prompts = [prompt_ids(t, env) for t in tasks]
+    completions = [[*tokenizer.encode(t.reference), tokenizer.eos_id] for t in tasks]
+    return prompts, completions
+
+
+def _params(policy: CausalLMPolicy) -> int:
+    return sum(p.numel() for p in policy.lm.parameters())
+
+
+# -- the stages --------------------------------------------------------------------------------
+
+
+def _make_env(cfg: LMPipelineConfig) -> Any:
+    """The text environment, its completions as long as the longest any stage samples."""
+    from shoal.envs.text_registry import make_text_env
+
+    longest = max(cfg.rl.max_new_tokens, cfg.eval.max_new_tokens)
+    return make_text_env(cfg.env_id, tokenizer=cfg.tokenizer, max_new_tokens=longest)
+
+
+def _env_hash(env: Any) -> str:
+    from shoal.envs.text_registry import text_env_hash
+
+    return text_env_hash(env)
+
+
+def _stage_synthesis(cfg: LMPipelineConfig, rec: Recorder) -> None:
+    started = time.perf_counter()
+    env = _make_env(cfg)
+    try:
+        splits = {
+            "train": env.tasks("train", cfg.train_tasks, cfg.seed),
+            "heldout": env.tasks("heldout", cfg.eval.tasks, cfg.seed),
+            "heldout_families": env.tasks("heldout_families", cfg.eval.tasks, cfg.seed),
+        }
+        rng = np.random.default_rng(cfg.seed)
+        splits["perturbed"] = [env.perturb(t, rng) for t in splits["heldout"]]
+        every = [t for tasks in splits.values() for t in tasks]
+        scores = env.score_many(every, [t.reference for t in every])
+        digest_ = _env_hash(env)
+    finally:
+        env.close()
+    failing = [t.id for t, s in zip(every, scores) if s.passed != s.total or s.total == 0]
+    if failing:
+        raise PipelineError(
+            f"{cfg.env_id}: {len(failing)} reference solutions fail their own tests (first: "
+            f"{failing[:3]}); the task generator is broken, report it"
+        )
+    outputs = {}
+    for name, tasks in splits.items():
+        path = rec.run_dir / "tasks" / f"{name}.jsonl"
+        _write_tasks(path, tasks)
+        outputs[name] = _output(rec, path)
+    families = {name: sorted({t.family for t in tasks}) for name, tasks in splits.items()}
+    metrics = {f"{name}_tasks": len(tasks) for name, tasks in splits.items()}
+    metrics |= {"families": families, "reference_pass_rate": 1.0}
+    rec.stage("synthesis", started, digest_, outputs, metrics)
+
+
+def _stage_distillation(cfg: LMPipelineConfig, rec: Recorder) -> None:
+    started = time.perf_counter()
+    env = _make_env(cfg)
+    env.close()  # only its tokenizer and prompt encoding are needed here
+    tokenizer = env.tokenizer
+    tasks = read_tasks(_input(rec, "synthesis", "train"))
+    prompts, completions = examples(tasks, env)
+    teacher = new_policy(cfg.teacher, tokenizer)
+    t0 = time.perf_counter()
+    teacher_fit = fit(teacher.lm, prompts, completions, tokenizer.pad_id, cfg.sft, seed=cfg.seed)
+    teacher_s = time.perf_counter() - t0
+    student = new_policy(cfg.student, tokenizer)
+    t0 = time.perf_counter()
+    student_fit = fit(student.lm, prompts, completions, tokenizer.pad_id, cfg.distill,
+                      seed=cfg.seed, teacher=teacher.lm)  # fmt: skip
+    student_s = time.perf_counter() - t0
+    outputs = {}
+    for name, policy in (("teacher", teacher), ("student", student)):
+        outputs[name] = _output(rec, export_pretrained(policy, rec.run_dir / "models" / name))
+    metrics = {
+        "teacher": {**teacher_fit, "params": _params(teacher), "wall_s": teacher_s},
+        "student": {**student_fit, "params": _params(student), "wall_s": student_s},
+        "tokenizer": tokenizer.fingerprint(),
+    }
+    rec.stage("distillation", started, None, outputs, metrics)
+
+
+def _stage_rl(cfg: LMPipelineConfig, rec: Recorder) -> None:
+    from shoal.learner.lm_rl import train_rl
+
+    started = time.perf_counter()
+    env = _make_env(cfg)
+    student = load_policy(_input(rec, "distillation", "student"), env.tokenizer)
+    try:
+        digest_ = _env_hash(env)
+        metrics = train_rl(student, env, digest_, cfg.rl, seed=cfg.seed)
+    finally:
+        env.close()
+    path = export_pretrained(student, rec.run_dir / "models" / "rl")
+    rec.stage("rl", started, digest_, {"rl": _output(rec, path)}, metrics)
+
+
+def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder) -> None:
+    from shoal.learner.lm_eval import evaluate_policy, write_report
+    from shoal.learner.lm_sampling import sampler
+
+    started = time.perf_counter()
+    splits = {name: read_tasks(_input(rec, "synthesis", name)) for name in EVAL_SPLITS}
+    stage_of = {"teacher": "distillation", "student": "distillation", "rl": "rl"}
+    env = _make_env(cfg)
+    results = {}
+    try:
+        digest_ = _env_hash(env)
+        for name in POLICIES:
+            policy = load_policy(_input(rec, stage_of[name], name), env.tokenizer)
+            sample = sampler(policy, env, cfg.eval, seed=cfg.seed)
+            results[name] = evaluate_policy(env, splits, sample, cfg.eval.samples, cfg.eval.ks)
+    finally:
+        env.close()
+    meta = {"env_id": cfg.env_id, "env_hash": digest_, "seed": cfg.seed,
+            "eval": asdict(cfg.eval)}  # fmt: skip
+    json_path, html_path = write_report(results, meta, rec.run_dir / "report")
+    outputs = {"report_json": _output(rec, json_path), "report_html": _output(rec, html_path)}
+    metrics = {
+        name: {split: {"pass_at": r.pass_at, "outcomes": r.outcomes} for split, r in by.items()}
+        for name, by in results.items()
+    }
+    rec.stage("evaluation", started, digest_, outputs, metrics)
+
+
+_RUNNERS = {
+    "synthesis": _stage_synthesis,
+    "distillation": _stage_distillation,
+    "rl": _stage_rl,
+    "evaluation": _stage_evaluation,
+}
