@@ -36,7 +36,8 @@ from shoal.learner.parallel import full_tensor
 from shoal.learner.sequences import AnyFragment, SequenceFragment
 
 if TYPE_CHECKING:
-    from shoal.learner.token_ppo import TokenPPO, TokenRLConfig
+    from shoal.learner.token_config import TokenRLConfig
+    from shoal.learner.token_ppo import TokenPPO
 
 MetricSync = Callable[[torch.Tensor], torch.Tensor]
 
@@ -324,7 +325,9 @@ class PPOLearner:
         self, fragments: Sequence[SequenceFragment], current_version: int
     ) -> dict[str, float]:
         """learner/token_ppo.py's update on this learner's policy and optimiser."""
-        from shoal.learner.token_ppo import TokenPPO, TokenRLConfig  # it builds on this module
+        # both build on this module, so they are imported when first needed
+        from shoal.learner.token_config import TokenRLConfig
+        from shoal.learner.token_ppo import TokenPPO
 
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         if self.model is not self.policy or (

@@ -15,7 +15,8 @@ Both correct for staleness as learner/ppo.py does: the trust region is taken aro
 learner's parameters when the update starts, and each token is re-weighted by π_prox/μ capped at
 `is_cap`, where μ is the behaviour log-prob learner/generation.py recorded: the log-prob under
 the SAMPLING distribution, softmax(logits / temperature). So every log-prob here is computed at
-the same `temperature` the actors sample with; with it, on-policy data gets weight 1 exactly.
+the same `temperature` the actors sample with; with it, on-policy data gets weight 1 (up to
+rounding).
 An optional KL penalty to a frozen reference policy uses the k3 estimator
 exp(ref − logp) − (ref − logp) − 1 per token (unbiased, always >= 0).
 
@@ -31,6 +32,7 @@ Staleness is measured in versions from the per-token stamps (current version −
 sampled the token); the intake's bound (learner/buffer.py) holds for every token because a
 fragment's `policy_version` is its oldest stamp.
 
+The advantages are learner/token_advantages.py's, the hyper-parameters learner/token_config.py's.
 `token_outputs` is the one forward: the HF decoder over [N, L], then the LM head and value head
 only at the completion positions (an [N, L, vocab] logit tensor would be most of the memory).
 """
@@ -39,162 +41,22 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from shoal.errors import ConfigError
 from shoal.learner.errors import BadFragment, PolicyError
 from shoal.learner.models.base import PolicyModel
 from shoal.learner.models.causal_lm import CausalLMPolicy
 from shoal.learner.parallel import full_tensor
-from shoal.learner.ppo import PPOConfig, explained_variance, lag_summary
+from shoal.learner.ppo import explained_variance, lag_summary
 from shoal.learner.sequences import SequenceFragment, check_vocab
-
-Algo = Literal["ppo", "grpo"]
-LossNorm = Literal["token", "sequence"]
-MAX_GROUP_SIZE = 4096
-
-
-@dataclass
-class TokenRLConfig:
-    """The token update's hyper-parameters (the `[token]` section of a job)."""
-
-    algo: Algo = "grpo"
-    """"grpo" (group-normalised rewards, no critic) or "ppo" (value head + GAE)."""
-    group_size: int = 4
-    """Completions sampled per prompt; GRPO refuses a group of another size (>= 2 for GRPO)."""
-    temperature: float = 1.0
-    """The actors' sampling temperature: log-probs are recomputed under softmax(logits / it)."""
-    lr: float = 1e-4
-    """AdamW learning rate when TokenPPO owns its optimiser (under PPOLearner: ppo.lr)."""
-    adam_eps: float = 1e-8
-    clip_coef: float = 0.2
-    """PPO's ratio clip ε around π_prox (also the value clip when clip_vloss)."""
-    is_cap: float = 2.0
-    """Cap on the per-token importance weight π_prox/μ (>= 1)."""
-    update_epochs: int = 1
-    """Passes over the batch per update."""
-    num_minibatches: int = 1
-    """Minibatches (of whole completions) per epoch."""
-    kl_coef: float = 0.0
-    """Weight of the k3 KL penalty to the frozen reference policy; 0 keeps no reference."""
-    ent_coef: float = 0.0
-    """Weight of the entropy bonus."""
-    vf_coef: float = 0.5
-    """Weight of the value loss (ppo only)."""
-    gamma: float = 1.0
-    """Discount over completion tokens (ppo only)."""
-    gae_lambda: float = 0.95
-    """GAE's λ over completion tokens (ppo only)."""
-    max_grad_norm: float = 1.0
-    """Global gradient-norm clip."""
-    clip_vloss: bool = True
-    """Clip the value update around the behaviour values (ppo only)."""
-    norm_adv: bool = True
-    """Whiten the token advantages per minibatch (ppo only; GRPO's are normalised per group)."""
-    adv_eps: float = 1e-6
-    """GRPO's eps in (r − mean) / (std + eps): a group whose rewards are all equal gets 0."""
-    loss_norm: LossNorm = "token"
-    """"token": mean over the minibatch's completion tokens; "sequence": per completion first
-    (see the module docstring for why token is the default)."""
-
-    def __post_init__(self) -> None:
-        if self.algo not in ("ppo", "grpo"):
-            raise ConfigError(f"token.algo = {self.algo!r:.40} is invalid: use 'ppo' or 'grpo'")
-        if self.loss_norm not in ("token", "sequence"):
-            raise ConfigError(
-                f"token.loss_norm = {self.loss_norm!r:.40} is invalid: use 'token' or 'sequence'"
-            )
-        low = 2 if self.algo == "grpo" else 1
-        _integer("group_size", self.group_size, low, MAX_GROUP_SIZE)
-        _integer("update_epochs", self.update_epochs, 1, 1000)
-        _integer("num_minibatches", self.num_minibatches, 1, 1 << 16)
-        _real("temperature", self.temperature, low=0, open_low=True, high=100)
-        for key in ("lr", "adam_eps", "clip_coef", "max_grad_norm", "adv_eps"):
-            _real(key, getattr(self, key), low=0, open_low=True)
-        for key in ("kl_coef", "ent_coef", "vf_coef"):
-            _real(key, getattr(self, key), low=0)
-        for key in ("gamma", "gae_lambda"):
-            _real(key, getattr(self, key), low=0, high=1)
-        _real("is_cap", self.is_cap, low=1)
-        for key in ("clip_vloss", "norm_adv"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"token.{key} must be true or false")
-
-    @classmethod
-    def from_ppo(cls, ppo: PPOConfig, **overrides: Any) -> TokenRLConfig:
-        """The shared hyper-parameters taken from a `[ppo]` section, the rest defaulted or given."""
-        shared = {f.name for f in fields(cls)} & {f.name for f in fields(PPOConfig)}
-        shared -= {"gamma"}  # steps are discounted, completion tokens are not
-        return cls(**{**{k: getattr(ppo, k) for k in shared}, **overrides})
-
-
-def _integer(key: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(
-            f"token.{key} = {value!r:.40} is invalid: use an integer from {low} to {high}"
-        )
-
-
-def _real(
-    key: str, value: object, low: float, high: float = math.inf, open_low: bool = False
-) -> None:
-    number = value if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
-    if not (math.isfinite(number) and low <= number <= high) or (open_low and number == low):
-        above = f"> {low:g}" if open_low else f">= {low:g}"
-        bound = f" and <= {high:g}" if math.isfinite(high) else ""
-        raise ConfigError(
-            f"token.{key} = {value!r:.40} is invalid: use a finite number {above}{bound}"
-        )
-
-
-# -- advantages (pure numpy) -------------------------------------------------------------------
-
-
-def grpo_advantages(rewards: np.ndarray, groups: np.ndarray, eps: float) -> np.ndarray:
-    """(r − mean) / (std + eps) within each group (population std); float32 [N].
-
-    `groups` [N] holds any integer labels; a row's group is the rows with its label."""
-    _, label = np.unique(groups, return_inverse=True)
-    label = label.reshape(-1)
-    count = np.bincount(label).astype(np.float64)
-    r = rewards.astype(np.float64)
-    mean = np.bincount(label, weights=r) / count
-    centred = r - mean[label]
-    std = np.sqrt(np.bincount(label, weights=centred**2) / count)
-    return (centred / (std[label] + eps)).astype(np.float32)
-
-
-def token_gae(
-    rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, gamma: float, lam: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """GAE over each row's completion tokens (mask [N, L], one contiguous run per row), the
-    reward [N] arriving at the last one, nothing after it (terminal). Returns (advantages,
-    returns = advantages + values), float32 [N, L], 0 outside the mask."""
-    n, length = mask.shape
-    last = np.zeros((n, length), dtype=bool)
-    ends = length - 1 - np.argmax(mask[:, ::-1], axis=1)
-    last[np.arange(n), ends] = True
-    advantages = np.zeros((n, length), dtype=np.float32)
-    next_value = np.zeros(n, dtype=np.float32)
-    next_advantage = np.zeros(n, dtype=np.float32)
-    for t in reversed(range(length)):
-        inside = mask[:, t]
-        reward = np.where(last[:, t], rewards, 0.0)
-        delta = reward + gamma * next_value - values[:, t]
-        advantage = np.where(inside, delta + gamma * lam * next_advantage, 0.0)
-        advantages[:, t] = advantage
-        next_value = np.where(inside, values[:, t], 0.0)
-        next_advantage = advantage
-    returns = np.where(mask, advantages + values, 0.0)
-    return advantages, returns.astype(np.float32)
-
+from shoal.learner.token_advantages import grpo_advantages, token_gae
+from shoal.learner.token_config import LossNorm, TokenRLConfig
 
 # -- the forward -------------------------------------------------------------------------------
 

@@ -20,15 +20,9 @@ from shoal.learner.generation import Generator, SamplingConfig
 from shoal.learner.models import CausalLMPolicy, ModelConfig, build_model
 from shoal.learner.ppo import PPOConfig, PPOLearner
 from shoal.learner.sequences import SequenceFragment
-from shoal.learner.token_ppo import (
-    TokenPPO,
-    TokenRLConfig,
-    build_token_batch,
-    grpo_advantages,
-    normalise_loss,
-    token_gae,
-    token_outputs,
-)
+from shoal.learner.token_advantages import grpo_advantages, token_gae
+from shoal.learner.token_config import TokenRLConfig
+from shoal.learner.token_ppo import TokenPPO, build_token_batch, normalise_loss, token_outputs
 from tests.learner.test_fragment import make_fragment
 from tests.support.sequences import from_completions, make_sequences
 
