@@ -4,6 +4,7 @@ the KL penalty, learning on a tiny Qwen2, PPOLearner's dispatch and groups throu
 from __future__ import annotations
 
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -19,10 +20,11 @@ from shoal.learner.errors import BadFragment
 from shoal.learner.generation import Generator, SamplingConfig
 from shoal.learner.models import CausalLMPolicy, ModelConfig, build_model
 from shoal.learner.ppo import PPOConfig, PPOLearner
-from shoal.learner.sequences import SequenceFragment
+from shoal.learner.sequences import SequenceFragment, fragment_from_wire
 from shoal.learner.token_advantages import grpo_advantages, token_gae
 from shoal.learner.token_config import TokenRLConfig
 from shoal.learner.token_ppo import TokenPPO, build_token_batch, normalise_loss, token_outputs
+from shoal.runtime import wire
 from tests.learner.test_fragment import make_fragment
 from tests.support.sequences import from_completions, make_sequences
 
@@ -285,6 +287,19 @@ def test_ppo_learner_dispatches_sequence_fragments_to_the_token_update():
     assert any(not torch.equal(weights[k], v) for k, v in policy.state_dict().items())
     with pytest.raises(BadFragment, match="cannot mix"):
         learner.update([frag, make_fragment()], current_version=0)
+
+
+def test_a_fragment_read_off_the_wire_trains_without_copies_or_warnings():
+    """Wire arrays are read-only views of the frame; the update must not write to them."""
+    frag = sample(tiny_policy(), temperature=1.0, seed=8)
+    frame = b"".join(bytes(part) for part in wire.encode(frag.to_wire()).parts)
+    back = fragment_from_wire(wire.decode(frame), vocab_size=VOCAB)
+    assert isinstance(back, SequenceFragment)
+    assert not back.tokens.flags.writeable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metrics = TokenPPO(tiny_policy(), TokenRLConfig(group_size=GROUP)).update([back], 0)
+    assert metrics["num_steps"] == frag.num_steps
 
 
 def test_token_update_refuses_what_the_policy_cannot_score():
