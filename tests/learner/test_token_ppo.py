@@ -211,6 +211,32 @@ def test_on_policy_weights_are_one_when_the_temperature_matches_the_generators(m
     assert metrics["num_steps"] == frag.num_steps
 
 
+@pytest.mark.parametrize(
+    ("shift", "weight", "capped"), [(-5.0, 2.0, 1.0), (0.25, np.exp(-0.25), 0.0)]
+)
+def test_the_importance_weight_is_prox_over_behaviour_capped(shift, weight, capped):
+    """μ = π_prox·e^shift on every token: the weight is min(e^−shift, is_cap = 2)."""
+    policy = tiny_policy()
+    frag = make_sequences(vocab=VOCAB, group_size=GROUP, seed=2)
+    mask = frag.completion_mask()
+    with torch.no_grad():
+        prox = token_outputs(
+            policy,
+            *(
+                torch.from_numpy(a)
+                for a in (frag.tokens, frag.prompt_lengths, frag.completion_lengths)
+            ),
+            1.0,
+        ).logprobs.numpy()
+    assert prox.max() < -0.25
+    logprobs = np.zeros_like(frag.logprobs)
+    logprobs[mask] = prox + shift
+    frag = SequenceFragment(**{**vars(frag), "logprobs": logprobs})
+    metrics = TokenPPO(policy, TokenRLConfig(group_size=GROUP, is_cap=2.0)).update([frag], 0)
+    assert metrics["is_weight_mean"] == pytest.approx(weight, rel=1e-4)
+    assert metrics["is_weight_capped_frac"] == capped
+
+
 def test_kl_to_the_reference_is_zero_until_the_policy_moves():
     policy = tiny_policy()
     frag = sample(policy, temperature=1.0, seed=4)
