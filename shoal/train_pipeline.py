@@ -1,5 +1,8 @@
-"""`shoal train --pipeline`: the four-stage pipeline (demonstrations → distillation → PPO →
-evaluation) from the command line, its config from an env id or a job.toml's [pipeline] table.
+"""`shoal train --pipeline`: a four-stage pipeline from the command line, its config from an env
+id or a job.toml's [pipeline] table. A text environment (CodeGen-v1, Countdown-v1, ...) runs the
+language-model pipeline (learner/lm_pipeline.py: synthesis → teacher SFT + student distillation →
+async RL → pass@k evaluation); any other id the step pipeline (learner/pipeline.py:
+demonstrations → distillation → PPO → evaluation).
 
 The pipeline itself reports nothing while it runs; it rewrites pipeline.json after every stage,
 so a watcher thread reads that file and prints each stage's line as soon as the stage is recorded.
@@ -17,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from shoal.errors import ConfigError
+from shoal.learner.lm_config import STAGES as LM_STAGES
+from shoal.learner.lm_config import LMPipelineConfig
 from shoal.learner.pipeline import PipelineConfig, run_pipeline
 from shoal.rundir import fresh_path
 
@@ -28,6 +33,14 @@ SHOWN: dict[str, tuple[str, ...]] = {
     "ppo": ("env_steps", "updates", "mean_return_last20"),
     "evaluation": ("final.mean_return", "pretrained.mean_return", "final.success_rate"),
 }
+LM_SHOWN: dict[str, tuple[str, ...]] = {
+    "synthesis": ("train_tasks", "heldout_tasks", "heldout_families_tasks"),
+    "distillation": ("teacher.ce", "student.kl", "student.ce", "student.params"),
+    "rl": ("updates", "reward_first5", "reward_last5", "mean_staleness"),
+    "evaluation": ("teacher.heldout.pass_at.1", "student.heldout.pass_at.1",
+                   "rl.heldout.pass_at.1"),
+}  # fmt: skip
+AnyPipelineConfig = PipelineConfig | LMPipelineConfig
 WATCH_EVERY_S = 0.5
 
 
@@ -37,9 +50,11 @@ def is_job_file(target: str) -> bool:
 
 def pipeline_config(
     target: str, seed: int | None, environ: Mapping[str, str] | None = None
-) -> PipelineConfig:
-    """PipelineConfig from an env id or a job.toml's [pipeline] table, SHOAL_* overrides, --seed."""
+) -> AnyPipelineConfig:
+    """The pipeline's config from an env id or a job.toml's [pipeline] table, SHOAL_* overrides,
+    --seed: an LMPipelineConfig for a text environment, else a PipelineConfig."""
     from shoal.config import load
+    from shoal.envs.text_registry import is_text_env
 
     if is_job_file(target):
         table = _pipeline_table(Path(target))
@@ -52,7 +67,10 @@ def pipeline_config(
         mapping, source = {"env_id": target}, "command line"
     if seed is not None:
         mapping = {**mapping, "seed": seed}
-    return load(PipelineConfig, mapping, source=source, environ=environ)
+    kind: type[AnyPipelineConfig] = (
+        LMPipelineConfig if is_text_env(str(mapping["env_id"])) else PipelineConfig
+    )
+    return load(kind, mapping, source=source, environ=environ)
 
 
 def _pipeline_table(path: Path) -> dict[str, Any]:
@@ -92,9 +110,12 @@ def _number(value: Any) -> str:
 def stage_line(stage: Mapping[str, Any]) -> str:
     """One human line for a recorded stage: its number, name, time and headline metrics."""
     name = str(stage.get("name", "?"))
-    number = STAGES.index(name) + 1 if name in STAGES else 0
+    names, keys = (LM_STAGES, LM_SHOWN) if name in LM_STAGES else (STAGES, SHOWN)
+    number = names.index(name) + 1 if name in names else 0
     metrics = stage.get("metrics") or {}
-    shown = ", ".join(f"{key} {_number(_metric(metrics, key))}" for key in SHOWN.get(name, ()))
+    shown = ", ".join(f"{key} {_number(_metric(metrics, key))}" for key in keys.get(name, ()))
+    if stage.get("reused"):
+        return f"stage {number}/{len(names)} {name:<14} reused (outputs checked)"
     wall = float(stage.get("wall_s") or 0.0)
     return f"stage {number}/{len(STAGES)} {name:<14} {wall:7.2f}s  {shown}".rstrip()
 
@@ -158,15 +179,26 @@ def outputs_of(manifest: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
     return {}
 
 
-def run(cfg: PipelineConfig, run_dir: Path | None, emit: Callable[[str], None]) -> dict[str, Any]:
-    """Run the pipeline, emitting each stage's line as it lands; the JSON-safe summary."""
+def run(
+    cfg: AnyPipelineConfig,
+    run_dir: Path | None,
+    emit: Callable[[str], None],
+    from_stage: str | None = None,
+) -> dict[str, Any]:
+    """Run the pipeline (from `from_stage` of the run in `run_dir`, for the LM pipeline),
+    emitting each stage's line as it lands; the JSON-safe summary."""
+    if from_stage is not None and (run_dir is None or not isinstance(cfg, LMPipelineConfig)):
+        raise ConfigError(
+            "--from-stage reruns a stage of a text environment's pipeline (e.g. CodeGen-v1) "
+            "in an existing run: give that run's --run-dir"
+        )
     root = default_run_dir(cfg.env_id) if run_dir is None else run_dir
     manifest_path = root / "pipeline.json"
     started = time.perf_counter()
     watcher = StageWatcher(manifest_path, lambda stage: emit(stage_line(stage)))
     try:
         with watcher:
-            manifest = run_pipeline(cfg, root)
+            manifest = _run_stages(cfg, root, from_stage)
     except BaseException:
         if run_dir is None and watcher.seen == 0:
             # a mistake before stage 1 (no teacher, unknown id): leave no empty run behind
@@ -179,8 +211,8 @@ def run(cfg: PipelineConfig, run_dir: Path | None, emit: Callable[[str], None]) 
             "seed": cfg.seed,
             "run_dir": str(root),
             "pipeline_json": str(manifest_path),
-            "report": reports.get("final_json"),
-            "report_html": reports.get("final_html"),
+            "report": reports.get("final_json", reports.get("report_json")),
+            "report_html": reports.get("final_html", reports.get("report_html")),
             "pretrained_report": reports.get("pretrained_json"),
             "wall_s": time.perf_counter() - started,
             "stages": [
@@ -189,3 +221,11 @@ def run(cfg: PipelineConfig, run_dir: Path | None, emit: Callable[[str], None]) 
             ],
         }
     )
+
+
+def _run_stages(cfg: AnyPipelineConfig, root: Path, from_stage: str | None) -> dict[str, Any]:
+    if isinstance(cfg, LMPipelineConfig):
+        from shoal.learner.lm_pipeline import run_lm_pipeline
+
+        return run_lm_pipeline(cfg, root, from_stage)
+    return run_pipeline(cfg, root)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.learner.lm_eval import EvalError, pass_at_k
+from shoal.learner.lm_eval import EvalError, evaluate_split, pass_at_k, write_report
 
 counts = st.integers(1, 30).flatmap(
     lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))
@@ -51,3 +52,47 @@ def test_pass_at_k_is_unbiased_over_every_subset(nc):
 def test_impossible_counts_are_refused(n, c, k):
     with pytest.raises(EvalError, match="pass_at_k needs"):
         pass_at_k(n, c, k)
+
+
+@pytest.fixture(scope="module")
+def codegen():
+    from shoal.envs.text_registry import make_text_env
+
+    env = make_text_env("CodeGen-v1")
+    yield env
+    env.close()
+
+
+def test_a_split_scores_every_sample_and_breaks_failures_down(codegen, tmp_path):
+    tasks = codegen.tasks("heldout", 4, seed=1)
+    wrong = {0: "    return (\n", 1: "    return 0\n", 2: "    while True:\n        pass\n"}
+
+    def sample(batch, n):
+        return [[t.reference if i == 3 else wrong[i] for i in range(n)] for t in batch]
+
+    result = evaluate_split(codegen, "heldout", tasks, sample, n=4, ks=(1, 2, 4))
+    assert (result.tasks, result.samples_per_task) == (4, 4)
+    assert result.pass_at["1"] == pytest.approx(0.25)
+    assert result.pass_at["4"] == pytest.approx(1.0)
+    assert result.outcomes["passed"] == 4
+    assert result.outcomes["syntax_error"] == 4
+    assert result.outcomes["timeout"] + result.outcomes.get("cpu_limit", 0) == 4
+    assert sum(result.outcomes.values()) == 16
+    assert result.outcomes.get("wrong_answer", 0) <= 4  # `return 0` passes a test that wants 0
+    assert {e["outcome"] for e in result.examples} <= set(result.outcomes) - {"passed"}
+    json_path, html_path = write_report({"rl": {"heldout": result}}, {"env_id": "CodeGen-v1"},
+                                        tmp_path)  # fmt: skip
+    report = json.loads(json_path.read_text())
+    assert report["policies"]["rl"]["heldout"]["outcomes"] == result.outcomes
+    page = html_path.read_text()
+    assert "pass@1" in page
+    assert "syntax_error" in page
+    assert "<script" not in page
+
+
+def test_a_sampler_that_drops_samples_is_refused(codegen):
+    tasks = codegen.tasks("heldout", 2, seed=1)
+    with pytest.raises(EvalError, match="2 completions for each of 2 tasks"):
+        evaluate_split(codegen, "heldout", tasks, lambda ts, n: [["x"]] * len(ts), n=2, ks=(1,))
+    with pytest.raises(EvalError, match="every k"):
+        evaluate_split(codegen, "heldout", tasks, lambda ts, n: [["x"] * n] * len(ts), 2, (3,))

@@ -1,0 +1,199 @@
+"""The language-model pipeline end to end on CodeGen-v1 with tiny models: four stages, their
+hashed outputs, the report, a rerun from a stage, and `shoal train --pipeline` on a text env."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shoal.cli import main
+from shoal.errors import ConfigError
+from shoal.learner.distill import FitConfig
+from shoal.learner.errors import PipelineError
+from shoal.learner.lm_config import STAGES, EvalStageConfig, LMPipelineConfig, RLStageConfig
+from shoal.learner.lm_pipeline import digest, read_tasks, run_lm_pipeline
+from shoal.learner.models import ModelConfig
+from shoal.learner.token_ppo import TokenRLConfig
+
+pytestmark = pytest.mark.timeout(300)
+
+TINY_LM = ModelConfig(family="causal-lm", hidden_size=32, num_layers=1, num_heads=2,
+                      num_kv_heads=1, intermediate_size=64, max_positions=256)  # fmt: skip
+
+
+def tiny(**overrides: object) -> LMPipelineConfig:
+    values: dict[str, object] = {
+        "train_tasks": 32,
+        "torch_threads": 1,
+        "teacher": TINY_LM,
+        "student": TINY_LM,
+        "sft": FitConfig(epochs=1, batch_size=16),
+        "distill": FitConfig(epochs=1, batch_size=16),
+        "rl": RLStageConfig(
+            steps=3, prompts_per_step=2, max_new_tokens=12, token=TokenRLConfig(group_size=2)
+        ),
+        "eval": EvalStageConfig(tasks=3, samples=2, ks=(1, 2), max_new_tokens=12),
+    }
+    return LMPipelineConfig(**{**values, **overrides})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    run_dir = tmp_path_factory.mktemp("lm") / "run"
+    return run_dir, run_lm_pipeline(tiny(), run_dir)
+
+
+def check_hashes(run_dir: Path, manifest: dict) -> None:
+    for stage in manifest["stages"]:
+        for output in stage["outputs"].values():
+            assert digest(run_dir / output["path"]) == output["sha256"]
+
+
+def test_every_stage_records_its_hashed_outputs(finished):
+    run_dir, manifest = finished
+    assert json.loads((run_dir / "pipeline.json").read_text()) == json.loads(json.dumps(manifest))
+    stages = {s["name"]: s for s in manifest["stages"]}
+    assert list(stages) == list(STAGES)
+    check_hashes(run_dir, manifest)
+    file_hash = hashlib.sha256((run_dir / "tasks" / "train.jsonl").read_bytes()).hexdigest()
+    assert stages["synthesis"]["outputs"]["train"]["sha256"] == file_hash
+    assert set(stages["synthesis"]["outputs"]) == {"train", "heldout", "heldout_families",
+                                                   "perturbed"}  # fmt: skip
+    assert len(read_tasks(run_dir / "tasks" / "train.jsonl")) == 32
+    heldout = read_tasks(run_dir / "tasks" / "heldout_families.jsonl")
+    train_families = {t.family for t in read_tasks(run_dir / "tasks" / "train.jsonl")}
+    assert not {t.family for t in heldout} & train_families
+    assert stages["synthesis"]["env_hash"] == stages["rl"]["env_hash"]
+    assert set(stages["distillation"]["outputs"]) == {"teacher", "student"}
+    assert (run_dir / "models" / "student" / "config.json").is_file()
+
+
+def test_rl_runs_asynchronously_within_the_staleness_bound(finished):
+    _, manifest = finished
+    rl = {s["name"]: s for s in manifest["stages"]}["rl"]["metrics"]
+    assert rl["updates"] == 3
+    assert rl["samples"] == 3 * 2 * 2
+    assert 0 <= rl["max_staleness_seen"] <= 1
+    assert sum(rl["statuses"].values()) == 12
+
+
+def test_the_report_has_every_policy_split_and_failure_kind(finished):
+    run_dir, manifest = finished
+    evaluation = {s["name"]: s for s in manifest["stages"]}["evaluation"]
+    report = json.loads((run_dir / evaluation["outputs"]["report_json"]["path"]).read_text())
+    assert set(report["policies"]) == {"teacher", "student", "rl"}
+    for by_split in report["policies"].values():
+        assert set(by_split) == {"heldout", "heldout_families", "perturbed"}
+        for result in by_split.values():
+            assert set(result["pass_at"]) == {"1", "2"}
+            assert sum(result["outcomes"].values()) == 3 * 2
+    html = (run_dir / evaluation["outputs"]["report_html"]["path"]).read_text()
+    assert "Failure breakdown" in html
+
+
+def test_a_rerun_from_rl_reuses_the_checked_earlier_outputs(finished, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished[0], run_dir)
+    before = json.loads((run_dir / "pipeline.json").read_text())
+    manifest = run_lm_pipeline(tiny(rl=RLStageConfig(steps=2, prompts_per_step=2,
+                                                     max_new_tokens=12,
+                                                     token=TokenRLConfig(group_size=2))),
+                               run_dir, from_stage="rl")  # fmt: skip
+    stages = manifest["stages"]
+    assert [s["name"] for s in stages] == list(STAGES)
+    assert [s.get("reused", False) for s in stages] == [True, True, False, False]
+    assert stages[:2] == [dict(s, reused=True) for s in before["stages"][:2]]
+    assert stages[2]["metrics"]["updates"] == 2
+    check_hashes(run_dir, manifest)
+
+
+def test_a_changed_earlier_output_stops_the_rerun(finished, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished[0], run_dir)
+    with open(run_dir / "tasks" / "train.jsonl", "a") as handle:
+        handle.write("\n")
+    with pytest.raises(PipelineError, match="changed since it was recorded"):
+        run_lm_pipeline(tiny(), run_dir, from_stage=2)
+    with pytest.raises(PipelineError, match="is not a stage"):
+        run_lm_pipeline(tiny(), run_dir, from_stage="ppo")
+    with pytest.raises(PipelineError, match="missing or unreadable"):
+        run_lm_pipeline(tiny(), tmp_path / "nowhere", from_stage="evaluation")
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [(None, "train_tasks", 0), (None, "env_id", ""), ("rl", "max_staleness", -1),
+     ("eval", "ks", (1, 9)), ("teacher", "family", "mlp")],
+)  # fmt: skip
+def test_bad_config_names_the_key(section, key, value):
+    from dataclasses import replace
+
+    def build() -> object:
+        if section is None:
+            return LMPipelineConfig(**{key: value})
+        if section == "rl":
+            return RLStageConfig(**{key: value})
+        if section == "eval":
+            return EvalStageConfig(**{key: value})
+        return LMPipelineConfig(teacher=replace(TINY_LM, **{key: value}))
+
+    with pytest.raises(ConfigError, match=key):
+        build()
+
+
+JOB = """
+[pipeline]
+env_id = "CodeGen-v1"
+train_tasks = 16
+torch_threads = 1
+[pipeline.teacher]
+hidden_size = 32
+num_layers = 1
+num_heads = 2
+num_kv_heads = 1
+intermediate_size = 64
+max_positions = 256
+[pipeline.student]
+hidden_size = 32
+num_layers = 1
+num_heads = 2
+num_kv_heads = 1
+intermediate_size = 64
+max_positions = 256
+[pipeline.sft]
+epochs = 1
+[pipeline.distill]
+epochs = 1
+[pipeline.rl]
+steps = 1
+prompts_per_step = 2
+max_new_tokens = 8
+[pipeline.rl.token]
+group_size = 2
+[pipeline.eval]
+tasks = 2
+samples = 1
+ks = [1]
+max_new_tokens = 8
+"""
+
+
+def test_shoal_train_pipeline_runs_a_text_env_and_reruns_a_stage(tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text(JOB)
+    run_dir = tmp_path / "run"
+    assert main(["train", "--pipeline", str(job), "--run-dir", str(run_dir), "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[2] for line in lines if line.startswith("stage ")] == list(STAGES)
+    summary = json.loads(lines[-1])
+    assert Path(summary["report_html"]).is_file()
+    assert main(["train", "--pipeline", str(job), "--run-dir", str(run_dir),
+                 "--from-stage", "evaluation"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("reused" in line for line in lines if line.startswith("stage ")) == 3
+    assert main(["train", "--pipeline", str(job), "--from-stage", "rl"]) == 2
+    assert "give that run's --run-dir" in capsys.readouterr().err
