@@ -74,6 +74,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="run the four-stage pipeline here instead (demonstrations, distillation, PPO, "
         "evaluation); a job.toml target gives its [pipeline] table",
     )
+    parser.add_argument(
+        "--from-stage",
+        metavar="STAGE",
+        help="with --pipeline on a text environment and --run-dir: rerun from this stage "
+        "(1-4 or synthesis, distillation, rl, evaluation), reusing the earlier stages' outputs",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--cluster",
@@ -196,7 +202,9 @@ def run_pipeline_verb(args: argparse.Namespace) -> int:
             "[pipeline] table"
         )
     cfg = pipeline_config(str(args.target), args.seed)
-    summary = run_stages(cfg, args.run_dir, lambda line: print(line, flush=True))
+    summary = run_stages(
+        cfg, args.run_dir, lambda line: print(line, flush=True), from_stage=args.from_stage
+    )
     print(f"run dir:       {summary['run_dir']}")
     print(f"pipeline.json: {summary['pipeline_json']}")
     print(f"report:        {summary['report']}")
@@ -219,6 +227,10 @@ def shown(path: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from shoal.progress import ProgressLine
 
+    if args.from_stage is not None and not args.pipeline:
+        from shoal.errors import ConfigError
+
+        raise ConfigError("--from-stage applies to --pipeline only")
     if args.pipeline:
         return run_pipeline_verb(args)
     from shoal.cluster_train import RESTART_WINDOW_S, RestartPolicy
