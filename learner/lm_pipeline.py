@@ -269,7 +269,7 @@ def _stage_synthesis(cfg: LMPipelineConfig, rec: Recorder) -> None:
         _write_tasks(path, tasks)
         outputs[name] = _output(rec, path)
     families = {name: sorted({t.family for t in tasks}) for name, tasks in splits.items()}
-    metrics = {f"{name}_tasks": len(tasks) for name, tasks in splits.items()}
+    metrics: dict[str, Any] = {f"{name}_tasks": len(tasks) for name, tasks in splits.items()}
     metrics |= {"families": families, "reference_pass_rate": 1.0}
     rec.stage("synthesis", started, digest_, outputs, metrics)
 
