@@ -7,7 +7,9 @@ trivial program so the figure is the cost of isolation, not of the code. Episode
 `run` call (threads keep every server busy) and, separately, through `run_many` in requests of
 `_BATCH`. Rounds of shoal and the fork loop alternate, so load from other work on a shared
 machine hits both; CPU time per episode (every process involved) is reported too, since it
-depends far less on that load.
+depends far less on that load. The CodeGen-v1 row is the real workload: rewards per second of
+`score_many` on that env's tasks (a short function body and 5 hidden tests each, through the
+env's own pool: the format check, one `run_many`, the verdicts).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from shoal.bench.report import Row
+from shoal.envs.codegen import CodeGenEnv
 from shoal.envs.sandbox import Limits, SandboxPool, SandboxResult, Status
 
 _FORK_LOOP = """
@@ -129,6 +132,29 @@ def _compare(workers: int, episodes: int, rounds: int, batched: bool) -> dict[st
     }
 
 
+def _codegen(episodes: int, rounds: int) -> dict[str, float]:
+    """Rewards/s of CodeGen-v1 as a rollout worker gets them: `score_many` of reference bodies
+    (prompt + body, then 5 hidden tests, one `run_many` through the env's own pool), beside the
+    bare fork loop with as many processes as the env has servers."""
+    env = CodeGenEnv()
+    try:
+        tasks = env.tasks("train", episodes, seed=0)
+        bodies = [task.reference for task in tasks]
+        env.score_many(tasks[:64], bodies[:64])  # starts the pool
+        rates, fork_rates = [], []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            scores = env.score_many(tasks, bodies)
+            rates.append(len(tasks) / (time.perf_counter() - start))
+            bad = [score for score in scores if score.status != "ok" or score.passed != score.total]
+            if bad:
+                raise RuntimeError(f"a CodeGen-v1 reference failed in the benchmark: {bad[0]}")
+            fork_rates.append(_bare_fork(episodes, 2)[0])
+    finally:
+        env.close()
+    return {"rate": statistics.median(rates), "fork_rate": statistics.median(fork_rates)}
+
+
 def _subprocess_latencies(episodes: int) -> list[float]:
     latencies = []
     for _ in range(episodes):
@@ -143,6 +169,7 @@ def run(quick: bool) -> list[Row]:
     two = _compare(2, episodes, rounds, batched=False)
     one = _compare(1, episodes, rounds, batched=False)
     many = _compare(2, episodes, rounds, batched=True)
+    codegen = _codegen(episodes, rounds)
     naive_lat = _subprocess_latencies(naive)
     return [
         Row(
@@ -192,6 +219,14 @@ def run(quick: bool) -> list[Row]:
             many["fork_cpu"] * 1e3,
             "bare fork+exit",
             False,
+        ),
+        Row(
+            "CodeGen-v1 rewards/s (body + 5 hidden tests, score_many)",
+            "1/s",
+            codegen["rate"],
+            codegen["fork_rate"],
+            "bare fork+exit, 2 procs",
+            True,
         ),
         Row(
             "episode latency p50, 1 server",

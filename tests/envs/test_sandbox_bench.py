@@ -12,7 +12,7 @@ from shoal.commands.bench import SUITES
 @pytest.mark.timeout(120)
 def test_quick_run_gives_rows_with_baselines():
     rows = sandbox.run(quick=True)
-    assert len(rows) == 7
+    assert len(rows) == 8
     for row in rows:
         assert isinstance(row, Row)
         assert row.shoal > 0
