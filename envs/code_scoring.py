@@ -89,7 +89,7 @@ def _too_long(task: TextTask, body: str) -> Score:
         total=len(task.tests),
         status=TOO_LONG,
         message=f"the completion has {len(body)} characters; at most {MAX_COMPLETION_CHARS} run",
-        failing_test=None,
+        failing_test=f"{task.tests[0].call} -> not run" if task.tests else None,
         format_ok=False,
     )
 

@@ -98,6 +98,9 @@ HOSTILE = {
     "memory hog": "    a = [0] * 10**10\n    return a\n",
     "exit at import": "    pass\nraise SystemExit(0)\n",
     "dedent": "return x + 3\n",
+    "lone surrogate": "    return '\ud800'\n",
+    "nul byte": "    return 1\x00\n",
+    "too long": "    return " + "(" * 3000 + ")" * 3000 + "\n",
     "empty": "",
 }
 RAISING = {
