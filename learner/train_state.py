@@ -32,8 +32,36 @@ _LEGACY_KEYS = ("step", "exp_avg", "exp_avg_sq")
 def model_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """{"model": ..., "optimizer": per-parameter state}: tensors only, for `save()`. On a group
     every rank calls it (FSDP2 state dicts are collective-free, but keep the call symmetric)."""
+    _state_for_every_parameter(optimizer)
     model_state, optim_state = get_state_dict(model, optimizer)
     return {"model": model_state, "optimizer": optim_state["state"]}
+
+
+def _state_for_every_parameter(optimizer: torch.optim.Optimizer) -> None:
+    """Give each trainable parameter the optimiser never stepped (a GRPO run's value head: no
+    loss reaches it) the state a first step makes, by a step with zero gradients at lr 0 on
+    those parameters only, as torch's state-dict code does for a fresh optimiser. A restore's
+    template comes from a fresh optimiser, so it holds state for every parameter and refuses a
+    checkpoint without it."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    missing = [p for p in params if p.requires_grad and not optimizer.state.get(p)]
+    if not missing or not optimizer.state:  # a fresh optimiser: get_state_dict fills it all
+        return
+    grads = [p.grad for p in params]
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for p in params:
+        p.grad = None
+    for p in missing:
+        p.grad = torch.zeros_like(p)
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = torch.tensor(0.0) if isinstance(lr, torch.Tensor) else 0.0
+    try:
+        optimizer.step()
+    finally:
+        for group, lr in zip(optimizer.param_groups, lrs):
+            group["lr"] = lr
+        for p, grad in zip(params, grads):
+            p.grad = grad
 
 
 def restore_model_optimizer(
