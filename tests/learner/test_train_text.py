@@ -80,6 +80,16 @@ def test_shoal_train_codeexec_trains_on_the_embedded_cluster(tmp_path: Path) -> 
     assert set(result["pass_at"]) == {"1", "4"}
     assert sum(result["outcomes"].values()) == result["tasks"] * result["samples_per_task"]
 
+    # The same run directory with a larger budget resumes from its checkpoint (a GRPO run's
+    # value head, which no loss reaches, has optimiser state to restore too).
+    (tmp_path / "job.toml").write_text(job.replace("max_env_steps = 1500", "max_env_steps = 3000"))
+    resumed, status2, _ = _train(tmp_path, (tmp_path / "job.toml").read_text(), "--no-eval")
+    assert resumed["restarts"] == 0
+    starts = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    learner = [e for e in starts if e.get("event") == "start" and e.get("process") == "learner"]
+    assert learner[-1]["resumed_from"] == summary["checkpoint"]
+    assert status2["version"] > status["version"]
+
 
 def test_a_model_writing_hostile_programs_never_breaks_a_rollout_worker(tmp_path: Path) -> None:
     with CodeGenEnv(max_new_tokens=64, workers=1) as env:
@@ -126,3 +136,26 @@ def test_prompts_longer_than_the_models_positions_are_refused(
     job.write_text('env_id = "CodeGen-v1"\n[model]\nmax_positions = 128\n')
     assert main(["train", str(job), "--embedded", "--run-dir", str(tmp_path / "r")]) == 2
     assert "model.max_positions = 128 is invalid" in capsys.readouterr().err
+
+
+def test_a_parameter_no_loss_reached_is_checkpointed_with_state() -> None:
+    """GRPO never reaches the value head; its optimiser state is still saved (what a restore
+    expects), and the stepped parameters' state and values are left exactly as they were."""
+    import torch
+    from torch import nn
+
+    from shoal.learner.train_state import model_optimizer_state
+
+    model = nn.ModuleDict({"used": nn.Linear(3, 2), "unused": nn.Linear(3, 1)})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.0)
+    model["used"](torch.ones(4, 3)).sum().backward()
+    optimizer.step()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = optimizer.state[model["used"].weight]["exp_avg"].clone()
+    state = model_optimizer_state(model, optimizer)["optimizer"]
+    assert {"unused.weight", "unused.bias", "used.weight"} <= set(state)
+    assert float(state["used.weight"]["step"]) == 1
+    torch.testing.assert_close(optimizer.state[model["used"].weight]["exp_avg"], moments)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[key])
+    assert optimizer.param_groups[0]["lr"] == 0.1
