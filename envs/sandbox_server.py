@@ -72,21 +72,6 @@ ALLOWED_MODULES = (
     "typing",
 )
 
-RARE_MODULES = frozenset(
-    {
-        "array",
-        "dataclasses",
-        "datetime",
-        "decimal",
-        "encodings.idna",
-        "fractions",
-        "socket",
-        "statistics",
-    }
-)
-"""Allowed modules whose native modules are loaded only for an episode that mentions them
-(`_install_preloaded` says why); the natives of the others are loaded once, in the server."""
-
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWIPC = 0x08000000
@@ -287,7 +272,6 @@ def _child(episode: _Episode, config: dict[str, Any]) -> None:
         _enter_slot(episode.slot)
         _take_descriptors(episode.writes, config)
         control = _CONTROL_FD
-        _load_natives(episode.natives)
         _confine(episode.workdir, episode.slot, config)
     except BaseException as exc:
         with contextlib.suppress(BaseException):
@@ -335,120 +319,53 @@ class _Preloaded:
         exec(code, module.__dict__)
 
 
-def _probe_dependencies(names: tuple[str, ...]) -> list[list[list[str]]]:
-    """For each name, [module, kind] of every module that importing it loads, each found in a
-    throwaway child of its own (all at once: they only import and report).
+def _probe_dependencies(names: tuple[str, ...]) -> list[list[str]]:
+    """[name, kind] of every module importing `names` loads, found in a throwaway child.
 
     kind is "source" (Python code we can hold in memory) or "native" (built in or an
-    extension, loaded from disk before the chroot by the child of an episode that mentions
-    the name).
+    extension, which must be loaded in the server itself).
     """
-    probes = []
-    for name in names:
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(read_end)
-                _report_dependencies(name, write_end)
-            finally:
-                os._exit(0)
-        os.close(write_end)
-        probes.append((pid, read_end))
-    found = []
-    for pid, read_end in probes:
-        chunks = []
-        while chunk := os.read(read_end, _READ_CHUNK):
-            chunks.append(chunk)
-        os.close(read_end)
-        os.waitpid(pid, 0)
-        found.append(list(json.loads(b"".join(chunks) or b"[]")))
-    return found
-
-
-def _report_dependencies(name: str, fd: int) -> None:
-    before = set(sys.modules)
-    with contextlib.suppress(ImportError):
-        __import__(name)
-    found = []
-    for module in sorted(set(sys.modules) - before):
-        spec = getattr(sys.modules[module], "__spec__", None)
-        origin = getattr(spec, "origin", None) or ""
-        found.append([module, "source" if origin.endswith(".py") else "native"])
-    data = json.dumps(found).encode()
-    while data:
-        data = data[os.write(fd, data) :]
-
-
-def _install_preloaded(names: tuple[str, ...]) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
-    """Hold the code of every Python module that importing `names` needs, and load the native
-    modules of those not in RARE_MODULES; return, for each rare name whose import needs more
-    native modules, the words that mention it and those modules.
-
-    A native module is a shared library of ~5 mappings, and every mapping of the server makes
-    every fork and exit dearer (the 12 that ALLOWED_MODULES need cost ~0.1 ms an episode),
-    while loading one in a child costs 0.5-2 ms. So the natives of modules programs often
-    import are loaded here, and those only the rare ones need are loaded by the child of an
-    episode whose source mentions one, before its chroot (`_natives_for`); an episode that
-    imports a rare module without naming it (`__import__("dec" + "imal")`) gets ImportError."""
-    code: dict[str, tuple[Any, str, bool]] = {}
-    rare: list[tuple[str, list[str]]] = []
-    for name, found in zip(names, _probe_dependencies(names)):
-        natives = []
-        for module, kind in found:
-            if kind == "native":
-                natives.append(module)
-            elif module not in code:
-                _hold_code(module, code)
-        if name in RARE_MODULES:
-            rare.append((name, natives))
-        else:
-            for module in natives:
-                with contextlib.suppress(ImportError):
-                    __import__(module)
-    sys.meta_path.insert(0, _Preloaded(code))
-    lazy = []
-    for name, natives in rare:
-        needed = tuple(module for module in natives if module not in sys.modules)
-        if needed:
-            lazy.append((_mentions(name), needed))
-    return lazy
-
-
-def _mentions(name: str) -> tuple[str, ...]:
-    """The words whose presence in a source may mean it imports `name`: each part of the name,
-    and "socket" for the idna codec (getaddrinfo of a non-ASCII host name imports it)."""
-    words = tuple(name.split("."))
-    return (*words, "socket") if name == "encodings.idna" else words
-
-
-def _hold_code(name: str, code: dict[str, tuple[Any, str, bool]]) -> None:
-    spec = importlib.machinery.PathFinder.find_spec(name, _parent_path(name))
-    if spec is None or spec.loader is None or not spec.origin:
-        return
-    code[name] = (
-        spec.loader.get_code(name),  # type: ignore[attr-defined]
-        spec.origin,
-        spec.submodule_search_locations is not None,
-    )
-
-
-def _natives_for(source: str, natives: list[tuple[tuple[str, ...], tuple[str, ...]]]) -> list[str]:
-    """The native modules an episode's child loads before its chroot: those of every allowed
-    module its source mentions (a plain substring test, so a mention in a comment counts)."""
-    needed: list[str] = []
-    for words, modules in natives:
-        if any(word in source for word in words):
-            needed.extend(m for m in modules if m not in needed)
-    return needed
-
-
-def _load_natives(names: list[str]) -> None:
-    for name in names:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
         try:
-            __import__(name)
-        except ImportError:  # as before the chroot anyway: the episode's import then fails
-            pass
+            before = set(sys.modules)
+            for name in names:
+                with contextlib.suppress(ImportError):
+                    __import__(name)
+            found = []
+            for name in sorted(set(sys.modules) - before):
+                spec = getattr(sys.modules[name], "__spec__", None)
+                origin = getattr(spec, "origin", None) or ""
+                found.append([name, "source" if origin.endswith(".py") else "native"])
+            os.write(write_end, json.dumps(found).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, _READ_CHUNK):
+        chunks.append(chunk)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return list(json.loads(b"".join(chunks) or b"[]"))
+
+
+def _install_preloaded(names: tuple[str, ...]) -> None:
+    code: dict[str, tuple[Any, str, bool]] = {}
+    for name, kind in _probe_dependencies(names):
+        if kind == "native":
+            with contextlib.suppress(ImportError):
+                __import__(name)
+            continue
+        spec = importlib.machinery.PathFinder.find_spec(name, _parent_path(name))
+        if spec is None or spec.loader is None or not spec.origin:
+            continue
+        code[name] = (
+            spec.loader.get_code(name),  # type: ignore[attr-defined]
+            spec.origin,
+            spec.submodule_search_locations is not None,
+        )
+    sys.meta_path.insert(0, _Preloaded(code))
 
 
 def _parent_path(name: str) -> list[str] | None:
@@ -509,7 +426,6 @@ class _Episode:
         "err",
         "exited",
         "fds",
-        "natives",
         "out",
         "pid",
         "pidfd",
@@ -526,7 +442,6 @@ class _Episode:
 
     def __init__(self, slot: _Slot, request: dict[str, Any], config: dict[str, Any]) -> None:
         self.slot, self.request = slot, request
-        self.natives = _natives_for(request["source"], config["natives"])
         self.started = time.perf_counter()
         self.workdir = os.path.join(slot.directory, f"ep-{os.getpid()}-{next(_EPISODES)}")
         os.mkdir(self.workdir, 0o700)
@@ -845,11 +760,10 @@ def _isolate_once(config: dict[str, Any]) -> tuple[dict[str, str], list[_Slot]]:
     slots = [slot for slot, _ in made]
     slots[0].entered = True
     disk = all(mounted for _, mounted in made)
-    config["natives"] = _install_preloaded(ALLOWED_MODULES)
+    _install_preloaded(ALLOWED_MODULES)
     _rehearse(config["channel"])
     gc.collect()
     gc.freeze()
-    _libc.malloc_trim(0)  # the probes' and compiler's freed memory: ~0.6 MiB fewer pages to fork
     mib = config["limits"]["disk_bytes"] // (1024 * 1024)
     netns = all(slot.netns is not None for slot in slots)
     ipcns = all(slot.ipcns is not None for slot in slots)
