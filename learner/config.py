@@ -28,7 +28,7 @@ from shoal.errors import ConfigError
 from shoal.learner.generation import GenerationError, SamplingConfig
 from shoal.learner.models.config import ModelConfig
 from shoal.learner.ppo import PPOConfig
-from shoal.learner.token_ppo import TokenRLConfig
+from shoal.learner.token_config import TokenRLConfig
 from shoal.learner.weight_plan import WeightSyncConfig
 
 # Returns that count as solved where the environment declares none (Gymnasium's thresholds).

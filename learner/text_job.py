@@ -116,7 +116,7 @@ def text_collector(
     from shoal.learner.errors import PolicyError
     from shoal.learner.models.causal_lm import CausalLMPolicy
     from shoal.learner.sequence_collector import SequenceCollector
-    from shoal.learner.token_ppo import TokenRLConfig
+    from shoal.learner.token_config import TokenRLConfig
 
     text = load(TextConfig, spec.text, source="the rollout spec", environ={})
     token = load(TokenRLConfig, spec.token, source="the rollout spec", environ={})
