@@ -316,28 +316,22 @@ class PPOLearner:
         if sequences:
             if len(sequences) != len(fragments):
                 raise BadFragment("one update cannot mix step fragments and sequence fragments")
-            return self.token_update(sequences, current_version)
+            return self.token_update(sequences, current_version, kl_sync)
         return self.step_update(
             [f for f in fragments if isinstance(f, Fragment)], current_version, kl_sync
         )
 
     def token_update(
-        self, fragments: Sequence[SequenceFragment], current_version: int
+        self,
+        fragments: Sequence[SequenceFragment],
+        current_version: int,
+        kl_sync: MetricSync | None = None,
     ) -> dict[str, float]:
-        """learner/token_ppo.py's update on this learner's policy and optimiser."""
+        """learner/token_ppo.py's update through this learner's (wrapped) model and optimiser."""
         # both build on this module, so they are imported when first needed
         from shoal.learner.token_config import TokenRLConfig
         from shoal.learner.token_ppo import TokenPPO
 
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if self.model is not self.policy or (
-            distributed and torch.distributed.get_world_size() > 1
-        ):
-            raise LearnerError(
-                "token updates run on a single learner rank for now: the DDP/FSDP wrappers' "
-                "hooks run on the policy's step forward, which the token forward does not go "
-                "through (set learner.ranks = 1 for text environments)"
-            )
         if self._tokens is None:
             cfg = self.token_cfg or TokenRLConfig.from_ppo(self.cfg)
             self._tokens = TokenPPO(
@@ -345,8 +339,9 @@ class PPOLearner:
                 cfg,
                 self.optimizer,
                 forward_context=self.forward_context,
+                model=self.model,
             )
-        return self._tokens.update(fragments, current_version)
+        return self._tokens.update(fragments, current_version, kl_sync)
 
     def step_update(
         self,

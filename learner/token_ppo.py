@@ -35,6 +35,9 @@ fragment's `policy_version` is its oldest stamp.
 The advantages are learner/token_advantages.py's, the hyper-parameters learner/token_config.py's.
 `token_outputs` is the one forward: the HF decoder over [N, L], then the LM head and value head
 only at the completion positions (an [N, L, vocab] logit tensor would be most of the memory).
+It is CausalLMPolicy's token-form `forward`, called through the module's `__call__`, so in a
+learner group the same DDP or FSDP2 wrapper as the step update's reduces the gradients (over
+the ranks' own fragments) and gathers the shards; `target_kl` stops the epochs as it does there.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from shoal.learner.errors import BadFragment, PolicyError
 from shoal.learner.models.base import PolicyModel
 from shoal.learner.models.causal_lm import CausalLMPolicy
 from shoal.learner.parallel import full_tensor
-from shoal.learner.ppo import explained_variance, lag_summary
+from shoal.learner.ppo import MetricSync, explained_variance, lag_summary
 from shoal.learner.sequences import SequenceFragment, check_vocab
 from shoal.learner.token_advantages import grpo_advantages, token_gae
 from shoal.learner.token_config import LossNorm, TokenRLConfig
@@ -70,40 +73,24 @@ class TokenOutputs:
     values: torch.Tensor
 
 
-def completion_mask(
-    prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, length: int
-) -> torch.Tensor:
-    """bool [N, length]: True at each row's completion positions."""
-    position = torch.arange(length, device=prompt_lengths.device)[None, :]
-    start = prompt_lengths.long()[:, None]
-    return (position >= start) & (position < start + completion_lengths.long()[:, None])
-
-
 def token_outputs(
-    policy: CausalLMPolicy,
+    model: nn.Module,
     tokens: torch.Tensor,
     prompt_lengths: torch.Tensor,
     completion_lengths: torch.Tensor,
     temperature: float,
 ) -> TokenOutputs:
     """Log-probs and entropies of softmax(logits / temperature) at every completion token, and
-    V of the state each was sampled in, with ONE decoder forward over the right-padded [N, L]
-    (causal attention: padding after a row's end is never attended to). Position i is
-    predicted from hidden state i − 1, so prompts need >= 1 token."""
-    ends = (prompt_lengths.long() + completion_lengths.long()).max()
-    tokens = tokens[:, : int(ends)].to(policy.device)
-    mask = completion_mask(
-        prompt_lengths.to(tokens.device), completion_lengths.to(tokens.device), tokens.shape[1]
+    V of the state each was sampled in, with ONE forward over the right-padded [N, L]
+    (CausalLMPolicy.completion_outputs). It goes through `model`'s `__call__`: `model` is a
+    CausalLMPolicy or its DDP or FSDP2 wrapper, whose hooks (gradient buckets, shard
+    gathers) run only there."""
+    logp, entropy, values = model(
+        tokens,
+        prompt_lengths=prompt_lengths,
+        completion_lengths=completion_lengths,
+        temperature=temperature,
     )
-    hidden = policy.lm.get_decoder()(input_ids=tokens, use_cache=False).last_hidden_state
-    at = mask[:, 1:]
-    states = hidden[:, :-1][at]  # [K, H]: the state before each completion token
-    logits = policy.lm.get_output_embeddings()(states)[:, : policy.action_dim]
-    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
-    logp = log_probs.gather(-1, tokens[:, 1:][at].unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    head = policy.value_head
-    values = head(states.to(head.weight.dtype)).squeeze(-1).float()
     return TokenOutputs(logp, entropy, values)
 
 
@@ -219,9 +206,11 @@ class TokenPPO:
     """Runs token PPO/GRPO updates on a CausalLMPolicy; one caller at a time (not thread-safe).
 
     `optimizer` defaults to AdamW over the policy at `cfg.lr` (PPOLearner passes its own, so
-    checkpoints and learning-rate annealing see one optimiser). `reference` is the frozen policy
-    the KL penalty pulls towards; with kl_coef > 0 and none given, a copy of the policy as it is
-    now (the SFT model at the start of RL) is frozen and kept.
+    checkpoints and learning-rate annealing see one optimiser). `model` is what forward and
+    backward go through: the policy's DDP or FSDP2 wrapper in a learner group (its hooks reduce
+    the gradients over the ranks inside `backward`), the policy itself when None. `reference`
+    is the frozen policy the KL penalty pulls towards; with kl_coef > 0 and none given, a copy
+    of the policy as it is now (the SFT model at the start of RL) is frozen and kept.
     """
 
     def __init__(
@@ -233,12 +222,14 @@ class TokenPPO:
         forward_context: Callable[[], contextlib.AbstractContextManager[Any]] = (
             contextlib.nullcontext
         ),
+        model: nn.Module | None = None,
     ) -> None:
         if not isinstance(policy, CausalLMPolicy):
             raise PolicyError(
                 f"sequence fragments train a causal-lm policy, this one is {policy.family or 'custom'}"
             )
         self.policy: CausalLMPolicy = policy
+        self.model: nn.Module = policy if model is None else model
         self.cfg = cfg
         self.forward_context = forward_context
         if optimizer is None:
@@ -256,13 +247,11 @@ class TokenPPO:
     def device(self) -> torch.device:
         return self.policy.device
 
-    def outputs(
-        self, policy: CausalLMPolicy, batch: TokenBatch, rows: torch.Tensor
-    ) -> TokenOutputs:
-        """token_outputs of `rows` under the forward context."""
+    def outputs(self, model: nn.Module, batch: TokenBatch, rows: torch.Tensor) -> TokenOutputs:
+        """token_outputs of `rows` through `model` under the forward context."""
         with self.forward_context():
             return token_outputs(
-                policy,
+                model,
                 batch.tokens[rows],
                 batch.prompt_lengths[rows],
                 batch.completion_lengths[rows],
@@ -289,9 +278,18 @@ class TokenPPO:
             )
 
     def update(
-        self, fragments: Sequence[SequenceFragment], current_version: int
+        self,
+        fragments: Sequence[SequenceFragment],
+        current_version: int,
+        kl_sync: MetricSync | None = None,
     ) -> dict[str, float]:
-        """One update over `fragments`; returns losses, KL, clip fraction, IS weights, lag, …."""
+        """One update over `fragments`; returns losses, KL, clip fraction, IS weights, lag, ….
+
+        Every rank of a group calls it on its own fragments with the same number of rows'
+        minibatches (`num_minibatches` is a count), so the wrapper's collectives pair up. With
+        `target_kl` set, the epochs stop once an epoch's mean approximate KL to π_prox exceeds
+        it; in a group pass `kl_sync` (an all-reduce mean), so every rank stops at one epoch.
+        """
         cfg = self.cfg
         self.check(fragments)
         metrics = token_lag_stats(fragments, current_version)
@@ -300,19 +298,25 @@ class TokenPPO:
         with torch.no_grad():
             prox = None  # one pass over the batch: π_prox is the forward the loss takes anyway
             if cfg.update_epochs * cfg.num_minibatches > 1:
-                prox = torch.cat([self.outputs(self.policy, batch, c).logprobs for c in chunks])
+                prox = torch.cat([self.outputs(self.model, batch, c).logprobs for c in chunks])
             ref = None
             if self.reference is not None and cfg.kl_coef > 0:
                 ref = torch.cat([self.outputs(self.reference, batch, c).logprobs for c in chunks])
         sums: dict[str, float] = {}
-        steps = 0
+        steps = epochs = 0
         for _ in range(cfg.update_epochs):
+            epochs += 1
+            kl_epoch = 0.0
             for rows in torch.randperm(batch.rows, device=self.device).tensor_split(
                 cfg.num_minibatches
             ):
-                for key, value in self.minibatch_step(batch, rows, prox, ref).items():
+                out = self.minibatch_step(batch, rows, prox, ref)
+                for key, value in out.items():
                     sums[key] = sums.get(key, 0.0) + value
+                kl_epoch += out["approx_kl"]
                 steps += 1
+            if self.kl_exceeded(kl_epoch / cfg.num_minibatches, kl_sync):
+                break
         rewards = np.concatenate([f.rewards for f in fragments])
         metrics.update({key: value / steps for key, value in sums.items()})
         metrics.update(
@@ -320,7 +324,7 @@ class TokenPPO:
                 "reward_mean": float(rewards.mean()),
                 "reward_std": float(rewards.std()),
                 "completion_length_mean": float(batch.completion_lengths.float().mean()),
-                "epochs": float(cfg.update_epochs),
+                "epochs": float(epochs),
                 "num_steps": float(batch.behaviour_logp.numel()),
                 "num_sequences": float(batch.rows),
                 "num_fragments": float(len(fragments)),
@@ -330,6 +334,16 @@ class TokenPPO:
         if cfg.algo == "ppo":
             metrics["explained_variance"] = explained_variance(batch.values, batch.returns)
         return metrics
+
+    def kl_exceeded(self, kl_epoch: float, kl_sync: MetricSync | None) -> bool:
+        """Whether the epoch's approximate KL (averaged over the group by `kl_sync`) is past
+        `target_kl`; never without one (and then no collective is made)."""
+        if self.cfg.target_kl is None:
+            return False
+        kl = torch.tensor(kl_epoch, device=self.device)
+        if kl_sync is not None:
+            kl = kl_sync(kl)
+        return bool(kl.item() > self.cfg.target_kl)
 
     def minibatch_step(
         self,
@@ -343,7 +357,7 @@ class TokenPPO:
         π_prox is this very forward (detached)."""
         cfg = self.cfg
         at = batch.token_index(rows)
-        out = self.outputs(self.policy, batch, rows)
+        out = self.outputs(self.model, batch, rows)
         prox_at = out.logprobs.detach() if prox is None else prox[at]
         raw = torch.exp(prox_at - batch.behaviour_logp[at])
         weights = raw.clamp(max=cfg.is_cap)
@@ -367,13 +381,18 @@ class TokenPPO:
             v_loss = _value_loss(out.values, batch.values[at], batch.returns[at], cfg)
             per_token = per_token + cfg.vf_coef * v_loss
             stats["value_loss"] = v_loss.mean()
+        else:
+            # DDP reduces a bucket once every parameter in it has its gradient and never
+            # learns of one that gets none: without a critic the value head still takes part,
+            # with weight 0 (a gradient of exactly 0, so Adam leaves it as it is).
+            per_token = per_token + 0.0 * out.values
         lengths = batch.completion_lengths[rows]
         loss = normalise_loss(per_token, lengths, cfg.loss_norm)
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = full_tensor(
-            nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         )
         self.optimizer.step()
 

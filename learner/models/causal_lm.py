@@ -170,6 +170,56 @@ class CausalLMPolicy(PolicyModel):
     def prepare(self, obs: torch.Tensor) -> torch.Tensor:
         return obs.to(torch.long)
 
+    def forward(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor | None = None,
+        *,
+        prompt_lengths: torch.Tensor | None = None,
+        completion_lengths: torch.Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The training forward in two forms, both through `nn.Module.__call__`, where a DDP
+        or FSDP2 wrapper reduces gradients and gathers shards: given `actions`, PolicyModel's
+        step form (one action per observation); given `prompt_lengths` and
+        `completion_lengths` [N], the token form (`completion_outputs` of `obs` as sequences)."""
+        if prompt_lengths is not None and completion_lengths is not None:
+            return self.completion_outputs(obs, prompt_lengths, completion_lengths, temperature)
+        if actions is None:
+            raise PolicyError(
+                "CausalLMPolicy.forward needs actions (the step form) or prompt_lengths and "
+                "completion_lengths (the token form)"
+            )
+        return super().forward(obs, actions)
+
+    def completion_outputs(
+        self,
+        tokens: torch.Tensor,
+        prompt_lengths: torch.Tensor,
+        completion_lengths: torch.Tensor,
+        temperature: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies of softmax(logits / temperature) at every completion token
+        of the right-padded sequences `tokens` [N, L], and V of the state each was sampled in,
+        flat [K] in row-major order, with ONE decoder pass (causal attention: the padding
+        after a row's end is never attended to). The LM and value heads run only at the
+        completion positions: an [N, L, vocab] logit tensor would be most of the memory.
+        Position i is predicted from hidden state i − 1, so prompts need >= 1 token."""
+        ends = (prompt_lengths.long() + completion_lengths.long()).max()
+        tokens = tokens[:, : int(ends)].to(self.device)
+        mask = completion_mask(
+            prompt_lengths.to(tokens.device), completion_lengths.to(tokens.device), tokens.shape[1]
+        )
+        hidden = self.lm.get_decoder()(input_ids=tokens, use_cache=False).last_hidden_state
+        at = mask[:, 1:]
+        states = hidden[:, :-1][at]  # [K, H]: the state before each completion token
+        logits = self.lm.get_output_embeddings()(states)[:, : self.action_dim]
+        log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+        logp = log_probs.gather(-1, tokens[:, 1:][at].unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        values = self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1).float()
+        return logp, entropy, values
+
     def _last_hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         out = self.lm.get_decoder()(input_ids=tokens, use_cache=False)
         return out.last_hidden_state[:, -1]
@@ -195,6 +245,15 @@ class CausalLMPolicy(PolicyModel):
             self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def completion_mask(
+    prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, length: int
+) -> torch.Tensor:
+    """bool [N, length]: True at each row's completion positions."""
+    position = torch.arange(length, device=prompt_lengths.device)[None, :]
+    start = prompt_lengths.long()[:, None]
+    return (position >= start) & (position < start + completion_lengths.long()[:, None])
 
 
 def export_pretrained(model: PolicyModel, directory: Path) -> Path:

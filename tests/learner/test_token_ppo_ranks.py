@@ -1,0 +1,155 @@
+"""Token GRPO on a real 2-rank gloo learner group: the token forward goes through the DDP or
+FSDP2 wrapper, so the ranks' gradients are averaged exactly as the step update's are.
+
+Each rank trains on its own fragment (the same number of completion tokens on each), so one
+update on 2 ranks must land where one update of a single learner on both fragments does (to
+float tolerance: the reductions sum in other orders); DDP's replicas must stay identical; the
+surrogate loss on the global batch must fall; and `target_kl`, synced over the group, must stop
+every rank at the same epoch. Also, in one process: `target_kl` asks `kl_sync` once an epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shoal.errors import ConfigError
+from shoal.learner.errors import PolicyError
+from shoal.learner.group import GroupSpec
+from shoal.learner.token_config import TokenRLConfig
+from shoal.learner.token_ppo import TokenPPO
+from shoal.local import free_port
+from tests.learner.token_ppo_ranks import (
+    GROUP,
+    TOKEN_CFG,
+    build_policy,
+    full_parameters,
+    make_learner,
+    rank_fragment,
+    surrogate_loss,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+META = ("strategy", "sharded", "loss_before", "loss_after", "epochs")
+
+
+def run_ranks(tmp_path: Path, sharding: str, world: int = 2) -> list[dict[str, np.ndarray]]:
+    """`world` rank processes of tests/learner/token_ppo_ranks.py; every one reaped."""
+    port = free_port()
+    outs = [tmp_path / f"{sharding}-{rank}.npz" for rank in range(world)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(world):
+            spec = GroupSpec(rank=rank, world_size=world, port=port, backend="gloo", timeout_s=90)
+            env = {**os.environ, **spec.to_env(), "OMP_NUM_THREADS": "1"}
+            command = [sys.executable, "-m", "tests.learner.token_ppo_ranks", sharding]
+            procs.append(subprocess.Popen([*command, str(outs[rank])], env=env, cwd=REPO))
+        for proc in procs:
+            assert proc.wait(timeout=300) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return [dict(np.load(out)) for out in outs]
+
+
+def one_rank_update() -> dict[str, np.ndarray]:
+    """A single learner's update on every rank's fragment at once: the global batch."""
+    policy = build_policy()
+    fragments = [rank_fragment(policy, rank) for rank in range(2)]
+    learner = make_learner(policy, policy, contextlib.nullcontext)
+    before = surrogate_loss(policy, fragments)
+    torch.manual_seed(7)
+    metrics = learner.update(fragments, 0)
+    after = surrogate_loss(policy, fragments)
+    meta = {"loss_before": before, "loss_after": after, "epochs": metrics["epochs"]}
+    return {**full_parameters(policy), **{k: np.array(v) for k, v in meta.items()}}
+
+
+def assert_same_parameters(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], rtol: float, atol: float
+) -> None:
+    names = sorted(k for k in a if k not in META)
+    assert names == sorted(k for k in b if k not in META)
+    for name in names:
+        np.testing.assert_allclose(a[name], b[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.timeout(900)
+def test_token_grpo_on_two_ranks_takes_the_one_rank_step_replicated_and_sharded(
+    tmp_path: Path,
+) -> None:
+    single = one_rank_update()
+    initial = full_parameters(build_policy())
+    moved = max(float(np.abs(single[k] - v).max()) for k, v in initial.items())
+    assert moved > 1e-3  # the update really moves the weights: the comparison means something
+    replicated = run_ranks(tmp_path, "replicate")
+    sharded = run_ranks(tmp_path, "fsdp")
+    assert {str(r["strategy"]) for r in replicated} == {"replicate"}
+    assert {str(r["strategy"]) for r in sharded} == {"fsdp"}
+    assert not any(bool(r["sharded"]) for r in replicated)
+    assert all(bool(r["sharded"]) for r in sharded)
+    assert_same_parameters(replicated[0], replicated[1], rtol=0, atol=0)
+    for result in [*replicated, *sharded]:
+        assert_same_parameters(single, result, rtol=1e-4, atol=1e-5)
+        assert float(result["loss_after"]) < float(result["loss_before"])
+        assert float(result["loss_before"]) == pytest.approx(float(single["loss_before"]))
+        assert float(result["epochs"]) == float(single["epochs"]) == 2.0
+    assert float(single["loss_after"]) < float(single["loss_before"])
+
+
+def test_target_kl_stops_token_epochs_and_asks_kl_sync_once_per_epoch() -> None:
+    policy = build_policy()
+    fragment = rank_fragment(policy, 0)
+    asked: list[float] = []
+
+    def kl_sync(kl: torch.Tensor) -> torch.Tensor:
+        asked.append(float(kl))
+        return kl
+
+    cfg = TokenRLConfig(group_size=GROUP, update_epochs=4, num_minibatches=2, target_kl=1e-9)
+    metrics = TokenPPO(policy, cfg).update([fragment], 0, kl_sync)
+    assert metrics["epochs"] == 1.0  # epoch 1's second minibatch already moved off π_prox
+    assert len(asked) == 1
+    assert asked[0] > 1e-9
+    unbounded = TokenRLConfig(group_size=GROUP, update_epochs=3, num_minibatches=2)
+    asked.clear()
+    assert TokenPPO(build_policy(), unbounded).update([fragment], 0, kl_sync)["epochs"] == 3.0
+    assert asked == []
+
+
+def test_ppo_learner_hands_kl_sync_to_the_token_update() -> None:
+    policy = build_policy()
+    learner = make_learner(policy, policy, contextlib.nullcontext)
+    calls: list[float] = []
+
+    def kl_sync(kl: torch.Tensor) -> torch.Tensor:
+        calls.append(float(kl))
+        return kl
+
+    assert TOKEN_CFG.target_kl is not None
+    metrics = learner.update([rank_fragment(policy, 0)], 0, kl_sync)
+    assert metrics["epochs"] == 2.0
+    assert len(calls) == 2
+    assert calls[0] == pytest.approx(0.0, abs=1e-6)
+    assert calls[1] > 1e-9
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "0.1", True])
+def test_token_target_kl_must_be_a_positive_finite_number(bad: object) -> None:
+    with pytest.raises(ConfigError, match=r"token\.target_kl"):
+        TokenRLConfig(target_kl=bad)  # type: ignore[arg-type]
+
+
+def test_the_policy_forward_needs_actions_or_completion_spans() -> None:
+    policy = build_policy()
+    with pytest.raises(PolicyError, match=r"actions .* or prompt_lengths"):
+        policy(torch.zeros((1, 16), dtype=torch.int64))
