@@ -48,6 +48,9 @@ class TokenRLConfig:
     """GAE's λ over completion tokens (ppo only)."""
     max_grad_norm: float = 1.0
     """Global gradient-norm clip."""
+    target_kl: float | None = None
+    """Stop the epochs early once an epoch's approximate KL to π_prox exceeds this (averaged
+    over a learner group's ranks); None never stops."""
     clip_vloss: bool = True
     """Clip the value update around the behaviour values (ppo only)."""
     norm_adv: bool = True
@@ -77,6 +80,8 @@ class TokenRLConfig:
         for key in ("gamma", "gae_lambda"):
             _real(key, getattr(self, key), low=0, high=1)
         _real("is_cap", self.is_cap, low=1)
+        if self.target_kl is not None:
+            _real("target_kl", self.target_kl, low=0, open_low=True)
         for key in ("clip_vloss", "norm_adv"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"token.{key} must be true or false")
