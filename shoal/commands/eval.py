@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from shoal.config import check_int
     from shoal.envs import registry
     from shoal.learner.config import SEED_MAX, known_target
+    from shoal.learner.text_job import is_text_job
     from shoal.train import evaluate_checkpoint, load_policy
 
     torch.set_num_threads(1)  # small batches: more threads only spin
@@ -36,10 +39,13 @@ def run(args: argparse.Namespace) -> int:
     check_int("--episodes", args.episodes, 1)
     check_int("--seed", args.seed, 0, SEED_MAX)
     _, state, info = load_policy(args.checkpoint)
-    env_id = registry.spec(args.env or str(state.get("env_id", ""))).id
+    out = args.out or info.path.parent.parent / "reports"
+    trained_on = args.env or str(state.get("env_id", ""))
+    if is_text_job(trained_on):
+        return _run_text(args, trained_on, state, info.path, out)
+    env_id = registry.spec(trained_on).id
     config = state.get("config") or {}
     env_kwargs = config.get("env_kwargs") if args.env is None else None
-    out = args.out or info.path.parent.parent / "reports"
     result, json_path, html_path = evaluate_checkpoint(
         info.path,
         env_id,
@@ -62,6 +68,41 @@ def run(args: argparse.Namespace) -> int:
             "checkpoint": str(info.path),
             "mean_return": result.mean_return,
             "success_rate": rate,
+            "report": str(json_path),
+            "report_html": str(html_path),
+        }
+        print(json.dumps(summary))
+    return 0
+
+
+def _run_text(
+    args: argparse.Namespace, env_id: str, state: dict[str, Any], checkpoint: Path, out: Path
+) -> int:
+    """A text run's checkpoint: pass@k on the environment's held-out splits, sampled with the
+    job's own tokenizer and sampling settings (the config the checkpoint was saved with)."""
+    from shoal.config import load
+    from shoal.learner.config import TrainConfig
+    from shoal.learner.text_job import evaluate_checkpoint as evaluate_text
+
+    saved = state.get("config")
+    cfg = load(
+        TrainConfig,
+        {**(saved if isinstance(saved, dict) else {}), "env_id": env_id},
+        source=f"{checkpoint} (the config it was trained with)",
+        environ={},
+    )
+    if args.env is not None:
+        cfg = dataclasses.replace(cfg, env_kwargs={})
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, episodes=args.episodes))
+    mean, json_path, html_path = evaluate_text(checkpoint, env_id, cfg, out, seed=args.seed)
+    print(f"{env_id}: mean reward {mean:.3f} over {args.episodes} tasks per held-out split")
+    print(f"report: {json_path}")
+    print(f"html:   {html_path}")
+    if args.json:
+        summary = {
+            "env_id": env_id,
+            "checkpoint": str(checkpoint),
+            "mean_reward": mean,
             "report": str(json_path),
             "report_html": str(html_path),
         }

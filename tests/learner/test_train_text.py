@@ -90,6 +90,18 @@ def test_shoal_train_codeexec_trains_on_the_embedded_cluster(tmp_path: Path) -> 
     assert learner[-1]["resumed_from"] == summary["checkpoint"]
     assert status2["version"] > status["version"]
 
+    # `shoal eval` on the run evaluates the text policy with the config it was trained with.
+    out = tmp_path / "eval"
+    argv = [sys.executable, "-m", "shoal", "eval", str(run_dir), "--episodes", "2", "--out",
+            str(out), "--json"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    evaluated = json.loads(done.stdout.strip().splitlines()[-1])
+    assert evaluated["env_id"] == "CodeExec-v1"
+    assert 0 <= evaluated["mean_reward"] <= 1
+    report = json.loads((out / "report.json").read_text())
+    assert report["policies"]["policy"]["train"]["tasks"] == 2
+
 
 def test_a_model_writing_hostile_programs_never_breaks_a_rollout_worker(tmp_path: Path) -> None:
     with CodeGenEnv(max_new_tokens=64, workers=1) as env:
