@@ -94,7 +94,10 @@ class LMPipelineConfig:
     """"bytes" or a local tokenizer directory (never downloaded)."""
     train_tasks: int = 2000
     """Training tasks synthesised in stage 1 (SFT and distillation examples, RL prompts)."""
-    torch_threads: int = 2
+    torch_threads: int = 1
+    """torch intra-op threads for the run (restored after). One: the RL stage already runs two
+    busy threads (generation and learning), and on a shared 2-core machine two intra-op threads
+    per process spin against each other (a 0.5M-parameter SFT step took 9x longer with 2)."""
     teacher: ModelConfig = field(default_factory=lambda: _lm(256, 4, 4, 704))
     student: ModelConfig = field(default_factory=lambda: _lm(192, 3, 4, 512))
     sft: FitConfig = field(default_factory=lambda: FitConfig(epochs=6, lr=3e-3))
