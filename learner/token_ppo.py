@@ -43,7 +43,6 @@ the ranks' own fragments) and gathers the shards; `target_kl` stops the epochs a
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +56,7 @@ from shoal.learner.models.base import PolicyModel
 from shoal.learner.models.causal_lm import CausalLMPolicy
 from shoal.learner.parallel import full_tensor
 from shoal.learner.ppo import MetricSync, explained_variance, lag_summary
+from shoal.learner.reference_policy import frozen_copy
 from shoal.learner.sequences import SequenceFragment, check_vocab
 from shoal.learner.token_advantages import grpo_advantages, token_gae
 from shoal.learner.token_config import LossNorm, TokenRLConfig
@@ -210,7 +210,8 @@ class TokenPPO:
     backward go through: the policy's DDP or FSDP2 wrapper in a learner group (its hooks reduce
     the gradients over the ranks inside `backward`), the policy itself when None. `reference`
     is the frozen policy the KL penalty pulls towards; with kl_coef > 0 and none given, a copy
-    of the policy as it is now (the SFT model at the start of RL) is frozen and kept.
+    of the policy as it is now (the SFT model at the start of RL) is frozen and kept, sharded
+    like the policy (learner/reference_policy.py).
     """
 
     def __init__(
@@ -237,11 +238,11 @@ class TokenPPO:
                 policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps, weight_decay=0.0
             )
         self.optimizer = optimizer
+        self.reference: nn.Module | None = reference
         if reference is None and cfg.kl_coef > 0:
-            reference = copy.deepcopy(policy)
-        self.reference = reference
-        if reference is not None:
-            reference.requires_grad_(False).eval()
+            self.reference = frozen_copy(policy)
+        if self.reference is not None:
+            self.reference.requires_grad_(False).eval()
 
     @property
     def device(self) -> torch.device:

@@ -5,7 +5,8 @@ Each rank trains on its own fragment (the same number of completion tokens on ea
 update on 2 ranks must land where one update of a single learner on both fragments does (to
 float tolerance: the reductions sum in other orders); DDP's replicas must stay identical; the
 surrogate loss on the global batch must fall; and `target_kl`, synced over the group, must stop
-every rank at the same epoch. Also, in one process: `target_kl` asks `kl_sync` once an epoch.
+every rank at the same epoch; the KL penalty's frozen reference is held like the policy (a
+sharded copy under FSDP2, which refuses deepcopy). Also, in one process: `target_kl` asks `kl_sync` once an epoch.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from tests.learner.token_ppo_ranks import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-META = ("strategy", "sharded", "loss_before", "loss_after", "epochs")
+META = ("strategy", "sharded", "loss_before", "loss_after", "epochs", "reference_err")
 
 
 def run_ranks(tmp_path: Path, sharding: str, world: int = 2) -> list[dict[str, np.ndarray]]:
@@ -103,6 +104,7 @@ def test_token_grpo_on_two_ranks_takes_the_one_rank_step_replicated_and_sharded(
         assert float(result["loss_after"]) < float(result["loss_before"])
         assert float(result["loss_before"]) == pytest.approx(float(single["loss_before"]))
         assert float(result["epochs"]) == float(single["epochs"]) == 2.0
+        assert float(result["reference_err"]) < 1e-5  # the KL's reference is the initial policy
     assert float(single["loss_after"]) < float(single["loss_before"])
 
 

@@ -5,8 +5,9 @@ tests/learner/test_token_ppo_ranks.py, which also builds its 1-rank reference fr
 
 Every rank builds the same tiny Qwen2 policy and the fragments of every rank (rank r trains on
 fragment r), wraps the policy as SHARDING says (replicate: DDP, fsdp: FSDP2), measures the
-surrogate loss on the global batch, takes one update and writes the full parameters, the
-loss before and after and the epochs it ran to OUT (.npz).
+surrogate loss on the global batch, checks a frozen copy of the wrapped policy scores it as the
+policy does, takes one update and writes the full parameters, the loss before and after, the
+copy's largest log-prob error and the epochs it ran to OUT (.npz).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from shoal.learner.group import GroupSpec, LearnerGroup
 from shoal.learner.models import CausalLMPolicy, ModelConfig, build_model
 from shoal.learner.parallel import ShardingOptions, full_tensor, parallelize, plan_parallelism
 from shoal.learner.ppo import PPOConfig, PPOLearner
+from shoal.learner.reference_policy import frozen_copy
 from shoal.learner.sequences import SequenceFragment
 from shoal.learner.token_config import TokenRLConfig
 from shoal.learner.token_ppo import build_token_batch, token_outputs
@@ -34,9 +36,10 @@ COMPLETION_LENGTHS = np.array([1, 2, 3, 4, 4, 3, 2, 1], np.int32)
 """Every rank's completions have these lengths (in its own order), so each rank holds the same
 number of tokens and the mean of the ranks' token-mean gradients is the global batch's."""
 TOKEN_CFG = TokenRLConfig(
-    algo="grpo", group_size=GROUP, update_epochs=3, num_minibatches=1, target_kl=1e-9
+    algo="grpo", group_size=GROUP, update_epochs=3, num_minibatches=1, target_kl=1e-9, kl_coef=0.5
 )
-"""Epoch 1 starts at π_prox (KL 0), so a tiny target_kl stops every rank after epoch 2."""
+"""Epoch 1 starts at π_prox (KL 0), so a tiny target_kl stops every rank after epoch 2; the KL
+penalty to the frozen reference (the initial policy) pulls from epoch 2 on."""
 PPO_CFG = PPOConfig(lr=3e-3)
 
 
@@ -116,6 +119,21 @@ def surrogate_loss(model: nn.Module, fragments: Sequence[SequenceFragment]) -> f
     return float(-(batch.advantages * ratio).mean())
 
 
+def reference_error(model: nn.Module, fragments: Sequence[SequenceFragment]) -> float:
+    """The largest difference between `model`'s log-prob of a completion token and the
+    behaviour one (the initial policy's: on-policy data)."""
+    batch = build_token_batch(fragments, TOKEN_CFG, torch.device("cpu"))
+    with torch.no_grad():
+        out = token_outputs(
+            model,
+            batch.tokens,
+            batch.prompt_lengths,
+            batch.completion_lengths,
+            TOKEN_CFG.temperature,
+        )
+    return float((out.logprobs - batch.behaviour_logp).abs().max())
+
+
 def full_parameters(policy: nn.Module) -> dict[str, np.ndarray]:
     """Every parameter in full (DTensor shards gathered: a collective)."""
     return {k: full_tensor(p).detach().numpy().copy() for k, p in policy.named_parameters()}
@@ -133,6 +151,7 @@ def main() -> None:
         parallel = parallelize(policy, plan, torch.device("cpu"), ShardingOptions())
         learner = make_learner(parallel.module, policy, parallel.forward_context)
         before = surrogate_loss(parallel.module, fragments)
+        reference_err = reference_error(frozen_copy(policy), fragments)
         torch.manual_seed(7)
         metrics = learner.update([fragments[spec.rank]], 0, group.mean)
         after = surrogate_loss(parallel.module, fragments)
@@ -147,6 +166,7 @@ def main() -> None:
         loss_before=np.array(before),
         loss_after=np.array(after),
         epochs=np.array(metrics["epochs"]),
+        reference_err=np.array(reference_err),
         **params,
     )
 
