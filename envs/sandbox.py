@@ -259,7 +259,9 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._closed = False
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="sandbox")
-        self._batches = ThreadPoolExecutor(workers, thread_name_prefix="sandbox-batch")
+        # Two request threads per server: while one judges a reply (the server is already
+        # back in the idle queue), the other has sent that server its next request.
+        self._batches = ThreadPoolExecutor(2 * workers, thread_name_prefix="sandbox-batch")
         # A server gets SIGKILL when the *thread* that started it ends (its parent-death
         # signal follows the thread), so every server is started from this one, which lives
         # as long as the pool; a caller's thread may end any time.
