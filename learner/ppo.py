@@ -308,9 +308,10 @@ class PPOLearner:
     ) -> dict[str, float]:
         """One PPO update over `fragments`; returns losses, KL, clip fraction, lag stats, ….
 
-        With `target_kl` set in a group, pass `kl_sync` (e.g. an all-reduce mean), so every
+        With `target_kl` set in a group, pass `kl_sync` (an all-reduce mean), so every
         rank stops at the same epoch instead of leaving the others in a collective.
-        Sequence fragments go to the token update (`token_update`).
+        Sequence fragments go to the token update (`token_update`), which also normalises
+        each minibatch's loss by the group's token count with it: pass it in every group.
         """
         sequences = [f for f in fragments if isinstance(f, SequenceFragment)]
         if sequences:

@@ -282,14 +282,16 @@ class TokenPPO:
         self,
         fragments: Sequence[SequenceFragment],
         current_version: int,
-        kl_sync: MetricSync | None = None,
+        group_mean: MetricSync | None = None,
     ) -> dict[str, float]:
         """One update over `fragments`; returns losses, KL, clip fraction, IS weights, lag, ….
 
-        Every rank of a group calls it on its own fragments with the same number of rows'
-        minibatches (`num_minibatches` is a count), so the wrapper's collectives pair up. With
-        `target_kl` set, the epochs stop once an epoch's mean approximate KL to π_prox exceeds
-        it; in a group pass `kl_sync` (an all-reduce mean), so every rank stops at one epoch.
+        Every rank of a group calls it on its own fragments with the same number of
+        minibatches (`num_minibatches` is a count), so the wrapper's collectives pair up, and
+        passes `group_mean` (an all-reduce mean over the ranks, `LearnerGroup.mean`): each
+        minibatch's loss is normalised by the group's token count (`normalise_loss`), and with
+        `target_kl` set, the epochs stop once an epoch's approximate KL to π_prox, averaged
+        over the ranks, exceeds it, so every rank stops at the same epoch.
         """
         cfg = self.cfg
         self.check(fragments)
@@ -311,12 +313,12 @@ class TokenPPO:
             for rows in torch.randperm(batch.rows, device=self.device).tensor_split(
                 cfg.num_minibatches
             ):
-                out = self.minibatch_step(batch, rows, prox, ref)
+                out = self.minibatch_step(batch, rows, prox, ref, group_mean)
                 for key, value in out.items():
                     sums[key] = sums.get(key, 0.0) + value
                 kl_epoch += out["approx_kl"]
                 steps += 1
-            if self.kl_exceeded(kl_epoch / cfg.num_minibatches, kl_sync):
+            if self.kl_exceeded(kl_epoch / cfg.num_minibatches, group_mean):
                 break
         rewards = np.concatenate([f.rewards for f in fragments])
         metrics.update({key: value / steps for key, value in sums.items()})
@@ -336,14 +338,14 @@ class TokenPPO:
             metrics["explained_variance"] = explained_variance(batch.values, batch.returns)
         return metrics
 
-    def kl_exceeded(self, kl_epoch: float, kl_sync: MetricSync | None) -> bool:
-        """Whether the epoch's approximate KL (averaged over the group by `kl_sync`) is past
+    def kl_exceeded(self, kl_epoch: float, group_mean: MetricSync | None) -> bool:
+        """Whether the epoch's approximate KL (averaged over the group by `group_mean`) is past
         `target_kl`; never without one (and then no collective is made)."""
         if self.cfg.target_kl is None:
             return False
         kl = torch.tensor(kl_epoch, device=self.device)
-        if kl_sync is not None:
-            kl = kl_sync(kl)
+        if group_mean is not None:
+            kl = group_mean(kl)
         return bool(kl.item() > self.cfg.target_kl)
 
     def minibatch_step(
@@ -352,10 +354,11 @@ class TokenPPO:
         rows: torch.Tensor,
         prox: torch.Tensor | None,
         ref: torch.Tensor | None,
+        group_mean: MetricSync | None = None,
     ) -> dict[str, float]:
         """Loss, backward, clip and step for the completions `rows`; returns its statistics.
         `prox` holds π_prox per token; None when this step is the update's only one, where
-        π_prox is this very forward (detached)."""
+        π_prox is this very forward (detached). `group_mean`: see `normalise_loss`."""
         cfg = self.cfg
         at = batch.token_index(rows)
         out = self.outputs(self.model, batch, rows)
@@ -388,7 +391,7 @@ class TokenPPO:
             # with weight 0 (a gradient of exactly 0, so Adam leaves it as it is).
             per_token = per_token + 0.0 * out.values
         lengths = batch.completion_lengths[rows]
-        loss = normalise_loss(per_token, lengths, cfg.loss_norm)
+        loss = normalise_loss(per_token, lengths, cfg.loss_norm, group_mean)
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -411,15 +414,30 @@ class TokenPPO:
         }
 
 
-def normalise_loss(per_token: torch.Tensor, lengths: torch.Tensor, mode: LossNorm) -> torch.Tensor:
+def normalise_loss(
+    per_token: torch.Tensor,
+    lengths: torch.Tensor,
+    mode: LossNorm,
+    group_mean: MetricSync | None = None,
+) -> torch.Tensor:
     """The minibatch loss from per-token losses [K] (row-major) of completions of `lengths` [B]:
-    "token" averages over all K tokens, "sequence" within each completion, then over them."""
+    "token" averages over all K tokens, "sequence" within each completion, then over them.
+
+    In a learner group pass `group_mean` (an all-reduce mean over the ranks): the sum is then
+    divided by the ranks' mean count of tokens (completions), so once DDP or FSDP2 averages the
+    ranks' gradients, the step is that of the mean over the whole group's minibatch, however
+    unevenly its tokens are spread over the ranks (a collective: every rank calls it)."""
     if mode == "token":
-        return per_token.mean()
-    lengths = lengths.long()
-    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-    sums = torch.zeros(lengths.numel(), device=per_token.device, dtype=per_token.dtype)
-    return (sums.index_add(0, row, per_token) / lengths).mean()
+        total, count = per_token.sum(), per_token.numel()
+    else:
+        lengths = lengths.long()
+        row = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+        sums = torch.zeros(lengths.numel(), device=per_token.device, dtype=per_token.dtype)
+        total, count = (sums.index_add(0, row, per_token) / lengths).sum(), lengths.numel()
+    denominator = torch.tensor(float(count), device=per_token.device)
+    if group_mean is not None:
+        denominator = group_mean(denominator)
+    return total / denominator
 
 
 def _value_loss(

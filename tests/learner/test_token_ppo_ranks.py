@@ -1,12 +1,14 @@
 """Token GRPO on a real 2-rank gloo learner group: the token forward goes through the DDP or
 FSDP2 wrapper, so the ranks' gradients are averaged exactly as the step update's are.
 
-Each rank trains on its own fragment (the same number of completion tokens on each), so one
-update on 2 ranks must land where one update of a single learner on both fragments does (to
-float tolerance: the reductions sum in other orders); DDP's replicas must stay identical; the
+Each rank trains on its own fragment (with different numbers of completion tokens: the loss is
+normalised by the group's token count), so one update on 2 ranks must land where one update of
+a single learner on both fragments does (to float tolerance: the reductions sum in other
+orders); DDP's replicas must stay identical; the
 surrogate loss on the global batch must fall; and `target_kl`, synced over the group, must stop
 every rank at the same epoch; the KL penalty's frozen reference is held like the policy (a
-sharded copy under FSDP2, which refuses deepcopy). Also, in one process: `target_kl` asks `kl_sync` once an epoch.
+sharded copy under FSDP2, which refuses deepcopy). Also, in one process: what the update asks
+of `group_mean`, and `token.target_kl`'s check.
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ def test_token_grpo_on_two_ranks_takes_the_one_rank_step_replicated_and_sharded(
     initial = full_parameters(build_policy())
     moved = max(float(np.abs(single[k] - v).max()) for k, v in initial.items())
     assert moved > 1e-3  # the update really moves the weights: the comparison means something
+    policy = build_policy()
+    counts = {int(rank_fragment(policy, rank).completion_lengths.sum()) for rank in range(2)}
+    assert len(counts) == 2  # a per-rank token mean would weigh the ranks' tokens unequally
     replicated = run_ranks(tmp_path, "replicate")
     sharded = run_ranks(tmp_path, "fsdp")
     assert {str(r["strategy"]) for r in replicated} == {"replicate"}
@@ -108,29 +113,34 @@ def test_token_grpo_on_two_ranks_takes_the_one_rank_step_replicated_and_sharded(
     assert float(single["loss_after"]) < float(single["loss_before"])
 
 
-def test_target_kl_stops_token_epochs_and_asks_kl_sync_once_per_epoch() -> None:
+def test_group_mean_gets_each_minibatchs_token_count_and_each_epochs_kl() -> None:
     policy = build_policy()
     fragment = rank_fragment(policy, 0)
+    tokens = int(fragment.completion_lengths.sum())
     asked: list[float] = []
 
-    def kl_sync(kl: torch.Tensor) -> torch.Tensor:
-        asked.append(float(kl))
-        return kl
+    def group_mean(value: torch.Tensor) -> torch.Tensor:
+        asked.append(float(value))
+        return value
 
     cfg = TokenRLConfig(group_size=GROUP, update_epochs=4, num_minibatches=2, target_kl=1e-9)
-    metrics = TokenPPO(policy, cfg).update([fragment], 0, kl_sync)
+    metrics = TokenPPO(policy, cfg).update([fragment], 0, group_mean)
     assert metrics["epochs"] == 1.0  # epoch 1's second minibatch already moved off π_prox
-    assert len(asked) == 1
-    assert asked[0] > 1e-9
+    assert len(asked) == 3
+    assert asked[0] + asked[1] == tokens  # the two minibatches' token counts
+    assert 1e-9 < asked[2] < 1  # the epoch's approximate KL
     unbounded = TokenRLConfig(group_size=GROUP, update_epochs=3, num_minibatches=2)
     asked.clear()
-    assert TokenPPO(build_policy(), unbounded).update([fragment], 0, kl_sync)["epochs"] == 3.0
-    assert asked == []
+    assert TokenPPO(build_policy(), unbounded).update([fragment], 0, group_mean)["epochs"] == 3.0
+    assert len(asked) == 6  # no target_kl: token counts only
+    assert sum(asked) == 3 * tokens
 
 
 def test_ppo_learner_hands_kl_sync_to_the_token_update() -> None:
     policy = build_policy()
     learner = make_learner(policy, policy, contextlib.nullcontext)
+    fragment = rank_fragment(policy, 0)
+    tokens = float(fragment.completion_lengths.sum())
     calls: list[float] = []
 
     def kl_sync(kl: torch.Tensor) -> torch.Tensor:
@@ -138,11 +148,12 @@ def test_ppo_learner_hands_kl_sync_to_the_token_update() -> None:
         return kl
 
     assert TOKEN_CFG.target_kl is not None
-    metrics = learner.update([rank_fragment(policy, 0)], 0, kl_sync)
+    assert TOKEN_CFG.num_minibatches == 1
+    metrics = learner.update([fragment], 0, kl_sync)
     assert metrics["epochs"] == 2.0
-    assert len(calls) == 2
-    assert calls[0] == pytest.approx(0.0, abs=1e-6)
-    assert calls[1] > 1e-9
+    assert calls[0::2] == [tokens, tokens]
+    assert calls[1] == pytest.approx(0.0, abs=1e-6)  # epoch 1 is taken at π_prox
+    assert calls[3] > 1e-9
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "0.1", True])

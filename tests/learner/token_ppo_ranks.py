@@ -4,7 +4,7 @@ tests/learner/test_token_ppo_ranks.py, which also builds its 1-rank reference fr
     python -m tests.learner.token_ppo_ranks SHARDING OUT     (the GroupSpec in the environment)
 
 Every rank builds the same tiny Qwen2 policy and the fragments of every rank (rank r trains on
-fragment r), wraps the policy as SHARDING says (replicate: DDP, fsdp: FSDP2), measures the
+fragment r; their completions, and so their token counts, differ), wraps the policy as SHARDING says (replicate: DDP, fsdp: FSDP2), measures the
 surrogate loss on the global batch, checks a frozen copy of the wrapped policy scores it as the
 policy does, takes one update and writes the full parameters, the loss before and after, the
 copy's largest log-prob error and the epochs it ran to OUT (.npz).
@@ -31,10 +31,7 @@ from shoal.learner.sequences import SequenceFragment
 from shoal.learner.token_config import TokenRLConfig
 from shoal.learner.token_ppo import build_token_batch, token_outputs
 
-VOCAB, GROUP, GROUPS, PROMPT = 16, 4, 2, 4
-COMPLETION_LENGTHS = np.array([1, 2, 3, 4, 4, 3, 2, 1], np.int32)
-"""Every rank's completions have these lengths (in its own order), so each rank holds the same
-number of tokens and the mean of the ranks' token-mean gradients is the global batch's."""
+VOCAB, GROUP, GROUPS, PROMPT, COMPLETION = 16, 4, 2, 4, 5
 TOKEN_CFG = TokenRLConfig(
     algo="grpo", group_size=GROUP, update_epochs=3, num_minibatches=1, target_kl=1e-9, kl_coef=0.5
 )
@@ -59,12 +56,12 @@ def rank_fragment(policy: CausalLMPolicy, rank: int) -> SequenceFragment:
     """Rank `rank`'s GROUPS prompts × GROUP completions, sampled (for the log-probs) by
     `policy`: on-policy data, rewards in [0, 1)."""
     rng = np.random.default_rng(100 + rank)
-    n, length = GROUPS * GROUP, PROMPT + int(COMPLETION_LENGTHS.max())
+    n, length = GROUPS * GROUP, PROMPT + COMPLETION
     tokens = rng.integers(0, VOCAB, size=(n, length)).astype(np.int64)
     for first in range(0, n, GROUP):
         tokens[first : first + GROUP, :PROMPT] = tokens[first, :PROMPT]
     prompt = np.repeat(rng.integers(1, PROMPT + 1, size=GROUPS), GROUP).astype(np.int32)
-    completion = rng.permutation(COMPLETION_LENGTHS)
+    completion = rng.integers(1, COMPLETION + 1, size=n).astype(np.int32)
     position = np.arange(length)[None, :]
     mask = (position >= prompt[:, None]) & (position < (prompt + completion)[:, None])
     with torch.no_grad():
