@@ -65,10 +65,10 @@ _MAX_BATCH = 64  # sandbox_server.MAX_SLOTS: uids are laid out for that many slo
 _START_TIMEOUT_S = 30.0
 _REPLY_GRACE_S = 10.0
 _REPLY_SLACK = 1024 * 1024
-_SERVER_ENV = {**os.environ, "LD_BIND_NOW": "1"}
-"""The dynamic linker resolves every symbol when the server starts: lazily bound, each child
-would resolve (and write, on a page the fork made it copy) those the server never called
-itself, such as chroot and setuid (~14 pages an episode)."""
+_SERVER_ENV = {"LD_BIND_NOW": "1"}
+"""Added to the server's environment: the dynamic linker resolves every symbol when the server
+starts. Lazily bound, each child would resolve (and write, on a page the fork made it copy)
+those the server never called itself, such as chroot and setuid (~14 pages an episode)."""
 
 
 class SandboxClosed(SandboxError):
@@ -158,7 +158,7 @@ class _Server:
             stdout=subprocess.PIPE,
             close_fds=True,
             start_new_session=True,
-            env=_SERVER_ENV,
+            env={**os.environ, **_SERVER_ENV},
         )
         try:
             hello = self._read(time.monotonic() + _START_TIMEOUT_S)
