@@ -26,7 +26,8 @@ completions. Sequence-mean gives each completion the same total weight, so a tok
 100-token completion counts 1/100 as much as the token of a 1-token one: long wrong answers are
 penalised less per token and long right ones rewarded less, a length bias the model learns to
 exploit (DAPO and Dr. GRPO measured it). Token-mean weighs every sampled token equally; its
-only cost is that a minibatch's total weight depends on how many tokens it holds.
+only cost is that a minibatch's total weight depends on how many tokens it holds. In a learner
+group the mean is over the whole group's minibatch, not each rank's (`normalise_loss`).
 
 Staleness is measured in versions from the per-token stamps (current version − the version that
 sampled the token); the intake's bound (learner/buffer.py) holds for every token because a
@@ -388,7 +389,8 @@ class TokenPPO:
         else:
             # DDP reduces a bucket once every parameter in it has its gradient and never
             # learns of one that gets none: without a critic the value head still takes part,
-            # with weight 0 (a gradient of exactly 0, so Adam leaves it as it is).
+            # with weight 0 (a gradient of exactly 0: Adam, with no moments from a critic's
+            # earlier training, leaves it as it is).
             per_token = per_token + 0.0 * out.values
         lengths = batch.completion_lengths[rows]
         loss = normalise_loss(per_token, lengths, cfg.loss_norm, group_mean)
