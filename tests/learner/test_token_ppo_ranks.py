@@ -22,12 +22,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
 from shoal.learner.errors import PolicyError
 from shoal.learner.group import GroupSpec
 from shoal.learner.token_config import TokenRLConfig
-from shoal.learner.token_ppo import TokenPPO
+from shoal.learner.token_ppo import TokenPPO, normalise_loss
 from shoal.local import free_port
 from tests.learner.token_ppo_ranks import (
     GROUP,
@@ -154,6 +156,34 @@ def test_ppo_learner_hands_kl_sync_to_the_token_update() -> None:
     assert calls[0::2] == [tokens, tokens]
     assert calls[1] == pytest.approx(0.0, abs=1e-6)  # epoch 1 is taken at π_prox
     assert calls[3] > 1e-9
+
+
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=2, max_size=8),
+    cut=st.integers(1, 7),
+    mode=st.sampled_from(["token", "sequence"]),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=100, deadline=None)
+def test_the_ranks_mean_of_group_normalised_losses_is_the_whole_minibatchs_loss(
+    lengths: list[int], cut: int, mode: str, seed: int
+) -> None:
+    """Completions split over 2 ranks at `cut`: averaging the ranks' losses (what averaging
+    their gradients does) gives the loss of the minibatch held by one learner."""
+    cut = min(cut, len(lengths) - 1)
+    per_token = torch.randn(sum(lengths), generator=torch.Generator().manual_seed(seed))
+    sizes = torch.tensor(lengths)
+    whole = normalise_loss(per_token, sizes, mode)  # type: ignore[arg-type]
+    split = int(sizes[:cut].sum())
+    parts = [(per_token[:split], sizes[:cut]), (per_token[split:], sizes[cut:])]
+    counts = [float(p.numel() if mode == "token" else s.numel()) for p, s in parts]
+
+    def group_mean(value: torch.Tensor) -> torch.Tensor:
+        assert float(value) in counts
+        return torch.tensor(sum(counts) / 2)
+
+    ranks = [normalise_loss(p, s, mode, group_mean) for p, s in parts]  # type: ignore[arg-type]
+    assert float(sum(ranks)) / 2 == pytest.approx(float(whole), rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "0.1", True])
