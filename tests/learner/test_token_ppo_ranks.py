@@ -45,8 +45,11 @@ REPO = Path(__file__).resolve().parents[2]
 META = ("strategy", "sharded", "loss_before", "loss_after", "epochs", "reference_err")
 
 
-def run_ranks(tmp_path: Path, sharding: str, world: int = 2) -> list[dict[str, np.ndarray]]:
-    """`world` rank processes of tests/learner/token_ppo_ranks.py; every one reaped."""
+def run_ranks(
+    tmp_path: Path, sharding: str, islands: tuple[str, ...] = ("h0", "h0")
+) -> list[dict[str, np.ndarray]]:
+    """One rank process of tests/learner/token_ppo_ranks.py per island label; all reaped."""
+    world = len(islands)
     port = free_port()
     outs = [tmp_path / f"{sharding}-{rank}.npz" for rank in range(world)]
     procs: list[subprocess.Popen[bytes]] = []
@@ -55,7 +58,8 @@ def run_ranks(tmp_path: Path, sharding: str, world: int = 2) -> list[dict[str, n
             spec = GroupSpec(rank=rank, world_size=world, port=port, backend="gloo", timeout_s=90)
             env = {**os.environ, **spec.to_env(), "OMP_NUM_THREADS": "1"}
             command = [sys.executable, "-m", "tests.learner.token_ppo_ranks", sharding]
-            procs.append(subprocess.Popen([*command, str(outs[rank])], env=env, cwd=REPO))
+            command += [str(outs[rank]), ",".join(islands)]
+            procs.append(subprocess.Popen(command, env=env, cwd=REPO))
         for proc in procs:
             assert proc.wait(timeout=300) == 0
     finally:
@@ -66,10 +70,10 @@ def run_ranks(tmp_path: Path, sharding: str, world: int = 2) -> list[dict[str, n
     return [dict(np.load(out)) for out in outs]
 
 
-def one_rank_update() -> dict[str, np.ndarray]:
-    """A single learner's update on every rank's fragment at once: the global batch."""
+def one_rank_update(world: int = 2) -> dict[str, np.ndarray]:
+    """A single learner's update on the fragments of all `world` ranks at once."""
     policy = build_policy()
-    fragments = [rank_fragment(policy, rank) for rank in range(2)]
+    fragments = [rank_fragment(policy, rank) for rank in range(world)]
     learner = make_learner(policy, policy, contextlib.nullcontext)
     before = surrogate_loss(policy, fragments)
     torch.manual_seed(7)
@@ -156,6 +160,21 @@ def test_ppo_learner_hands_kl_sync_to_the_token_update() -> None:
     assert calls[0::2] == [tokens, tokens]
     assert calls[1] == pytest.approx(0.0, abs=1e-6)  # epoch 1 is taken at π_prox
     assert calls[3] > 1e-9
+
+
+@pytest.mark.timeout(900)
+def test_token_grpo_on_four_hsdp_ranks_takes_the_one_rank_step(tmp_path: Path) -> None:
+    """Two islands of two ranks: sharded inside an island, replicated across (the 512-GPU
+    layout in miniature); the KL reference is sharded on the same 2-D mesh."""
+    single = one_rank_update(world=4)
+    hybrid = run_ranks(tmp_path, "hsdp", ("h0", "h1", "h0", "h1"))
+    assert {str(r["strategy"]) for r in hybrid} == {"hsdp"}
+    assert all(bool(r["sharded"]) for r in hybrid)
+    for result in hybrid:
+        assert_same_parameters(single, result, rtol=1e-4, atol=1e-5)
+        assert float(result["loss_after"]) < float(result["loss_before"])
+        assert float(result["epochs"]) == float(single["epochs"]) == 2.0
+        assert float(result["reference_err"]) < 1e-5
 
 
 @given(

@@ -1,10 +1,12 @@
 """One rank of a real gloo group taking a token GRPO update through PPOLearner (spawned by
 tests/learner/test_token_ppo_ranks.py, which also builds its 1-rank reference from here).
 
-    python -m tests.learner.token_ppo_ranks SHARDING OUT     (the GroupSpec in the environment)
+    python -m tests.learner.token_ppo_ranks SHARDING OUT ISLANDS   (the GroupSpec in the environment)
+
+ISLANDS names each rank's island, comma-separated (hsdp shards inside an island).
 
 Every rank builds the same tiny Qwen2 policy and the fragments of every rank (rank r trains on
-fragment r; their completions, and so their token counts, differ), wraps the policy as SHARDING says (replicate: DDP, fsdp: FSDP2), measures the
+fragment r; their completions, and so their token counts, differ), wraps the policy as SHARDING says (replicate: DDP, fsdp: FSDP2, hsdp: FSDP2 on a 2-D mesh), measures the
 surrogate loss on the global batch, checks a frozen copy of the wrapped policy scores it as the
 policy does, takes one update and writes the full parameters, the loss before and after, the
 copy's largest log-prob error and the epochs it ran to OUT (.npz).
@@ -137,14 +139,14 @@ def full_parameters(policy: nn.Module) -> dict[str, np.ndarray]:
 
 
 def main() -> None:
-    sharding, out = sys.argv[1], sys.argv[2]
+    sharding, out, islands = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
     spec = GroupSpec.from_env()
     group = LearnerGroup(spec)
     group.join()
     try:
         policy = build_policy()
         fragments = [rank_fragment(policy, r) for r in range(spec.world_size)]
-        plan = plan_parallelism(sharding, ["h0"] * spec.world_size, 1, 1)  # type: ignore[arg-type]
+        plan = plan_parallelism(sharding, islands, 1, 1)  # type: ignore[arg-type]
         parallel = parallelize(policy, plan, torch.device("cpu"), ShardingOptions())
         learner = make_learner(parallel.module, policy, parallel.forward_context)
         before = surrogate_loss(parallel.module, fragments)
