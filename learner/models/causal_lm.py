@@ -4,6 +4,9 @@ The observation is a fixed-length sequence of token ids (int64 [B, L]); the acti
 Discrete(n) with n <= the vocabulary: the policy's logits are the first n logits of the last
 position, and a linear value head reads the last position's hidden state. Only the last
 position goes through the LM head, so a step costs one decoder pass, not B×L×vocab logits.
+The token update (learner/token_ppo.py) scores whole completions with the same `forward` in
+its token form (`completion_outputs`: every completion token's log-prob, entropy and value
+from one decoder pass), so a DDP or FSDP2 wrapper's hooks run for it as for a step.
 
 The LM is built from `Qwen2Config`/`LlamaConfig` with the `[model]` sizes, or loaded with
 `from_pretrained(path, local_files_only=True)`: nothing is ever downloaded. Parameters are kept
