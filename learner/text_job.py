@@ -82,11 +82,6 @@ def resolve(cfg: TrainConfig) -> tuple[str, TrainConfig]:
             f"rollout.num_envs = {rows} is invalid with token.group_size = {group}: each "
             "fragment holds whole groups, so use a multiple of the group size"
         )
-    if cfg.learner.ranks != 1:
-        raise ConfigError(
-            f"learner.ranks = {cfg.learner.ranks} is invalid for {env_id}: the token update "
-            "runs on one learner rank for now"
-        )
     return env_id, dataclasses.replace(cfg, model=model)
 
 
