@@ -38,8 +38,9 @@ from shoal.learner.models.causal_lm import CausalLMPolicy, export_pretrained
 from shoal.learner.pipeline import Recorder
 from shoal.learner.sequence_collector import prompt_ids
 
-EVAL_SPLITS = ("heldout", "heldout_families", "perturbed")
-TASK_SPLITS = ("train", *EVAL_SPLITS)
+EVAL_SPLITS = ("heldout", "heldout_families", "perturbed", "train_dist")
+"""train_dist: fresh draws of the train split (train families and values; a prompt may repeat an
+SFT one): what RL improves in distribution, beside what generalises."""
 POLICIES = ("teacher", "student", "rl")
 MAX_TASK_LINE = 1 << 20
 """A task's JSONL line at most (bytes): a file edited by hand is hostile input."""
@@ -252,6 +253,7 @@ def _stage_synthesis(cfg: LMPipelineConfig, rec: Recorder) -> None:
         }
         rng = np.random.default_rng(cfg.seed)
         splits["perturbed"] = [env.perturb(t, rng) for t in splits["heldout"]]
+        splits["train_dist"] = env.tasks("train", cfg.eval.tasks, cfg.seed + 1)
         every = [t for tasks in splits.values() for t in tasks]
         scores = env.score_many(every, [t.reference for t in every])
         digest_ = _env_hash(env)

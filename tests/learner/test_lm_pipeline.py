@@ -15,7 +15,7 @@ from shoal.errors import ConfigError
 from shoal.learner.distill import FitConfig
 from shoal.learner.errors import PipelineError
 from shoal.learner.lm_config import STAGES, EvalStageConfig, LMPipelineConfig, RLStageConfig
-from shoal.learner.lm_pipeline import digest, read_tasks, run_lm_pipeline
+from shoal.learner.lm_pipeline import EVAL_SPLITS, digest, read_tasks, run_lm_pipeline
 from shoal.learner.models import ModelConfig
 from shoal.learner.token_ppo import TokenRLConfig
 
@@ -61,8 +61,7 @@ def test_every_stage_records_its_hashed_outputs(finished):
     check_hashes(run_dir, manifest)
     file_hash = hashlib.sha256((run_dir / "tasks" / "train.jsonl").read_bytes()).hexdigest()
     assert stages["synthesis"]["outputs"]["train"]["sha256"] == file_hash
-    assert set(stages["synthesis"]["outputs"]) == {"train", "heldout", "heldout_families",
-                                                   "perturbed"}  # fmt: skip
+    assert set(stages["synthesis"]["outputs"]) == {"train", *EVAL_SPLITS}
     assert len(read_tasks(run_dir / "tasks" / "train.jsonl")) == 32
     heldout = read_tasks(run_dir / "tasks" / "heldout_families.jsonl")
     train_families = {t.family for t in read_tasks(run_dir / "tasks" / "train.jsonl")}
@@ -87,7 +86,7 @@ def test_the_report_has_every_policy_split_and_failure_kind(finished):
     report = json.loads((run_dir / evaluation["outputs"]["report_json"]["path"]).read_text())
     assert set(report["policies"]) == {"teacher", "student", "rl"}
     for by_split in report["policies"].values():
-        assert set(by_split) == {"heldout", "heldout_families", "perturbed"}
+        assert set(by_split) == set(EVAL_SPLITS)
         for result in by_split.values():
             assert set(result["pass_at"]) == {"1", "2"}
             assert sum(result["outcomes"].values()) == 3 * 2
