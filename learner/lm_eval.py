@@ -47,12 +47,6 @@ class ScoreLike(Protocol):
     format_ok: bool
 
 
-class TaskLike(Protocol):
-    id: str
-    family: str
-    prompt: str
-
-
 class ScoringEnv(Protocol):
     def score_many(self, tasks: Sequence[Any], completions: Sequence[str]) -> Sequence[Any]: ...
 

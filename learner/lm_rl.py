@@ -79,6 +79,10 @@ def _worker(
     try:
         pending = None
         for b in range(cfg.steps):
+            if pending is not None and shared.version < b - cfg.max_staleness:
+                # the learner needs the scored batch before it can open the gate for this one
+                _put(out, pending.result(), shared)
+                pending = None
             latest = shared.wait_for(b - cfg.max_staleness)
             if latest is None:
                 return

@@ -95,18 +95,19 @@ def test_the_report_has_every_policy_split_and_failure_kind(finished):
 
 
 def test_a_rerun_from_rl_reuses_the_checked_earlier_outputs(finished, tmp_path):
+    """The rerun is also synchronous (max_staleness 0): every batch is the learner's version."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished[0], run_dir)
     before = json.loads((run_dir / "pipeline.json").read_text())
-    manifest = run_lm_pipeline(tiny(rl=RLStageConfig(steps=2, prompts_per_step=2,
-                                                     max_new_tokens=12,
-                                                     token=TokenRLConfig(group_size=2))),
-                               run_dir, from_stage="rl")  # fmt: skip
+    rl = RLStageConfig(steps=2, prompts_per_step=2, max_new_tokens=12, max_staleness=0,
+                       token=TokenRLConfig(group_size=2))  # fmt: skip
+    manifest = run_lm_pipeline(tiny(rl=rl), run_dir, from_stage="rl")
     stages = manifest["stages"]
     assert [s["name"] for s in stages] == list(STAGES)
     assert [s.get("reused", False) for s in stages] == [True, True, False, False]
     assert stages[:2] == [dict(s, reused=True) for s in before["stages"][:2]]
     assert stages[2]["metrics"]["updates"] == 2
+    assert stages[2]["metrics"]["max_staleness_seen"] == 0
     check_hashes(run_dir, manifest)
 
 
