@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import threading
+import warnings
 
 from shoal.envs.sandbox import Limits, SandboxPool, SandboxResult, Status
 from shoal.envs.text_tasks import MAX_COMPLETION_CHARS, Score, TextTask, reward_of
@@ -32,7 +33,9 @@ def body_format_ok(prompt: str, body: str, entry: str) -> bool:
     if not lines or any(not line.startswith((" ", "\t")) for line in lines):
         return False
     try:
-        tree = ast.parse(prompt + body)
+        with warnings.catch_warnings():  # a model's `1x` is scored, not printed on the console
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(prompt + body)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return False
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):

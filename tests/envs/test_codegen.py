@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -254,3 +256,10 @@ def test_the_reward_is_in_range_and_one_only_for_a_full_pass_in_format(passed, t
     assert (reward == 1.0) == (status == "ok" and passed == total and fmt)
     if status != "ok":
         assert reward == 0.0
+
+
+def test_a_body_with_a_syntax_warning_is_scored_without_printing_it() -> None:
+    """`1x` makes the parser warn: the model's output is judged, never echoed on the console."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not body_format_ok("def f(x):\n", "    return 1x\n", "f")
