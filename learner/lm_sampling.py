@@ -26,9 +26,16 @@ CPU, small enough that the KV cache stays a few MB for a few-M-parameter model."
 def sampler(policy: CausalLMPolicy, env: Any, cfg: EvalStageConfig, *, seed: int) -> Sampler:
     """n completions per task at `cfg.temperature` (top-p 1), at most `cfg.max_new_tokens`,
     ending at EOS or the environment's stop strings."""
-    policy.eval()
     sampling = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                               stop=tuple(env.stop))  # fmt: skip
+    return sampler_for(policy, env, sampling, seed=seed)
+
+
+def sampler_for(
+    policy: CausalLMPolicy, env: Any, sampling: SamplingConfig, *, seed: int
+) -> Sampler:
+    """n completions per task with `sampling`, generated BATCH_ROWS rows at a time."""
+    policy.eval()
     generator = Generator(policy, env.tokenizer, sampling, seed=seed)
 
     def sample(tasks: Sequence[Any], n: int) -> list[list[str]]:

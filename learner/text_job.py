@@ -11,7 +11,7 @@ that fit the model's positions) are checked here, each as a ConfigError naming t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from shoal.learner.config import TextConfig, TrainConfig
-    from shoal.learner.generation import SamplingConfig
     from shoal.learner.models import PolicyModel
     from shoal.learner.rollout import RolloutSpec
     from shoal.learner.sequence_collector import SequenceCollector
@@ -142,7 +141,6 @@ def text_collector(
 EVAL_SAMPLES = 4
 """Completions per task in the end-of-run evaluation: pass@1 and pass@4 by the unbiased
 estimator (learner/lm_eval.py)."""
-EVAL_BATCH_ROWS = 64
 
 
 def evaluate_checkpoint(
@@ -153,6 +151,7 @@ def evaluate_checkpoint(
     split (the train split where the environment has no other), scored in one batch per split;
     returns (the first split's mean reward, report.json, report.html)."""
     from shoal.learner.lm_eval import evaluate_policy, write_report
+    from shoal.learner.lm_sampling import sampler_for
     from shoal.train import load_policy
 
     policy, _, info = load_policy(path)
@@ -161,30 +160,10 @@ def evaluate_checkpoint(
         splits = [s for s in env.splits if s != "train"] or ["train"]
         tasks = {s: env.tasks(s, cfg.eval.episodes, seed) for s in splits}
         sampling = cfg.text.sampling(cfg.token.temperature, tuple(env.stop))
-        sample = _sampler(policy, env, sampling, seed)
+        sample = sampler_for(policy, env, sampling, seed=seed)
         results = {"policy": evaluate_policy(env, tasks, sample, EVAL_SAMPLES, (1, EVAL_SAMPLES))}
         meta = {"env_id": env_id, "env_hash": env.digest(), "checkpoint": str(info.path)}
         json_path, html_path = write_report(results, meta, out_dir)
     finally:
         env.close()
     return results["policy"][splits[0]].mean_reward, json_path, html_path
-
-
-def _sampler(policy: Any, env: Any, sampling: SamplingConfig, seed: int) -> Any:
-    """n completions per task from `policy`, in batches of EVAL_BATCH_ROWS rows."""
-    import torch
-
-    from shoal.learner.generation import Generator
-    from shoal.learner.sequence_collector import prompt_ids
-
-    generator = Generator(policy, env.tokenizer, sampling, seed=seed)
-
-    def sample(tasks: Sequence[Any], n: int) -> list[list[str]]:
-        prompts = [prompt_ids(task, env) for task in tasks for _ in range(n)]
-        texts: list[str] = []
-        with torch.no_grad():
-            for start in range(0, len(prompts), EVAL_BATCH_ROWS):
-                texts += generator.generate(prompts[start : start + EVAL_BATCH_ROWS], 0).texts
-        return [texts[i * n : (i + 1) * n] for i in range(len(tasks))]
-
-    return sample
