@@ -161,12 +161,14 @@ def fit(
     teacher: nn.Module | None = None,
 ) -> dict[str, float]:
     """Train `lm` on the examples: SFT without a teacher, distillation from `teacher`'s logits
-    with one. Minibatches are drawn from length-sorted buckets so little compute goes to
-    padding. Returns the last epoch's mean loss (and KL/CE parts) and the step count."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
-    chunks = [order[i : i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
-    batches = [pack([prompts[i] for i in c], [completions[i] for i in c], pad_id) for c in chunks]
-    total = cfg.epochs * len(batches)
+    with one. Every epoch deals the examples into fresh random minibatches. Batches cut once
+    from length-sorted buckets held mostly one task family each (lengths follow the family),
+    and those steps kept CodeGen-v1's teacher on its loss plateau (CE 0.12 after 1,000 steps,
+    held-out pass@1 0.05); mixed batches got past it to copying the prompt's constants (CE
+    0.01 after 625 steps, held-out pass@1 0.59), for a little more padding.
+    Returns the last epoch's mean loss (and KL/CE parts) and the step count."""
+    per_epoch = math.ceil(len(prompts) / cfg.batch_size)
+    total = cfg.epochs * per_epoch
     optimizer = torch.optim.AdamW(lm.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(total))
     rng = torch.Generator().manual_seed(seed)
@@ -176,8 +178,11 @@ def fit(
     sums: dict[str, float] = {}
     for _ in range(cfg.epochs):
         sums = {"loss": 0.0, "kl": 0.0, "ce": 0.0}
-        for index in torch.randperm(len(batches), generator=rng).tolist():
-            parts = _loss(lm, batches[index], cfg, teacher)
+        order = torch.randperm(len(prompts), generator=rng).tolist()
+        for start in range(0, len(order), cfg.batch_size):
+            chunk = order[start : start + cfg.batch_size]
+            batch = pack([prompts[i] for i in chunk], [completions[i] for i in chunk], pad_id)
+            parts = _loss(lm, batch, cfg, teacher)
             optimizer.zero_grad(set_to_none=True)
             parts["loss"].backward()
             nn.utils.clip_grad_norm_(lm.parameters(), cfg.max_grad_norm)
@@ -186,7 +191,7 @@ def fit(
             for key, value in parts.items():
                 sums[key] += float(value.detach())
     lm.eval()
-    metrics = {key: value / len(batches) for key, value in sums.items()}
+    metrics = {key: value / per_epoch for key, value in sums.items()}
     metrics["steps"] = float(total)
     metrics["examples"] = float(len(prompts))
     return metrics
