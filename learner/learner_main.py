@@ -166,9 +166,6 @@ class CheckpointEvents:
 
     def __init__(self, core: LearnerCore) -> None:
         self.core = core
-        lm = getattr(core.policy, "lm", None)
-        self.vocab_size: int | None = None if lm is None else int(lm.config.vocab_size)
-        """A causal LM's vocabulary: a sequence fragment's ids must be below it."""
         self.reasons: dict[int, str] = {}
         self.announced = -1
 

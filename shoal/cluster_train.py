@@ -197,6 +197,7 @@ class ClusterRun:
         coordinator = self.coordinators.to_job() if self.shared else None
         record = {"env_id": self.env_id, "config": dataclasses.asdict(cfg), "job": self.job_id}
         self.dir.write_job_record(record)
+        self.dir.clear_statuses()
         where = ["--run-dir", str(self.run_dir)] if self.shared else []
         argv = job_argument(cfg, self.env_id, coordinator) + where
         base = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", TOKEN_VARIABLE: self._token}

@@ -141,6 +141,12 @@ class RunDir:
         """status-<rank>.json: the rank's `RankStatus`, rewritten atomically every few seconds."""
         return self.path / f"status-{rank}.json"
 
+    def clear_statuses(self) -> None:
+        """Remove every rank's status file: a new run must not read the counts of the run
+        before it (a stale `env_steps` past the new budget would stop it before it starts)."""
+        for path in self.path.glob("status-*.json"):
+            path.unlink(missing_ok=True)
+
     def address(self, rank: int) -> Path:
         """learner-<rank>.addr: the transport address the rank listens at."""
         return self.path / f"learner-{rank}.addr"

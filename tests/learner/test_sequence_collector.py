@@ -129,7 +129,10 @@ def test_hostile_programs_score_zero_and_the_collector_keeps_producing(env: Code
                 seen.add(kind)
                 assert fragment.rewards[row] == 0, (kind, collector.statuses)
     assert seen == set(HOSTILE), f"the model wrote only {seen} in {fragments} fragments"
-    assert {"timeout", "output_limit", "syntax_error"} <= set(collector.statuses)
+    statuses = set(collector.statuses)
+    assert {"output_limit", "syntax_error"} <= statuses
+    # The loop spends its 1 s of CPU before the 2 s wall limit on an idle core, not under load.
+    assert statuses & {"timeout", "cpu_limit"}
     after = collector.collect()  # still producing
     assert after.seq == fragments
     collector.close()

@@ -50,6 +50,18 @@ def test_a_rank_status_round_trips_through_the_run_dir(tmp_path: Path) -> None:
     assert status.final is False
 
 
+def test_a_new_run_clears_the_statuses_of_the_run_before_it(tmp_path: Path) -> None:
+    """A stale status-1.json of an earlier 2-rank run would add its env_steps to this run's."""
+    run = RunDir(tmp_path)
+    for rank in (0, 1):
+        run.write_status(rank, RECORD)
+    run.append_event({"event": "run"})
+    run.clear_statuses()
+    assert not any(tmp_path.glob("status-*.json"))
+    assert run.events.exists()  # the history stays
+    run.clear_statuses()  # nothing to clear is fine
+
+
 def test_a_partial_record_takes_defaults() -> None:
     status = RankStatus.from_json(b'{"checkpoint_step": 3}')
     assert (status.version, status.returns, status.checkpoint_step) == (0, (), 3)
