@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from shoal.errors import ShoalError
 from shoal.local import LocalCluster
@@ -161,7 +161,14 @@ class Jobs(_Wrapper):
         tasks: builtins.list[dict[str, Any]] | None = None,
         job_id: str | None = None,
     ) -> dict[str, Any]:
-        """Submit a job: a free-form `spec` and task specs (id, kind, actor, args, resources)."""
+        """Submit a job: a free-form `spec` and task specs (id, kind, actor, args, resources).
+        A training job's tasks are what `shoal train --cluster` builds; a job without tasks
+        would sit in the cluster doing nothing, so it is refused here."""
+        if not tasks:
+            raise ConsoleError(
+                "a job needs tasks (id, kind, actor, args, resources); to train, run "
+                "`shoal train ENV --cluster RUN_DIR`, which builds them"
+            )
         return await self._client.submit_job(spec=spec, tasks=tasks, job_id=job_id)
 
     async def stop(self, job_id: str) -> dict[str, Any]:
@@ -265,13 +272,42 @@ def banner(conn: Connection) -> str:
     for name, cls in (("cluster", Cluster), ("nodes", Nodes), ("jobs", Jobs), ("chaos", Chaos)):
         lines.append(f"  {name:<8} {_first_line(cls.__doc__)}")
     lines.append("  client   the CoordinatorClient underneath (every API call)")
-    lines.append("e.g.  await nodes.list()   await jobs.submit(spec={'env': 'CartPole-v1'})")
+    lines.append("e.g.  await nodes.list()   await jobs.list()   await cluster.events()")
+    lines.append("Jobs come from `shoal train --cluster RUN_DIR`; exit() or Ctrl-D leaves.")
     return "\n".join(lines)
+
+
+class _Leave:
+    """`exit()` and `quit()`: ptpython's own exit raises an exception that its asyncio loop does
+    not catch (a traceback, and the console stays); SystemExit ends it as Ctrl-D does."""
+
+    def __call__(self) -> NoReturn:
+        raise SystemExit(0)
+
+    def __repr__(self) -> str:
+        return "Use exit() or Ctrl-D to leave the console"
 
 
 def _configure(repl: Any) -> None:
     # Ctrl-D ends the console at once, as it ends `python`.
     repl.confirm_exit = False
+    add_builtins, show_exception = repl._add_to_namespace, repl._handle_exception
+
+    def add_then_leave() -> None:
+        add_builtins()
+        namespace = repl.get_globals()
+        namespace["exit"] = namespace["quit"] = _Leave()
+
+    def one_line_for_ours(error: BaseException) -> None:
+        """The cluster's answers (no such node, refused, not leader) are one line, as the CLI
+        prints them; a traceback stays for bugs in what the operator typed."""
+        if not isinstance(error, ShoalError):
+            show_exception(error)
+            return
+        print(f"{type(error).__name__}: {error}", flush=True)
+
+    repl._add_to_namespace = add_then_leave
+    repl._handle_exception = one_line_for_ours
 
 
 async def run_console(conn: Connection, history: Path | None) -> None:

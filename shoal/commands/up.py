@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shoal.local import LocalCluster
+    from shoal.local import LocalCluster, ProcessSpec
 
 
 def add_run_dir(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     local = LocalCluster(args.run_dir or default_run_dir())
     if (local.run_dir / "cluster.json").exists():  # bring the same cluster back, data and all
         _check_same_cluster(local, args, nodes)
+        print(f"shoal: bringing back the cluster recorded in {local.run_dir} (its data and ports)")
     else:
         _lay_out(local, args, nodes)
     try:
@@ -113,8 +114,49 @@ def _check_same_cluster(local: LocalCluster, args: argparse.Namespace, nodes: in
             f"--coordinator-config={given}: the cluster in {local.run_dir} re-reads the file "
             "it was created with at each start; edit that one, or use another --run-dir"
         )
+    specs = [_with_this_interpreter(s) for s in specs]
+    local.check_not_running()  # its own processes would hold its ports
+    if network is None:
+        _check_ports_free(local, specs)
     local.create(specs, network)
     restore_network(local)
+
+
+def _with_this_interpreter(spec: ProcessSpec) -> ProcessSpec:
+    """The spec run by the Python running `shoal up` now: the one recorded may be a deleted or
+    older virtual environment's, which would start a cluster of another shoal version."""
+    import dataclasses
+    import sys
+
+    argv = list(spec.argv)
+    at = next((i for i, a in enumerate(argv) if a == "-m" and argv[i + 1 : i + 2] == ["shoal"]), 0)
+    if at >= 1 and argv[at - 1] != sys.executable:
+        argv[at - 1] = sys.executable
+    return dataclasses.replace(spec, argv=argv)
+
+
+def _check_ports_free(local: LocalCluster, specs: list[ProcessSpec]) -> None:
+    """A cluster brought back listens on the ports it was made with; one another program took
+    since would make a replica fail at start, so say which, and how to get fresh ones."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from shoal.errors import ConfigError
+
+    for spec in specs:
+        for address in (spec.api_url, spec.raft, spec.raft_bind):
+            if not address:
+                continue
+            parts = urlsplit(address if "//" in address else f"//{address}")
+            with socket.socket() as probe:
+                try:
+                    probe.bind((parts.hostname or "127.0.0.1", parts.port or 0))
+                except OSError:
+                    raise ConfigError(
+                        f"{spec.name} of the cluster in {local.run_dir} listens on {address}, "
+                        "which another program now holds: stop it, or delete that directory "
+                        "(`shoal down` first) for a new cluster on free ports"
+                    ) from None
 
 
 def _lay_out(local: LocalCluster, args: argparse.Namespace, nodes: int) -> None:

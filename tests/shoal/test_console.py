@@ -67,7 +67,9 @@ def test_the_wrappers_speak_to_the_cluster(local: LocalCluster) -> None:
             assert "console-node" in [n["id"] for n in await session.nodes.list()]
             assert (await session.nodes.cordon("console-node"))["cordoned"] is True
             assert (await session.nodes.uncordon("console-node"))["cordoned"] is False
-            job = await session.jobs.submit(spec={"env": "CartPole-v1"}, job_id="console-job")
+            with pytest.raises(ConsoleError, match="shoal train"):  # no tasks: a job idle for ever
+                await session.jobs.submit(spec={"env": "CartPole-v1"})
+            job = await session.client.submit_job(spec={"env": "CartPole-v1"}, job_id="console-job")
             assert (await session.jobs.get("console-job"))["spec"] == job["spec"]
             assert await session.cluster.leader() == local.api_urls()[0]
             assert (await session.cluster.status())["state"] == "leader"
@@ -189,8 +191,12 @@ def test_an_await_typed_at_the_prompt_prints_the_answer(
         pty.type("(await cluster.status())['state'] + '!'\r")
         pty.expect(b"'leader!'")
         pty.expect(b">>>")
-        pty.type("\x04")
+        pty.type("await nodes.get('nope')\r")  # the cluster's answer in one line
+        pty.expect(b"NotFound: ")
+        pty.expect(b">>>")
+        pty.type("exit()\r")
         assert pty.wait_exit() == 0
+        assert "Traceback" not in ANSI.sub(b"", pty.seen).decode(errors="replace")
         assert "nodes.list()" in (tmp_path / "history").read_text()
     finally:
         pty.close()
