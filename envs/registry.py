@@ -249,6 +249,12 @@ class Registry:
         close = []
         if parsed.namespace is None:
             close = difflib.get_close_matches(env_id, builtins.list(self._specs), n=3, cutoff=0.6)
+        if not close:  # an alias misspelt (`cartpol`): matched without case, named canonically
+            aliases = self._alias_table()
+            near = difflib.get_close_matches(
+                env_id.lower(), builtins.list(aliases), n=3, cutoff=0.6
+            )
+            close = builtins.list(dict.fromkeys(aliases[a] for a in near))
         if not close:
             close = difflib.get_close_matches(env_id, self.list(), n=3, cutoff=0.6)
         if close:

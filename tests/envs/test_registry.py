@@ -54,6 +54,12 @@ def test_unknown_id_names_the_closest():
     assert str(exc.value) == "no environment 'CartPol-v1'; did you mean CartPole-v1?"
 
 
+def test_a_misspelt_alias_names_the_canonical_id():
+    with pytest.raises(UnknownEnvironment) as exc:
+        _registry_with_versions().make("cartpol")
+    assert str(exc.value) == "no environment 'cartpol'; did you mean CartPole-v1?"
+
+
 def test_unknown_id_without_close_match_points_at_the_list():
     with pytest.raises(UnknownEnvironment) as exc:
         _registry_with_versions().make("Zzzzzzzzzzzzz-v4")
