@@ -133,6 +133,7 @@ def run_hash(args: argparse.Namespace) -> int:
     if args.seed is not None:
         check_int("--seed", args.seed, 0, SEED_MAX)
     kwargs = parse_kwargs(args.kwargs)
+    _make_once(args.env_id, kwargs)
     digest = env_hash(args.env_id, kwargs, args.seed)
     if args.json:
         print(
@@ -141,6 +142,14 @@ def run_hash(args: argparse.Namespace) -> int:
     else:
         print(digest)
     return 0
+
+
+def _make_once(env_id: str, kwargs: dict[str, Any]) -> None:
+    """A hash names an environment that exists: kwargs it does not take (`gravity=3` for a
+    CartPole without that parameter) are refused here, not hashed into a manifest."""
+    from shoal.envs.registry import make
+
+    make(env_id, **kwargs).close()
 
 
 def run_diff(args: argparse.Namespace) -> int:

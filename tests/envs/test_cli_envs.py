@@ -22,6 +22,13 @@ def test_hash_prints_a_stable_hash(capsys):
     assert len(first) == 64
 
 
+def test_hash_refuses_kwargs_the_environment_does_not_take(capsys):
+    assert main(["envs", "hash", "CartPole-v1", "--kwargs", "gravity=3"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "cannot be made with ['gravity']" in captured.err
+
+
 def test_hash_json_carries_the_manifest(capsys):
     assert main(["envs", "hash", "CartPole-v1", "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
