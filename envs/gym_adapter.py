@@ -18,6 +18,7 @@ import gymnasium
 import numpy as np
 
 from shoal.envs.base import BaseEnvironment
+from shoal.envs.engine_warnings import route_mujoco_warnings
 from shoal.envs.errors import EnvError
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def load_plugins() -> None:
             continue
         if module == "ale_py":
             gymnasium.register_envs(plugin)
+    route_mujoco_warnings()
     _plugins_loaded = True
 
 
