@@ -15,17 +15,20 @@ from typing import Any
 
 from gymnasium import spaces
 
+from shoal.envs.packed_obs import PackedBox
 from shoal.learner.errors import PolicyError
 from shoal.learner.models.base import PolicyModel
 from shoal.learner.models.causal_lm import CausalLMPolicy
 from shoal.learner.models.cnn import CNNPolicy, is_image_space
 from shoal.learner.models.config import FACTORY_RE, MAX_OPTIONS, ModelConfig
 from shoal.learner.models.mlp import MLPPolicy, legacy_spec_spaces
+from shoal.learner.models.multi import MultiPolicy
 from shoal.learner.models.spaces import check_bounded, space_from_json
 
 _FROM_SPEC: dict[str, Callable[..., PolicyModel]] = {
     "mlp": MLPPolicy.from_spec,
     "cnn": CNNPolicy.from_spec,
+    "multi": MultiPolicy.from_spec,
     "causal-lm": CausalLMPolicy.from_spec,
 }
 
@@ -36,14 +39,23 @@ def build_model(
     """A fresh policy of `cfg.family` for these spaces (seed torch first for a reproducible one)."""
     family = cfg.family
     if family == "auto":
-        family = "cnn" if is_image_space(observation_space) else "mlp"
+        family = auto_family(observation_space)
     if family == "mlp":
         return MLPPolicy(observation_space, action_space, cfg.hidden)
+    if family == "multi":
+        return MultiPolicy(observation_space, action_space, cfg.hidden)
     if family == "cnn":
         return CNNPolicy(observation_space, action_space, cfg.channels, cfg.hidden)
     if family == "causal-lm":
         return CausalLMPolicy.from_config(cfg, observation_space, action_space)
     return _custom(family, observation_space, action_space, cfg.options)
+
+
+def auto_family(observation_space: spaces.Space[Any]) -> str:
+    """`family = "auto"`: multi for packed structured observations, cnn for images, else mlp."""
+    if isinstance(observation_space, PackedBox):
+        return "multi"
+    return "cnn" if is_image_space(observation_space) else "mlp"
 
 
 def model_from_spec(spec: Mapping[str, Any]) -> PolicyModel:

@@ -5,17 +5,23 @@ walked without recursion for its size and depth first, then every field is check
 range (dimensions, element counts, dtypes) before numpy or gymnasium allocate anything. JSON has
 no infinity, so unbounded Box limits travel as the strings "inf" and "-inf"; a Box whose limits
 are one value everywhere stores that one value.
+
+A `PackedBox` (structured observations, shoal.envs.packed_obs) is stored as its structure, a
+nested JSON value of Dicts, Tuples and leaves, from which the packed Box is rebuilt; text
+leaves keep only their byte length (packing stores UTF-8 byte ids, so no charset is needed).
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
+from shoal.envs.packed_obs import MAX_NESTING, MAX_PARTS, TEXT_BYTES, PackedBox, PackingError
 from shoal.learner.errors import PolicyError
 
 BOX_DTYPES = ("float32", "float64", "uint8", "int32", "int64")
@@ -51,7 +57,10 @@ def check_bounded(value: object, what: str) -> None:
 
 
 def space_to_json(space: spaces.Space[Any]) -> dict[str, Any]:
-    """A Box, Discrete or MultiDiscrete as a JSON-able dict; PolicyError for any other space."""
+    """A Box, Discrete, MultiDiscrete or PackedBox as a JSON-able dict; PolicyError for any
+    other space."""
+    if isinstance(space, PackedBox):
+        return {"type": "packed", "structure": _structure_to_json(space)}
     if isinstance(space, spaces.Box):
         if space.dtype is None or space.dtype.name not in BOX_DTYPES:
             raise PolicyError(f"Box dtype {space.dtype} is not supported; use one of {BOX_DTYPES}")
@@ -92,9 +101,76 @@ def space_from_json(value: object) -> spaces.Space[Any]:
         if len(start) != len(nvec):
             raise PolicyError("space.start must have one entry per space.nvec entry")
         return spaces.MultiDiscrete(np.array(nvec, np.int64), start=np.array(start, np.int64))
+    if kind == "packed":
+        try:
+            return PackedBox(_structure_from_json(value.get("structure"), 0))
+        except PackingError as exc:
+            raise PolicyError(f"space.structure cannot be packed: {exc}") from exc
     raise PolicyError(
-        f"space.type = {_short(kind)} is invalid: use 'box', 'discrete' or 'multi_discrete'"
+        f"space.type = {_short(kind)} is invalid: use 'box', 'discrete', 'multi_discrete' or "
+        "'packed'"
     )
+
+
+def _structure_to_json(packed: PackedBox) -> dict[str, Any]:
+    """The packed space's structure, each text leaf as its byte length from the layout."""
+    text_lengths = iter(p.size for p in packed.layout.parts if p.kind == "text")
+
+    def convert(space: spaces.Space[Any]) -> dict[str, Any]:
+        if isinstance(space, spaces.Dict):
+            return {"type": "dict", "spaces": [[k, convert(v)] for k, v in space.spaces.items()]}
+        if isinstance(space, spaces.Tuple):
+            return {"type": "tuple", "spaces": [convert(v) for v in space]}
+        if isinstance(space, spaces.MultiBinary):
+            return {"type": "multi_binary", "shape": [int(d) for d in np.atleast_1d(space.n)]}
+        if isinstance(space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete):
+            return space_to_json(space)
+        return {"type": "text", "length": next(text_lengths)}
+
+    return convert(packed.structure)
+
+
+def _structure_from_json(value: object, depth: int) -> spaces.Space[Any]:
+    """A structure `_structure_to_json` wrote; lists and nesting held to the packing limits."""
+    if not isinstance(value, Mapping):
+        raise PolicyError(f"space.structure holds {_short(value)}, not an object")
+    kind = value.get("type")
+    if kind in ("dict", "tuple"):
+        items = value.get("spaces")
+        if depth >= MAX_NESTING or not isinstance(items, list) or not 1 <= len(items) <= MAX_PARTS:
+            raise PolicyError(
+                f"space.structure: a {kind} needs a list of 1 to {MAX_PARTS} spaces, nested at "
+                f"most {MAX_NESTING} deep"
+            )
+        if kind == "tuple":
+            return spaces.Tuple([_structure_from_json(v, depth + 1) for v in items])
+        # An OrderedDict keeps the stored order (a plain dict would be sorted by gymnasium).
+        entries = [(_key(item), _structure_from_json(item[1], depth + 1)) for item in items]
+        return spaces.Dict(OrderedDict(entries))
+    if kind == "text":
+        return spaces.Text(max_length=_integer(value, "length", 1, TEXT_BYTES))
+    if kind == "multi_binary":
+        return spaces.MultiBinary(_integers(value, "shape", 1, MAX_ELEMENTS))
+    if kind not in ("box", "discrete", "multi_discrete"):
+        raise PolicyError(
+            f"space.structure holds a space of type {_short(kind)}: use 'dict', 'tuple', "
+            "'text', 'multi_binary', 'box', 'discrete' or 'multi_discrete'"
+        )
+    return space_from_json(value)
+
+
+def _key(item: object) -> str:
+    if (
+        not isinstance(item, list)
+        or len(item) != 2
+        or not isinstance(item[0], str)
+        or not 1 <= len(item[0]) <= 200
+    ):
+        raise PolicyError(
+            f"space.structure: a dict entry must be [key, space] with a key of 1 to 200 "
+            f"characters, got {_short(item)}"
+        )
+    return item[0]
 
 
 def _bounds_to_json(array: np.ndarray) -> Any:
