@@ -2,7 +2,7 @@
 
 ```toml
 [model]
-family = "causal-lm"      # "auto" | "mlp" | "cnn" | "causal-lm" | "package.module:factory"
+family = "causal-lm"      # "auto" | "mlp" | "cnn" | "multi" | "causal-lm" | "package.module:factory"
 arch = "qwen2"            # or "llama"
 hidden_size = 256
 num_layers = 4
@@ -22,7 +22,7 @@ from typing import Any
 from shoal.config import check_int
 from shoal.errors import ConfigError
 
-BUILTIN_FAMILIES = ("auto", "mlp", "cnn", "causal-lm")
+BUILTIN_FAMILIES = ("auto", "mlp", "cnn", "multi", "causal-lm")
 ARCHS = ("qwen2", "llama")
 FACTORY_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 """A custom family: `package.module:factory`, as environment entry points are written."""
@@ -51,11 +51,12 @@ class ModelConfig:
     """The policy's family and sizes; keys of other families are ignored by the one chosen."""
 
     family: str = "auto"
-    """auto: cnn for image observations (a 3-D uint8 Box), else mlp; causal-lm is chosen
-    explicitly; `package.module:factory` builds a custom model."""
+    """auto: multi for structured observations (Dict/Tuple/Text/Discrete, packed), cnn for
+    image observations (a 3-D uint8 Box), else mlp; causal-lm is chosen explicitly;
+    `package.module:factory` builds a custom model."""
     hidden: tuple[int, ...] = (64, 64)
-    """mlp: widths of the policy's and the value's hidden layers; cnn: dense layers after the
-    convolutions."""
+    """mlp and multi: widths of the policy's and the value's hidden layers (multi: after the
+    concatenated part encoders); cnn: dense layers after the convolutions."""
     channels: tuple[int, ...] = (32, 64, 64)
     """cnn: output channels of each convolution (Nature-CNN kernels 8/4, 4/2, 3/1)."""
     arch: str = "qwen2"
