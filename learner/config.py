@@ -36,8 +36,18 @@ _KNOWN_TARGETS: dict[str, float] = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0}
 
 
 def known_target(env_id: str) -> float | None:
-    """The return Gymnasium counts as solved for a canonical id, where one is known."""
-    return _KNOWN_TARGETS.get(env_id)
+    """The return counted as solved for a canonical id, where one is known: shoal's own, else
+    the `reward_threshold` its Gymnasium registration declares (MountainCar-v0: -110,
+    HalfCheetah-v5: 4800, ...)."""
+    if env_id in _KNOWN_TARGETS:
+        return _KNOWN_TARGETS[env_id]
+    from shoal.learner.presets import registered_threshold
+
+    return registered_threshold(env_id)
+
+
+PRESETS = ("auto", "none", "classic", "mujoco", "atari", "minatar", "minigrid")
+"""`preset` choices: the environment's family (learner/presets.py), none, or a family by name."""
 
 
 SEED_MAX = 2**32 - 1
@@ -242,6 +252,10 @@ class TrainConfig:
     """Keyword arguments for the environment (e.g. GridWorld's size)."""
     seed: int = 0
     """Seeds environments and the policy's initialisation."""
+    preset: str = "auto"
+    """Hyper-parameters for the environment's family under the keys this job sets itself
+    (learner/presets.py): "auto" picks the family, "none" keeps the defaults below, or a
+    family by name ("classic", "mujoco", "atari", "minatar", "minigrid")."""
     time_limit_s: float = 300.0
     """Stop after this many seconds of training even if the target is not reached."""
     target_return: float | None = None
@@ -275,6 +289,10 @@ class TrainConfig:
         if not isinstance(self.env_id, str) or not self.env_id.strip():
             raise ConfigError(f"env_id = {self.env_id!r} is invalid: name an environment")
         check_int("seed", self.seed, 0, SEED_MAX)
+        if self.preset not in PRESETS:
+            raise ConfigError(
+                f"preset = {self.preset!r} is invalid: use one of {', '.join(map(repr, PRESETS))}"
+            )
         check_number("time_limit_s", self.time_limit_s, above=0)
         check_int("target_window", self.target_window, 1)
         if self.target_return is not None:

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shoal.learner.config import PRESETS
+
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = verbs.add_parser(
@@ -22,6 +24,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("target", help="an environment id or alias (cartpole), or a job.toml")
     parser.add_argument("--json", action="store_true", help="end with a JSON summary line")
     parser.add_argument("--seed", type=int, help="seed for environments and the policy")
+    parser.add_argument(
+        "--preset",
+        choices=PRESETS,
+        help="hyper-parameters for the environment's family (default auto: picked from the "
+        "environment; none: the job defaults); keys the job file or flags set always win",
+    )
     parser.add_argument("--time-limit", type=float, help="seconds before giving up")
     parser.add_argument("--target-return", type=float, help="mean return that counts as solved")
     parser.add_argument("--max-env-steps", type=int, help="stop after this many env steps")
@@ -114,18 +122,24 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    """TrainConfig from the job file or env id, SHOAL_* overrides, then the flags."""
-    from shoal.config import load, load_toml
+    """TrainConfig from the job file or env id, SHOAL_* overrides, then the flags; then the
+    environment family's preset (learner/presets.py) under every key those three set."""
+    import os
+
+    from shoal.config import load, read_toml
     from shoal.learner.config import TrainConfig
 
     target = str(args.target)
     path = Path(target)
     if target.endswith(".toml") or path.is_file():
-        cfg = load_toml(TrainConfig, path)
+        mapping = read_toml(path)
+        cfg = load(TrainConfig, mapping, source=str(path))
     else:
-        cfg = load(TrainConfig, {"env_id": target}, source="command line")
+        mapping = {"env_id": target}
+        cfg = load(TrainConfig, mapping, source="command line")
     top = {
         "seed": args.seed,
+        "preset": args.preset,
         "time_limit_s": args.time_limit,
         "target_return": args.target_return,
         "max_env_steps": args.max_env_steps,
@@ -148,11 +162,44 @@ def build_config(args: argparse.Namespace) -> Any:
         },
     }
     changes: dict[str, Any] = {k: v for k, v in top.items() if v is not None}
+    flags = set(changes)
     for section, values in sections.items():
         given = {k: v for k, v in values.items() if v is not None}
+        flags.update(f"{section}.{k}" for k in given)
         if given:
             changes[section] = dataclasses.replace(getattr(cfg, section), **given)
-    return dataclasses.replace(cfg, **changes) if changes else cfg
+    cfg = dataclasses.replace(cfg, **changes) if changes else cfg
+    return with_preset(cfg, given_keys(mapping, os.environ) | flags)
+
+
+def given_keys(mapping: dict[str, Any], environ: Any) -> set[str]:
+    """The dotted keys a job file (`mapping`) and SHOAL_* variables set: what a preset leaves
+    alone. A table is not a key: `[ppo]` with `lr` in it gives `ppo.lr` alone."""
+    from shoal.config import env_var_names
+    from shoal.learner.config import TrainConfig
+
+    keys: set[str] = set()
+    stack: list[tuple[str, Any]] = [(k, v) for k, v in mapping.items()]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, dict) and value:
+            stack.extend((f"{key}.{k}", v) for k, v in value.items())
+        else:
+            keys.add(key)
+    for name, path in env_var_names(TrainConfig).items():
+        if name in environ:
+            keys.add(".".join(path))
+    return keys
+
+
+def with_preset(cfg: Any, explicit: set[str]) -> Any:
+    """`cfg` with its family's preset applied (text environments have their own defaults)."""
+    from shoal.learner.presets import apply_preset
+    from shoal.learner.text_job import is_text_job
+
+    if is_text_job(cfg.env_id):
+        return cfg
+    return apply_preset(cfg, explicit)
 
 
 def find_coordinators(args: argparse.Namespace) -> Any:
@@ -182,8 +229,8 @@ def find_coordinators(args: argparse.Namespace) -> Any:
 
 
 # flags of the PPO job that the pipeline has no use for: an error, not silently ignored
-NOT_FOR_PIPELINE = ("time_limit", "target_return", "max_env_steps", "workers", "envs", "ranks",
-                    "gpus_per_rank", "sharding", "model", "algo", "group_size", "tokenizer",
+NOT_FOR_PIPELINE = ("preset", "time_limit", "target_return", "max_env_steps", "workers",
+                    "envs", "ranks", "gpus_per_rank", "sharding", "model", "algo", "group_size", "tokenizer",
                     "checkpoint_storage",
                     "checkpoint_interval", "cluster", "coordinators", "token_file",
                     "max_restarts", "restart_window")  # fmt: skip
@@ -238,6 +285,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = build_config(args)
     coordinators = find_coordinators(args)
+    from shoal.learner.presets import describe
+
+    print(describe(cfg.preset), flush=True)
     progress = None if args.quiet else ProgressLine()
     restart = RestartPolicy(
         5 if args.max_restarts is None else args.max_restarts,
