@@ -79,9 +79,7 @@ class Layout:
 
 def needs_packing(space: spaces.Space[Any]) -> bool:
     """Whether a vector of this observation space needs `PackObservation` (not a numeric array)."""
-    if isinstance(space, spaces.Box):
-        return space.dtype is None or space.dtype.kind not in "biuf"
-    return not isinstance(space, spaces.MultiDiscrete | spaces.MultiBinary)
+    return not isinstance(space, spaces.Box | spaces.MultiDiscrete | spaces.MultiBinary)
 
 
 def layout(structure: spaces.Space[Any]) -> Layout:
@@ -188,8 +186,7 @@ def _walk(space: spaces.Space[Any], path: tuple[str | int, ...], parts: list[Par
 
 def _leaf(space: spaces.Space[Any], path: tuple[str | int, ...], offset: int) -> Part:
     if isinstance(space, spaces.Box):
-        if space.dtype is None or space.dtype.kind not in "biuf":
-            raise PackingError(f"observation part {_name(path)}: Box of dtype {space.dtype}")
+        assert space.dtype is not None  # gymnasium allows only integer, float and bool Boxes
         shape = tuple(int(d) for d in space.shape)
         _check_elements(path, shape)
         kind = "image" if len(shape) == 3 else "vector"
