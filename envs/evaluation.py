@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium import spaces
@@ -24,7 +24,12 @@ from shoal.envs import report_html
 from shoal.envs.errors import EnvError
 from shoal.errors import ConfigError
 
+if TYPE_CHECKING:
+    from shoal.envs.wrappers import EnvConfig
+
 Policy = Callable[[np.ndarray], np.ndarray]
+Progress = Callable[[str, int, int], None]
+"""Told (the condition being run, episodes finished in all conditions, episodes in all)."""
 
 DEFAULT_OBS_NOISE: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2)
 DEFAULT_ACTION_NOISE: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2)
@@ -198,6 +203,25 @@ def random_actions(space: spaces.Space[Any], count: int, rng: np.random.Generato
 class _Condition:
     obs_sigma: float = 0.0
     action_eps: float = 0.0
+    label: str = "no noise"
+
+
+class _Tally:
+    """Counts finished episodes across every condition of one evaluation for `progress`."""
+
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.total, self.done, self.progress = total, 0, progress
+        self.label = ""
+
+    def start(self, label: str) -> None:
+        self.label = label
+        if self.progress is not None:
+            self.progress(label, self.done, self.total)
+
+    def episode(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.label, self.done, self.total)
 
 
 def _run_episodes(
@@ -207,6 +231,7 @@ def _run_episodes(
     num_envs: int,
     seed: int,
     condition: _Condition,
+    tally: _Tally,
 ) -> tuple[list[float], list[int], int, float]:
     """Step until every slot has finished its quota of episodes; returns returns, lengths, steps, s."""
     rng = np.random.default_rng([seed, 0x5EED])
@@ -234,11 +259,12 @@ def _run_episodes(
                 actions[swap] = random_actions(vec.single_action_space, int(swap.sum()), rng)
         result = vec.step(actions)
         steps += num_envs
-        for i in np.flatnonzero(result.done):
+        for i in np.flatnonzero(result.ended):
             if done_count[i] < quotas[i]:
                 done_count[i] += 1
                 returns.append(float(result.episode_return[i]))
                 lengths.append(int(result.episode_length[i]))
+                tally.episode()
         obs = result.obs
     return returns, lengths, steps, time.perf_counter() - start
 
@@ -251,14 +277,17 @@ def _measure(
     opts: EvalOptions,
     threshold: float | None,
     condition: _Condition,
+    tally: _Tally,
+    env: EnvConfig | None = None,
 ) -> Metrics:
     from shoal.envs.vector import make_vector
 
+    tally.start(condition.label)
     num_envs = min(opts.num_envs, opts.episodes)
-    vec = make_vector(env_id, num_envs, seed, **dict(kwargs))
+    vec = make_vector(env_id, num_envs, seed, env=env, **dict(kwargs))
     try:
         returns, lengths, steps, seconds = _run_episodes(
-            vec, policy, opts, num_envs, seed, condition
+            vec, policy, opts, num_envs, seed, condition, tally
         )
     finally:
         vec.close()
@@ -304,30 +333,40 @@ def evaluate(
     env_kwargs: Mapping[str, Any] | None = None,
     held_out: Sequence[Variant] = (),
     options: EvalOptions | None = None,
+    progress: Progress | None = None,
+    env: EnvConfig | None = None,
 ) -> EvalResult:
     """Evaluate `policy` (obs batch [N, ...] -> actions [N]) on `env_id` and its variants.
 
     `episodes` overrides `options.episodes`. Every condition (the main run, each held-out
     variant, each noise level) runs `episodes` episodes from the same seed, so the numbers
     differ only by the condition. Called from one thread; it builds and closes its own envs.
+    `progress` is told of each condition and each finished episode (it runs on that thread).
+    `env` is the job's `[env]` section (wrappers, normalisation) every condition applies.
     """
     from shoal.envs.hashing import env_hash
 
     opts = replace(options or EvalOptions(), episodes=episodes)
     kwargs = dict(env_kwargs or {})
     threshold, criterion = _threshold(env_id, opts.success_threshold)
+    noisy = sum(1 for level in (*opts.obs_noise, *opts.action_noise) if level != 0)
+    tally = _Tally(opts.episodes * (1 + len(held_out) + noisy), progress)
     start = time.perf_counter()
-    main = _measure(policy, env_id, kwargs, seed, opts, threshold, _Condition())
-    variants = [VariantResult("train", env_id, kwargs, env_hash(env_id, kwargs, seed), False, main)]
+    main = _measure(policy, env_id, kwargs, seed, opts, threshold, _Condition(), tally, env)
+    digest = env_hash(env_id, kwargs, seed, wrappers=env)
+    variants = [VariantResult("train", env_id, kwargs, digest, False, main)]
     for variant in held_out:
         v_kwargs = dict(variant.kwargs)
-        metrics = _measure(policy, variant.env_id, v_kwargs, seed, opts, threshold, _Condition())
+        held = _Condition(label=f"variant {variant.name}")
+        metrics = _measure(
+            policy, variant.env_id, v_kwargs, seed, opts, threshold, held, tally, env
+        )
         variants.append(
             VariantResult(
                 variant.name,
                 variant.env_id,
                 v_kwargs,
-                env_hash(variant.env_id, v_kwargs, seed),
+                env_hash(variant.env_id, v_kwargs, seed, wrappers=env),
                 True,
                 metrics,
             )
@@ -339,13 +378,17 @@ def evaluate(
                 level,
                 main
                 if level == 0
-                else _measure(policy, env_id, kwargs, seed, opts, threshold, make(level)),
+                else _measure(
+                    policy, env_id, kwargs, seed, opts, threshold, make(level), tally, env
+                ),
             )
             for level in levels
         ]
 
-    obs_sweep = sweep(opts.obs_noise, lambda s: _Condition(obs_sigma=s))
-    act_sweep = sweep(opts.action_noise, lambda e: _Condition(action_eps=e))
+    obs_sweep = sweep(opts.obs_noise, lambda s: _Condition(obs_sigma=s, label=f"obs noise σ={s:g}"))
+    act_sweep = sweep(
+        opts.action_noise, lambda e: _Condition(action_eps=e, label=f"action noise ε={e:g}")
+    )
     return EvalResult(
         env_id=env_id,
         env_kwargs=kwargs,
@@ -384,8 +427,10 @@ _HEADER = (
 )
 
 
-def render_html(result: EvalResult) -> str:
-    """The static report page: summary table, return histogram, generalisation and noise plots."""
+def render_html(result: EvalResult, sections: Sequence[tuple[str, str]] = ()) -> str:
+    """The static report page: summary table, `sections` (heading, HTML: a run's learning
+    curves, say), return histogram, generalisation (only where held-out variants were
+    evaluated: one bar compares nothing) and noise plots."""
     m = result.metrics
     summary = report_html.table_html(
         ("field", "value"),
@@ -400,6 +445,39 @@ def render_html(result: EvalResult) -> str:
     )
     main_table = report_html.table_html(_HEADER, [_metric_row("train variant, no noise", m)])
     histogram = report_html.histogram_svg(m.returns, "Episode returns", "return")
+    generalisation = _generalisation(result) if len(result.generalisation) > 1 else []
+    sweeps = []
+    for name, label, points in (
+        ("Observation noise", "σ", result.obs_noise),
+        ("Action noise", "ε", result.action_noise),
+    ):
+        plot = report_html.line_svg(
+            [
+                report_html.Point(p.level, p.metrics.mean_return, p.metrics.std_return)
+                for p in points
+            ],
+            f"Return vs {name.lower()}",
+            f"{label} ({'noise std' if label == 'σ' else 'probability of a random action'})",
+            "mean return ± std",
+        )
+        table = report_html.table_html(
+            _HEADER, [_metric_row(f"{label} = {p.level:g}", p.metrics) for p in points]
+        )
+        sweeps.append((f"Robustness: {name.lower()}", f'<div class="plots">{plot}</div>{table}'))
+    return report_html.page(
+        f"shoal evaluation: {result.env_id}",
+        [
+            ("Run", summary),
+            *sections,
+            ("Performance", f'{main_table}<div class="plots">{histogram}</div>'),
+            *generalisation,
+            *sweeps,
+        ],
+    )
+
+
+def _generalisation(result: EvalResult) -> list[tuple[str, str]]:
+    """The held-out variants' table and bar chart beside the training variant's."""
     gen_table = report_html.table_html(
         ("variant", "env id", "held out", "environment hash", "mean return", "success"),
         [
@@ -420,41 +498,23 @@ def render_html(result: EvalResult) -> str:
         "Mean return per variant",
         "mean return",
     )
-    sweeps = []
-    for name, label, points in (
-        ("Observation noise", "σ", result.obs_noise),
-        ("Action noise", "ε", result.action_noise),
-    ):
-        plot = report_html.line_svg(
-            [
-                report_html.Point(p.level, p.metrics.mean_return, p.metrics.std_return)
-                for p in points
-            ],
-            f"Return vs {name.lower()}",
-            label,
-            "mean return ± std",
-        )
-        table = report_html.table_html(
-            _HEADER, [_metric_row(f"{label} = {p.level:g}", p.metrics) for p in points]
-        )
-        sweeps.append((f"Robustness: {name.lower()}", f'<div class="plots">{plot}</div>{table}'))
-    return report_html.page(
-        f"shoal evaluation: {result.env_id}",
-        [
-            ("Run", summary),
-            ("Performance", f'{main_table}<div class="plots">{histogram}</div>'),
-            ("Generalisation", f'{gen_table}<div class="plots">{gen_plot}</div>'),
-            *sweeps,
-        ],
-    )
+    return [("Generalisation", f'{gen_table}<div class="plots">{gen_plot}</div>')]
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "env"
 
 
-def write_report(result: EvalResult, out_dir: str | Path) -> tuple[Path, Path]:
-    """Write `eval-<env>-<hash>.json` and `.html` into `out_dir` (created if missing)."""
+def write_report(
+    result: EvalResult,
+    out_dir: str | Path,
+    label: str | None = None,
+    sections: Sequence[tuple[str, str]] = (),
+) -> tuple[Path, Path]:
+    """Write `eval-<env>-<hash>.json` and `.html` into `out_dir` (created if missing); with
+    a `label` (a checkpoint step and time, say) `eval-<env>-<hash>-<label>[-n]`, never a
+    name already there, so a later evaluation never replaces an earlier one's report.
+    `sections` go on the page (see `render_html`)."""
     directory = Path(out_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -463,8 +523,19 @@ def write_report(result: EvalResult, out_dir: str | Path) -> tuple[Path, Path]:
             f"cannot create report directory {directory}: {exc.strerror}; pick a writable out_dir"
         ) from exc
     stem = f"eval-{_slug(result.env_id)}-{result.env_hash[:12]}"
+    if label is not None:
+        stem = _unused(directory, f"{stem}-{_slug(label)}")
     json_path = directory / f"{stem}.json"
     html_path = directory / f"{stem}.html"
     json_path.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
-    html_path.write_text(render_html(result))
+    html_path.write_text(render_html(result, sections))
     return json_path, html_path
+
+
+def _unused(directory: Path, stem: str) -> str:
+    """`stem`, or `stem-2`, `stem-3`, ...: the first whose .json and .html are both free."""
+    candidate, n = stem, 1
+    while (directory / f"{candidate}.json").exists() or (directory / f"{candidate}.html").exists():
+        n += 1
+        candidate = f"{stem}-{n}"
+    return candidate

@@ -44,6 +44,7 @@ from shoal.job_watch import (
     exit_reason,
     started_pids,
 )
+from shoal.learning_curves import LearningCurves
 from shoal.raft.model import LEARNER_KIND, ROLLOUT_KIND
 from shoal.run_status import RunStatus, TrainResult, find_checkpoint
 from shoal.rundir import RunDir, TrainError
@@ -167,6 +168,7 @@ class ClusterRun:
         self.on_poll = on_poll
         self.embedded = embedded
         self.status = RunStatus(self.cfg, env_id, self.run_dir, progress)
+        self.curves = LearningCurves(self.run_dir)
         self.restarts = 0
         self._checked = 0.0
         self._submitted = False
@@ -264,6 +266,7 @@ class ClusterRun:
                 if startup_s is None and self.status.version() > 0:
                     startup_s = elapsed
                 self.status.draw(elapsed)
+                self.curves.record(elapsed, self.status)
                 if self.on_poll is not None:
                     self.on_poll(self)
                 reason = self.status.stop_reason(elapsed)
@@ -275,6 +278,7 @@ class ClusterRun:
         except KeyboardInterrupt:
             stopped_by = "interrupted"
         except BaseException:
+            self.curves.close()
             with contextlib.suppress(TrainError):  # the first error is the one to report
                 self._stop_in_order()
             raise
@@ -282,6 +286,8 @@ class ClusterRun:
         if self.shared:
             self.status.read()
         wall_s = time.monotonic() - started
+        self.curves.record(wall_s, self.status)
+        self.curves.close()
         return self._result(self.status.result(stopped_by, wall_s, solve_s, stop_return, startup_s))
 
     def _stop_in_order(self) -> None:

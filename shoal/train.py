@@ -26,6 +26,7 @@ from shoal.run_status import TrainResult, find_checkpoint
 from shoal.rundir import RunDir, TrainError
 
 if TYPE_CHECKING:
+    from shoal.envs.wrappers import EnvConfig
     from shoal.learner.config import TrainConfig
     from shoal.local import LocalCluster
     from shoal.progress import ProgressLine
@@ -82,10 +83,18 @@ def evaluate_checkpoint(
     seed: int = 12345,
     env_kwargs: dict[str, Any] | None = None,
     success_threshold: float | None = None,
+    *,
+    env: EnvConfig | None = None,
+    label: str | None = None,
+    curves_from: Path | None = None,
+    progress: ProgressLine | None = None,
 ) -> tuple[Any, Path, Path]:
-    """Evaluate the policy in a checkpoint deterministically; returns (result, json, html)."""
+    """Evaluate the policy in a checkpoint deterministically; returns (result, json, html).
+    `label` names a report of its own (see `write_report`); the learning curves of the run
+    in `curves_from` go on its page; `progress` shows the episodes as they finish."""
     import numpy as np
 
+    from shoal.curves_report import curves_section
     from shoal.envs.evaluation import EvalOptions, evaluate, write_report
 
     model, _, _ = load_policy(path)
@@ -97,10 +106,27 @@ def evaluate_checkpoint(
     options = EvalOptions(
         episodes=episodes, num_envs=min(episodes, 32), success_threshold=success_threshold
     )
+
+    def show(condition: str, done: int, total: int) -> None:
+        if progress is not None:
+            text = f"evaluating {env_id}: {condition} | {done}/{total} episodes"
+            progress.update(text, done / total if total else None)
+
     result = evaluate(
-        policy, env_id, episodes=episodes, seed=seed, env_kwargs=env_kwargs, options=options
+        policy,
+        env_id,
+        episodes=episodes,
+        seed=seed,
+        env_kwargs=env_kwargs,
+        options=options,
+        progress=show,
+        env=env,
     )
-    json_path, html_path = write_report(result, out_dir)
+    if progress is not None:
+        progress.close()
+    section = None if curves_from is None else curves_section(curves_from)
+    sections = [] if section is None else [section]
+    json_path, html_path = write_report(result, out_dir, label=label, sections=sections)
     return result, json_path, html_path
 
 
@@ -109,7 +135,7 @@ def _check_env(env_id: str, cfg: TrainConfig) -> None:
     from shoal.envs.vector import make_vector
 
     try:
-        env = make_vector(env_id, 1, seed=cfg.seed, **cfg.env_kwargs)
+        env = make_vector(env_id, 1, seed=cfg.seed, env=cfg.env, **cfg.env_kwargs)
     except TypeError as exc:
         raise TrainError(f"env_kwargs {cfg.env_kwargs!r} don't fit {env_id}: {exc}") from None
     try:
@@ -194,7 +220,10 @@ def train(
                 directory.reports,
                 seed=cfg.seed + 12345,
                 env_kwargs=cfg.env_kwargs,
+                env=cfg.env,
                 success_threshold=run.status.target,
+                curves_from=run_dir,
+                progress=progress,
             )
             mean = float(eval_result.mean_return)
         result.report = str(json_path)
