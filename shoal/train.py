@@ -26,7 +26,6 @@ from shoal.run_status import TrainResult, find_checkpoint
 from shoal.rundir import RunDir, TrainError
 
 if TYPE_CHECKING:
-    from shoal.envs.wrappers import EnvConfig
     from shoal.learner.config import TrainConfig
     from shoal.local import LocalCluster
     from shoal.progress import ProgressLine
@@ -84,7 +83,6 @@ def evaluate_checkpoint(
     env_kwargs: dict[str, Any] | None = None,
     success_threshold: float | None = None,
     *,
-    env: EnvConfig | None = None,
     label: str | None = None,
     curves_from: Path | None = None,
     progress: ProgressLine | None = None,
@@ -120,7 +118,6 @@ def evaluate_checkpoint(
         env_kwargs=env_kwargs,
         options=options,
         progress=show,
-        env=env,
     )
     if progress is not None:
         progress.close()
@@ -135,7 +132,7 @@ def _check_env(env_id: str, cfg: TrainConfig) -> None:
     from shoal.envs.vector import make_vector
 
     try:
-        env = make_vector(env_id, 1, seed=cfg.seed, env=cfg.env, **cfg.env_kwargs)
+        env = make_vector(env_id, 1, seed=cfg.seed, **cfg.env_kwargs)
     except TypeError as exc:
         raise TrainError(f"env_kwargs {cfg.env_kwargs!r} don't fit {env_id}: {exc}") from None
     try:
@@ -220,7 +217,6 @@ def train(
                 directory.reports,
                 seed=cfg.seed + 12345,
                 env_kwargs=cfg.env_kwargs,
-                env=cfg.env,
                 success_threshold=run.status.target,
                 curves_from=run_dir,
                 progress=progress,

@@ -27,12 +27,6 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--seed", type=int, default=12345, help="evaluation seed")
     parser.add_argument("--out", type=Path, help="report directory (default: beside the run)")
     parser.add_argument("--json", action="store_true", help="end with a JSON summary line")
-    parser.add_argument(
-        "--best",
-        action="store_true",
-        help="with a run directory: its best checkpoint (the highest recent mean return when "
-        "saved; kept beside the newest) instead of its newest",
-    )
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.set_defaults(func=run)
 
@@ -44,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
 
     from shoal.config import check_int
     from shoal.envs import registry
-    from shoal.envs.wrappers import EnvConfig
     from shoal.learner.config import SEED_MAX, known_target
     from shoal.learner.text_job import is_text_job
     from shoal.progress import ProgressLine
@@ -54,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_int("--episodes", args.episodes, 1)
     check_int("--seed", args.seed, 0, SEED_MAX)
-    _, state, info = load_policy(best_of(args.checkpoint) if args.best else args.checkpoint)
+    _, state, info = load_policy(args.checkpoint)
     out = args.out or info.path.parent.parent / "reports"
     trained_on = args.env or str(state.get("env_id", ""))
     if is_text_job(trained_on):
@@ -62,8 +55,6 @@ def run(args: argparse.Namespace) -> int:
     env_id = registry.spec(trained_on).id
     config = state.get("config") or {}
     env_kwargs = config.get("env_kwargs") if args.env is None else None
-    # The wrappers the policy was trained behind shape what it observes: kept with --env too.
-    wrappers = EnvConfig.from_json(config.get("env"), source=f"{info.path} (its [env])")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     result, json_path, html_path = evaluate_checkpoint(
         info.path,
@@ -72,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
         out,
         seed=args.seed,
         env_kwargs=env_kwargs,
-        env=wrappers,
         success_threshold=known_target(env_id),
         label=f"step{info.step}-{stamp}",
         curves_from=_run_of(args.checkpoint, info.path),
@@ -106,24 +96,6 @@ def _run_of(given: Path, checkpoint: Path) -> Path:
         if given.is_dir() and (given / "checkpoints").is_dir()
         else checkpoint.resolve().parent.parent
     )
-
-
-def best_of(path: Path) -> Path:
-    """The best checkpoint of a run (or checkpoints) directory, for `--best`."""
-    from shoal.learner.checkpoint import CheckpointManager
-    from shoal.rundir import TrainError
-
-    directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    if not directory.is_dir():
-        raise TrainError(f"--best takes a run directory; {path} is not one")
-    with CheckpointManager(directory) as manager:
-        info = manager.best()
-    if info is None:
-        raise TrainError(
-            f"no checkpoint in {directory} recorded a mean return (each was saved before an "
-            "episode ended); evaluate the newest one without --best"
-        )
-    return Path(info.path)
 
 
 def _run_text(
