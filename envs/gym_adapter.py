@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium
+import gymnasium.wrappers
 import numpy as np
 
 from shoal.envs.base import BaseEnvironment
@@ -24,8 +25,9 @@ from shoal.envs.errors import EnvError
 if TYPE_CHECKING:
     from shoal.envs.registry import EnvSpec
 
-# Packages that register their environments with Gymnasium when imported.
-GYMNASIUM_PLUGINS: tuple[str, ...] = ("ale_py", "minigrid")
+# Packages that register their environments with Gymnasium when imported (MinAtar's
+# `minatar.gym` registers them when its `register_envs` is called).
+GYMNASIUM_PLUGINS: tuple[str, ...] = ("ale_py", "minigrid", "minatar.gym")
 
 _plugins_loaded = False
 
@@ -42,6 +44,8 @@ def load_plugins() -> None:
             continue
         if module == "ale_py":
             gymnasium.register_envs(plugin)
+        elif module == "minatar.gym" and "MinAtar/Breakout-v1" not in gymnasium.envs.registry:
+            plugin.register_envs()
     route_mujoco_warnings()
     _plugins_loaded = True
 
@@ -90,12 +94,25 @@ def gym_spec(full_id: str, gym_id: str, not_found: Callable[[str], EnvError]) ->
 
 
 def make_gym(gym_id: str, **kwargs: Any) -> GymEnvironment:
-    """Make a Gymnasium environment and wrap it; Gymnasium applies its own time limit."""
+    """Make a Gymnasium environment as a shoal one, in the form a vector stacks (boolean
+    frames as uint8, structured observations packed: envs/wrappers.py `prepare_gym_env`);
+    Gymnasium applies its own time limit."""
+    from shoal.envs.wrappers import EnvConfig, prepare_gym_env
+
+    env = make_gymnasium(gym_id, kwargs)
     try:
-        env = gymnasium.make(gym_id, **kwargs)
+        return GymEnvironment(prepare_gym_env(env, EnvConfig()))
+    except BaseException:
+        env.close()
+        raise
+
+
+def make_gymnasium(gym_id: str, kwargs: dict[str, Any]) -> gymnasium.Env[Any, Any]:
+    """`gymnasium.make(gym_id, **kwargs)`, its refusals as EnvError."""
+    try:
+        return gymnasium.make(gym_id, **kwargs)
     except gymnasium.error.Error as exc:
         raise EnvError(f"Gymnasium cannot make {gym_id}: {exc}") from exc
-    return GymEnvironment(env)
 
 
 class GymEnvironment(BaseEnvironment[Any, Any]):
@@ -106,6 +123,9 @@ class GymEnvironment(BaseEnvironment[Any, Any]):
         self.observation_space = env.observation_space
         self.action_space = env.action_space
         self._pending_seed: int | None = None
+        self.records_episodes = _has_wrapper(env, gymnasium.wrappers.RecordEpisodeStatistics)
+        """Whether `info["episode"]` marks the true ends of episodes (and their returns), which
+        the learner's `done` may not: an Atari life lost ends the learner's episode only."""
 
     def seed(self, seed: int | None) -> None:
         self._pending_seed = seed
@@ -130,6 +150,14 @@ class GymEnvironment(BaseEnvironment[Any, Any]):
 
     def __repr__(self) -> str:
         return f"<GymEnvironment {self.env}>"
+
+
+def _has_wrapper(env: gymnasium.Env[Any, Any], kind: type[Any]) -> bool:
+    while isinstance(env, gymnasium.Wrapper):
+        if isinstance(env, kind):
+            return True
+        env = env.env
+    return False
 
 
 class ShoalGymEnv(gymnasium.Env[Any, Any]):

@@ -15,7 +15,7 @@ import os
 import platform
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from shoal.envs.errors import EnvError
 from shoal.envs.registry import Registry, default_registry
 from shoal.envs.text_registry import text_manifest
 from shoal.files import write_atomically
+
+if TYPE_CHECKING:
+    from shoal.envs.wrappers import EnvConfig
 
 MANIFEST_FORMAT = 1
 HASH_LENGTH = 64
@@ -77,8 +80,11 @@ def env_manifest(
     kwargs: Mapping[str, Any] | None = None,
     seed: int | None = None,
     registry: Registry = default_registry,
+    wrappers: EnvConfig | None = None,
 ) -> Manifest:
-    """The canonical description of an environment that `env_hash` hashes."""
+    """The canonical description of an environment that `env_hash` hashes; a job's `[env]`
+    section (`wrappers`) enters it only when it applies something, so the hash of a bare
+    environment is the same as before wrappers existed."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
         raise EnvError(f"seed must be an integer or None, got {seed!r}")
     spec = registry.spec(env_id)
@@ -94,6 +100,8 @@ def env_manifest(
         "python": platform.python_version(),
         "packages": {name: package_version(name) for name in sorted(spec.requirements)},
     }
+    if wrappers is not None and wrappers.active:
+        manifest["env"] = _json_value("env", wrappers.manifest())
     text = text_manifest(spec.id, params)
     if text is not None:  # a text environment: its generator, version, parameters, tokenizer
         manifest["text"] = _json_value("text", text)
@@ -169,9 +177,11 @@ def env_hash(
     kwargs: Mapping[str, Any] | None = None,
     seed: int | None = None,
     store: HashStore | None = None,
+    wrappers: EnvConfig | None = None,
 ) -> str:
-    """The hash of an environment, its manifest recorded in the store (once per process)."""
-    manifest = env_manifest(env_id, kwargs, seed)
+    """The hash of an environment (with a job's wrappers and normalisation), its manifest
+    recorded in the store (once per process)."""
+    manifest = env_manifest(env_id, kwargs, seed, wrappers=wrappers)
     digest = manifest_hash(manifest)
     store = store or HashStore.default()
     if (store.root, digest) not in _recorded:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium import spaces
 
 from shoal.envs.base import BaseEnvironment
 from shoal.envs.errors import EnvError, InvalidAction
+
+if TYPE_CHECKING:
+    from shoal.envs.wrappers import EnvConfig
 
 
 @dataclass
@@ -35,6 +38,14 @@ class VectorStep:
     final_obs: np.ndarray
     episode_return: np.ndarray
     episode_length: np.ndarray
+    episode_end: np.ndarray | None = None
+    """Where a whole episode ended, when that differs from `done` (the `atari` set ends the
+    learner's episode at each lost life, the game at its end); None: exactly where `done`."""
+
+    @property
+    def ended(self) -> np.ndarray:
+        """Where an episode ended whose `episode_return`/`episode_length` are to be reported."""
+        return self.done if self.episode_end is None else self.episode_end
 
 
 class VectorEnvironment:
@@ -97,6 +108,9 @@ class VectorRunner(VectorEnvironment):
 
     Copy i is seeded with `seed + i`, so two runners built with the same seed produce the same
     episodes. The single environments' own `done`/`info["truncated"]` drive the auto-reset.
+    Copies that record their true episodes (`records_episodes`: Gymnasium's
+    `RecordEpisodeStatistics` innermost, envs/wrappers.py) report those: the game's return
+    however the wrappers changed the rewards, at the game's end however often `done` came.
     """
 
     def __init__(
@@ -126,6 +140,7 @@ class VectorRunner(VectorEnvironment):
         self._seed = seed
         self._returns = np.zeros(num_envs, dtype=np.float64)
         self._lengths = np.zeros(num_envs, dtype=np.int32)
+        self._recorded = bool(getattr(self.envs[0], "records_episodes", False))
 
     def reset(self, seed: int | None = None) -> np.ndarray:
         if seed is not None:
@@ -146,21 +161,26 @@ class VectorRunner(VectorEnvironment):
         reward = np.zeros(n, dtype=np.float32)
         done = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
+        ended = np.zeros(n, dtype=bool)
         for i, env in enumerate(self.envs):
             obs, r, d, info = env.step(_item(actions[i], self.single_action_space))
             reward[i] = r
             final_list.append(obs)
+            if self._recorded:
+                ended[i] = self._record(i, info.get("episode"))
             if d:
                 done[i] = True
                 truncated[i] = bool(info.get("truncated", False))
                 obs = env.reset()[0]
             obs_list.append(obs)
-        self._returns += reward
         self._lengths += 1
-        episode_return = np.where(done, self._returns, 0.0).astype(np.float32)
-        episode_length = np.where(done, self._lengths, 0).astype(np.int32)
-        self._returns[done] = 0.0
-        self._lengths[done] = 0
+        if not self._recorded:
+            self._returns += reward
+            ended = done
+        episode_return = np.where(ended, self._returns, 0.0).astype(np.float32)
+        episode_length = np.where(ended, self._lengths, 0).astype(np.int32)
+        self._returns[ended] = 0.0
+        self._lengths[ended] = 0
         return VectorStep(
             obs=self._stack(obs_list),
             reward=reward,
@@ -169,7 +189,15 @@ class VectorRunner(VectorEnvironment):
             final_obs=self._stack(final_list),
             episode_return=episode_return,
             episode_length=episode_length,
+            episode_end=ended if self._recorded else None,
         )
+
+    def _record(self, i: int, stats: object) -> bool:
+        """Copy i's true return when its episode ended (`info["episode"]`); whether it did."""
+        if not isinstance(stats, dict) or "r" not in stats:
+            return False
+        self._returns[i] = float(stats["r"])
+        return True
 
     def close(self) -> None:
         for env in self.envs:
@@ -186,13 +214,24 @@ def _item(action: np.ndarray, space: spaces.Space[Any]) -> Any:
 
 
 def make_vector(
-    env_id: str, num_envs: int, seed: int | None = None, **kwargs: Any
+    env_id: str,
+    num_envs: int,
+    seed: int | None = None,
+    env: EnvConfig | None = None,
+    **kwargs: Any,
 ) -> VectorEnvironment:
-    """N copies of `env_id`: the native batched implementation where one is registered.
+    """N copies of `env_id`: the native batched implementation where one is registered and
+    `env` (a job's `[env]` section) applies nothing, else a `VectorRunner` of wrapped copies.
 
     `seed` seeds the batch (the next `reset()` starts from it); kwargs go to the environment
     as in `make`, including `max_episode_steps` to override the registered time limit.
     """
     from shoal.envs.registry import default_registry
 
-    return default_registry.make_vector(env_id, num_envs, seed=seed, **kwargs)
+    if env is None or not env.active:
+        return default_registry.make_vector(env_id, num_envs, seed=seed, **kwargs)
+    from shoal.envs.wrappers import make_wrapped
+
+    check_num_envs(num_envs)
+    config = env
+    return VectorRunner(lambda: make_wrapped(env_id, config, kwargs), num_envs, seed)

@@ -69,8 +69,8 @@ class Collector:
         if result.truncated.any():
             rows = np.flatnonzero(result.truncated)
             buf.final_values[t, rows] = self.policy.value(result.final_obs[rows])
-        if result.done.any():
-            rows = np.flatnonzero(result.done)
+        if result.ended.any():  # a whole episode (an Atari game, not a life) ended there
+            rows = np.flatnonzero(result.ended)
             buf.episode_returns.extend(result.episode_return[rows].tolist())
             buf.episode_lengths.extend(result.episode_length[rows].tolist())
         self._obs = result.obs

@@ -3,6 +3,8 @@
 ```toml
 env_id = "CartPole-v1"
 time_limit_s = 120
+[env]
+normalize_observation = false
 [model]
 hidden = [64, 64]
 [rollout]
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shoal.config import check_int, check_number
+from shoal.envs.wrappers import EnvConfig
 from shoal.errors import ConfigError
 from shoal.learner.generation import GenerationError, SamplingConfig
 from shoal.learner.models.config import ModelConfig
@@ -250,6 +253,9 @@ class TrainConfig:
     """Environment id or alias (`cartpole`)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment (e.g. GridWorld's size)."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """`[env]`: Gymnasium wrappers (`[[env.wrappers]]`, e.g. the `atari` set) and running
+    observation/reward normalisation applied to every copy (envs/wrappers.py)."""
     seed: int = 0
     """Seeds environments and the policy's initialisation."""
     preset: str = "auto"

@@ -94,6 +94,8 @@ class RolloutSpec:
     """After registering, how long to wait for a complete version before registering again."""
     text: dict[str, Any] = field(default_factory=dict)
     """A text environment's `[text]` section (learner/config.py `TextConfig`); else unused."""
+    env: dict[str, Any] = field(default_factory=dict)
+    """The job's `[env]` section (envs/wrappers.py `EnvConfig`): wrappers and normalisation."""
     token: dict[str, Any] = field(default_factory=dict)
     """A text environment's `[token]` section (its group size and temperature sample here)."""
 
@@ -467,17 +469,19 @@ def _collector(spec: RolloutSpec, actor_id: str, model: ModelConfig) -> AnyColle
     """The actor's collector: sampled completions for a text environment, steps otherwise."""
     from shoal.envs.hashing import env_hash
     from shoal.envs.vector import make_vector
+    from shoal.envs.wrappers import EnvConfig
     from shoal.learner.text_job import is_text_job, text_collector
 
     if is_text_job(spec.env_id):
         return text_collector(spec, actor_id, lambda obs, act: build_model(model, obs, act))
-    env = make_vector(spec.env_id, spec.num_envs, seed=spec.seed, **spec.env_kwargs)
+    wrappers = EnvConfig.from_json(spec.env, source=f"{actor_id}'s [env]")
+    env = make_vector(spec.env_id, spec.num_envs, seed=spec.seed, env=wrappers, **spec.env_kwargs)
     try:
         policy = build_model(model, env.single_observation_space, env.single_action_space)
     except (ConfigError, PolicyError):
         env.close()
         raise
-    digest = env_hash(spec.env_id, dict(spec.env_kwargs), spec.seed)
+    digest = env_hash(spec.env_id, dict(spec.env_kwargs), spec.seed, wrappers=wrappers)
     return Collector(actor_id, env, policy, spec.horizon, digest, spec.seed)
 
 

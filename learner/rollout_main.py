@@ -43,6 +43,7 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
             weights_timeout_s=float(value.get("weights_timeout_s", 120.0)),
             fragments_per_version=float(value.get("fragments_per_version", 0.0)),
             text=dict(value.get("text") or {}),
+            env=dict(value.get("env") or {}),
             token=dict(value.get("token") or {}),
         )
     except (KeyError, TypeError, ValueError) as exc:

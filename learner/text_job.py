@@ -93,7 +93,7 @@ def job_spaces(env_id: str, cfg: TrainConfig) -> tuple[spaces.Space[Any], spaces
         return env.observation_space, env.action_space
     from shoal.envs.vector import make_vector
 
-    probe = make_vector(env_id, 1, seed=cfg.seed, **cfg.env_kwargs)
+    probe = make_vector(env_id, 1, seed=cfg.seed, env=cfg.env, **cfg.env_kwargs)
     try:
         return probe.single_observation_space, probe.single_action_space
     finally:

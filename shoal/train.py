@@ -26,6 +26,7 @@ from shoal.run_status import TrainResult, find_checkpoint
 from shoal.rundir import RunDir, TrainError
 
 if TYPE_CHECKING:
+    from shoal.envs.wrappers import EnvConfig
     from shoal.learner.config import TrainConfig
     from shoal.local import LocalCluster
     from shoal.progress import ProgressLine
@@ -83,6 +84,7 @@ def evaluate_checkpoint(
     env_kwargs: dict[str, Any] | None = None,
     success_threshold: float | None = None,
     *,
+    env: EnvConfig | None = None,
     label: str | None = None,
     curves_from: Path | None = None,
     progress: ProgressLine | None = None,
@@ -118,6 +120,7 @@ def evaluate_checkpoint(
         env_kwargs=env_kwargs,
         options=options,
         progress=show,
+        env=env,
     )
     if progress is not None:
         progress.close()
@@ -132,7 +135,7 @@ def _check_env(env_id: str, cfg: TrainConfig) -> None:
     from shoal.envs.vector import make_vector
 
     try:
-        env = make_vector(env_id, 1, seed=cfg.seed, **cfg.env_kwargs)
+        env = make_vector(env_id, 1, seed=cfg.seed, env=cfg.env, **cfg.env_kwargs)
     except TypeError as exc:
         raise TrainError(f"env_kwargs {cfg.env_kwargs!r} don't fit {env_id}: {exc}") from None
     try:
@@ -217,6 +220,7 @@ def train(
                 directory.reports,
                 seed=cfg.seed + 12345,
                 env_kwargs=cfg.env_kwargs,
+                env=cfg.env,
                 success_threshold=run.status.target,
                 curves_from=run_dir,
                 progress=progress,

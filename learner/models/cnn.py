@@ -4,7 +4,10 @@ Observations travel as uint8 images, [H, W, C] (Gymnasium's layout) or [C, H, W]
 frames), a quarter of the bytes of float32; the model scales them by 1/255 on its own device.
 Convolutions use the Nature kernels (8 stride 4, 4 stride 2, 3 stride 1, then 3 stride 1 for
 any further layer), then dense ReLU layers (`hidden`), then a policy and a value head sharing
-that torso, initialised as CleanRL's Atari PPO is.
+that torso, initialised as CleanRL's Atari PPO is. Images below 36x36 (MinAtar's 10x10 grids,
+which the Nature kernels would reduce to nothing) get 3x3 stride-1 kernels instead, as the
+MinAtar paper's network has; the kernels follow from the image size, so a stored spec rebuilds
+the same network.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from shoal.learner.models.base import PolicyModel
 from shoal.learner.models.config import LIMITS, MAX_LAYERS
 
 _KERNELS = ((8, 4), (4, 2), (3, 1))
+_SMALL_KERNELS = ((3, 1),)
+SMALL_IMAGE = 36
+"""Images with a side below this get `_SMALL_KERNELS`: three Nature convolutions need 36x36."""
 _MAX_CONVS = 8
 
 
@@ -63,14 +69,15 @@ class CNNPolicy(PolicyModel):
         self.channels_last = c < h and c < w
         in_channels, height, width = (c, h, w) if self.channels_last else self.obs_shape
         convs: list[nn.Module] = []
+        kernels = _KERNELS if min(height, width) >= SMALL_IMAGE else _SMALL_KERNELS
         for i, out in enumerate(self.channels):
-            kernel, stride = _KERNELS[min(i, len(_KERNELS) - 1)]
+            kernel, stride = kernels[min(i, len(kernels) - 1)]
             height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
             if height < 1 or width < 1:
                 raise PolicyError(
                     f"images of {list(self.obs_shape)} are too small for {len(self.channels)} "
-                    "Nature-CNN convolutions: use fewer model.channels or larger images "
-                    "(three convolutions need at least 36x36)"
+                    "convolutions: use fewer model.channels or larger images (three Nature "
+                    "convolutions need 36x36; smaller images lose 2 pixels per 3x3 convolution)"
                 )
             convs += [_init(nn.Conv2d(in_channels, out, kernel, stride), math.sqrt(2.0)), nn.ReLU()]
             in_channels = out

@@ -35,6 +35,19 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--max-env-steps", type=int, help="stop after this many env steps")
     parser.add_argument("--workers", type=int, help="rollout worker processes")
     parser.add_argument("--envs", type=int, help="environments per rollout actor")
+    parser.add_argument(
+        "--wrapper",
+        action="append",
+        metavar="NAME[:key=value,...]",
+        help="a Gymnasium wrapper for every environment copy, repeatable and applied in order "
+        "(replacing the job file's [[env.wrappers]]): a set (atari) or a class of "
+        "gymnasium.wrappers, e.g. --wrapper atari:frame_stack=4 --wrapper ClipReward:min_reward=-1",
+    )
+    parser.add_argument(
+        "--normalize",
+        choices=("obs", "reward", "both"),
+        help="running observation and/or reward normalisation (Gymnasium's wrappers)",
+    )
     parser.add_argument("--ranks", type=int, help="learner rank processes")
     parser.add_argument(
         "--gpus-per-rank",
@@ -152,6 +165,7 @@ def build_config(args: argparse.Namespace) -> Any:
             "sharding": args.sharding,
         },
         "model": {"family": args.model},
+        "env": env_flags(args),
         "token": {"algo": args.algo, "group_size": args.group_size},
         "text": {"tokenizer": args.tokenizer},
         "checkpoint": {
@@ -170,6 +184,20 @@ def build_config(args: argparse.Namespace) -> Any:
             changes[section] = dataclasses.replace(getattr(cfg, section), **given)
     cfg = dataclasses.replace(cfg, **changes) if changes else cfg
     return with_preset(cfg, given_keys(mapping, os.environ) | flags)
+
+
+def env_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The `[env]` keys `--wrapper` and `--normalize` set (None: not given)."""
+    from shoal.envs.wrappers import parse_wrapper_flag
+
+    normalize = args.normalize or ""
+    return {
+        "wrappers": None
+        if args.wrapper is None
+        else tuple(parse_wrapper_flag(text) for text in args.wrapper),
+        "normalize_observation": True if normalize in ("obs", "both") else None,
+        "normalize_reward": True if normalize in ("reward", "both") else None,
+    }
 
 
 def given_keys(mapping: dict[str, Any], environ: Any) -> set[str]:
@@ -233,7 +261,7 @@ NOT_FOR_PIPELINE = ("preset", "time_limit", "target_return", "max_env_steps", "w
                     "envs", "ranks", "gpus_per_rank", "sharding", "model", "algo", "group_size", "tokenizer",
                     "checkpoint_storage",
                     "checkpoint_interval", "cluster", "coordinators", "token_file",
-                    "max_restarts", "restart_window")  # fmt: skip
+                    "max_restarts", "restart_window", "wrapper", "normalize")  # fmt: skip
 
 
 def run_pipeline_verb(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from shoal.envs import EnvError, make, make_vector
+from shoal.envs import make, make_vector
 from shoal.envs.gym_adapter import GymEnvironment, ShoalGymEnv, to_gymnasium
 
 BUILTINS = [
@@ -120,20 +120,25 @@ def test_atari_through_the_adapter():
         vector.close()
 
 
-def test_minigrid_through_the_adapter():
+def test_minigrid_through_the_adapter_is_packed_into_one_array():
     pytest.importorskip("minigrid", reason="minigrid (the envs extra) is not installed")
+    from shoal.envs.packed_obs import PackedBox
+
     env = make("gym:MiniGrid-Empty-5x5-v0")
     env.seed(0)
     obs, _ = env.reset()
-    assert "image" in obs
+    assert isinstance(env.observation_space, PackedBox)
+    assert "image" in env.observation_space.structure.spaces
+    assert obs.shape == env.observation_space.shape
     _, _, done, info = env.step(2)
     assert isinstance(done, bool)
     assert "truncated" in info
 
 
-def test_vector_of_dict_observations_is_refused_with_the_fix():
+def test_vector_of_dict_observations_stacks_the_packed_arrays():
     pytest.importorskip("minigrid", reason="minigrid (the envs extra) is not installed")
-    with pytest.raises(
-        EnvError, match="a vector stacks array observations, but this environment observes Dict"
-    ):
-        make_vector("gym:MiniGrid-Empty-5x5-v0", 2)
+    vector = make_vector("gym:MiniGrid-Empty-5x5-v0", 2, seed=0)
+    try:
+        assert vector.reset().shape == (2, *vector.single_observation_space.shape)
+    finally:
+        vector.close()
