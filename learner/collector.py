@@ -3,7 +3,9 @@
 The work of a rollout actor without the actor (no event loop, no transport, no learner), so it
 can be tested and benchmarked on its own and reused by the 4-stage pipeline. Arrays are
 allocated fresh per fragment because a finished fragment is handed to the transport, which
-sends its memory without copying while the next one is written.
+sends its memory without copying while the next one is written. Given the transport's frame
+limit, the collector shortens its horizon so each fragment fits in one frame
+(learner/fragment_size.py), before the environments are even reset.
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ import torch
 
 from shoal.envs.vector import VectorEnvironment
 from shoal.learner.fragment import Fragment
+from shoal.learner.fragment_size import StepLayout, fitted_horizon
 from shoal.learner.models import PolicyModel
 
 
 class Collector:
-    """Owns a vector environment and a policy copy; one caller at a time (the rollout actor)."""
+    """Owns a vector environment and a policy copy; one caller at a time (the rollout actor).
+
+    With `max_frame_bytes`, `horizon` is the longest up to the one asked for (`wanted_horizon`)
+    whose fragment fits in a frame of that size; FragmentTooLarge when not even one step does.
+    """
 
     def __init__(
         self,
@@ -30,20 +37,30 @@ class Collector:
         horizon: int,
         env_hash: str,
         seed: int | None = None,
+        max_frame_bytes: int | None = None,
     ) -> None:
         self.actor_id = actor_id
         self.env = env
         self.policy = policy
-        self.horizon = horizon
         self.env_hash = env_hash
         self.policy_version = 0
         self.policy_source = ""
         self.seq = 0
         self.env_steps = 0
-        self._obs = env.reset(seed)
         space = env.single_action_space
         self._action_shape: tuple[int, ...] = tuple(getattr(space, "shape", None) or ())
         self._action_dtype = np.float32 if self._action_shape else np.int64
+        self.layout = StepLayout(
+            env.num_envs, policy.obs_shape, policy.obs_dtype,
+            self._action_shape, np.dtype(self._action_dtype),
+        )  # fmt: skip
+        self.wanted_horizon = horizon
+        self.horizon = (
+            horizon
+            if max_frame_bytes is None
+            else fitted_horizon(horizon, self.layout, max_frame_bytes)
+        )
+        self._obs = env.reset(seed)
 
     def set_weights(
         self, version: int, weights: Mapping[str, torch.Tensor], source: str = ""

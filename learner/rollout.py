@@ -19,6 +19,14 @@ chaos checker's cross-restart accounting (`fragment_ledger` in chaos/invariants.
 and each acknowledgement is also appended to `rollout-<actor id>.jsonl` (`learner/journal.py`)
 before it is acted on, so a SIGKILL loses none of them.
 
+Each fragment must fit in one frame of the worker's transport (`max_frame_bytes`): the
+collector shortens the job's horizon to the longest that fits (logged once, and shown as
+`horizon` in `stats()` and the worker's published task state). A fragment that cannot be sent
+at all (not even one step fits, or the transport refuses it as too big) is a configuration
+error, not a reason to retry: the actor publishes it as the task's `error`, which ends the
+job with that line in `shoal train` (shoal/cluster_train.py), and stops collecting; a worker no
+node daemon started has no one to publish to and fails instead.
+
 For a text environment the collector is a `SequenceCollector` (learner/sequence_collector.py):
 each step is one decode step of a batch of completions, and `finish` hands the batch to its
 scoring thread; the push awaits the scores, so the sandbox runs while the next batch generates.
@@ -46,13 +54,16 @@ from shoal.files import write_atomically
 from shoal.learner.collector import Collector
 from shoal.learner.errors import PolicyError, WeightSyncError
 from shoal.learner.fragment import Fragment
+from shoal.learner.fragment_size import MIB, FragmentTooLarge, describe
 from shoal.learner.journal import Journal
 from shoal.learner.models import ModelConfig, build_model
+from shoal.learner.peers import Publication
 from shoal.learner.seqranges import SeqRanges, ranges_json
 from shoal.learner.sequence_collector import PendingSequences, SequenceCollector, settled
 from shoal.learner.weight_assembler import WeightAssembler
+from shoal.runtime import wire
 from shoal.runtime.actor import Actor
-from shoal.runtime.errors import ActorError, MailboxFull, WireError
+from shoal.runtime.errors import ActorError, FrameTooLarge, MailboxFull, WireError
 from shoal.runtime.ref import ActorRef
 
 log = logging.getLogger(__name__)
@@ -70,6 +81,8 @@ REGISTER_RETRY_MAX_S = 0.25
 # Steps between yields to the event loop (lets weight buckets and transport I/O run).
 YIELD_EVERY_STEPS = 4
 LEDGER_EVERY_S = 1.0
+MAX_ERROR_CHARS = 1000
+"""A published error is cut to this (the task exchange takes 1024 characters of text)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,8 @@ class RolloutActor(Actor):
     process that hosts the actor can exit with an error instead of idling. `locate` (optional)
     names the learner's current path, asked again at every registration: a learner group
     restarted on another host is found there (None: not known yet, asked again shortly).
+    `max_frame_bytes` is the hosting transport's frame limit, which every fragment must fit;
+    `publication` is the worker's published task state (the horizon, a fatal `error`).
     """
 
     def __init__(
@@ -141,8 +156,15 @@ class RolloutActor(Actor):
         failed: asyncio.Future[None] | None = None,
         ledger_dir: Path | None = None,
         locate: Callable[[], str | None] | None = None,
+        *,
+        max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
+        publication: Publication | None = None,
     ) -> None:
         self.spec = spec
+        self.max_frame_bytes = max_frame_bytes
+        self.publication = publication or Publication()
+        self.error: str | None = None
+        """Why this actor stopped collecting (a fragment that cannot be sent), else None."""
         self._locate = locate or (lambda: spec.learner_path or None)
         self.ledger_dir = ledger_dir
         self.sent = SeqRanges()
@@ -175,10 +197,14 @@ class RolloutActor(Actor):
         actor_id = f"{spec.name}#{os.urandom(4).hex()}"
         try:
             cfg = load(ModelConfig, spec.model, source="the rollout spec", environ={})
-            collector = _collector(spec, actor_id, cfg)
+            collector = _collector(spec, actor_id, cfg, self.max_frame_bytes)
         except (ConfigError, PolicyError) as exc:
             raise ActorError(f"{spec.name}: no policy for {spec.env_id}: {exc}") from exc
+        except FragmentTooLarge as exc:
+            self._unsendable(exc)
+            return
         self._collector = collector
+        self._announce_horizon(collector)
         self._assembler = WeightAssembler(collector.policy.state_dict())
         if self.ledger_dir is not None:
             self.ledger_dir.mkdir(parents=True, exist_ok=True)
@@ -278,6 +304,8 @@ class RolloutActor(Actor):
         collector = self._collector
         return {
             "actor_id": "" if collector is None else collector.actor_id,
+            "horizon": 0 if collector is None else collector.horizon,
+            "error": self.error,
             "env_steps": 0 if collector is None else collector.env_steps,
             "fragments": self.pushed,
             "policy_version": 0 if collector is None else collector.policy_version,
@@ -287,11 +315,37 @@ class RolloutActor(Actor):
             "weights_dropped": 0 if self._assembler is None else self._assembler.dropped,
         }
 
+    def _announce_horizon(self, collector: AnyCollector) -> None:
+        """Log a horizon shortened to fit the frame limit, and publish the one in use."""
+        wanted = self.spec.horizon
+        if isinstance(collector, Collector) and collector.horizon < wanted:
+            log.info(
+                "%s: a fragment of %s would exceed the transport's frame limit of %.1f MiB; "
+                "collecting fragments of %s",
+                self.spec.name,
+                describe(wanted, collector.layout),
+                self.max_frame_bytes / MIB,
+                describe(collector.horizon, collector.layout),
+            )
+        self.publication.update(role="rollout", horizon=collector.horizon, horizon_asked=wanted)
+
+    def _unsendable(self, exc: FragmentTooLarge) -> None:
+        """A fragment this actor cannot send: stop, and say why where the job's driver reads
+        it (the task's published `error`); with no one to tell, fail the worker."""
+        self.error = f"{self.spec.name}: {exc}"
+        log.error("%s", self.error)
+        if self.publication.update(error=self.error[:MAX_ERROR_CHARS]):
+            return
+        if self._failed is not None and not self._failed.done():
+            self._failed.set_exception(exc)
+
     async def _run(self, collector: AnyCollector) -> None:
         try:
             await self._loop(collector)
         except asyncio.CancelledError:
             raise
+        except FragmentTooLarge as exc:
+            self._unsendable(exc)
         except Exception as exc:
             log.exception("rollout actor %s failed", self.spec.name)
             if self._failed is not None and not self._failed.done():
@@ -377,6 +431,12 @@ class RolloutActor(Actor):
         fragment = await settled(item)
         try:
             reply = await learner.ask(timeout=PUSH_TIMEOUT_S).push_fragment(fragment.to_wire())
+        except FrameTooLarge as exc:
+            raise FragmentTooLarge(
+                f"its fragment of {fragment.horizon} steps x {fragment.num_envs} envs cannot be "
+                f"sent ({exc}); use fewer environments per actor (--envs, rollout.num_envs) or "
+                "a shorter horizon (rollout.horizon)"
+            ) from exc
         except (ActorError, WireError) as exc:
             log.warning("push to %s failed (%s); registering again", learner.path, exc)
             return False
@@ -465,8 +525,12 @@ class RolloutActor(Actor):
                 continue
 
 
-def _collector(spec: RolloutSpec, actor_id: str, model: ModelConfig) -> AnyCollector:
-    """The actor's collector: sampled completions for a text environment, steps otherwise."""
+def _collector(
+    spec: RolloutSpec, actor_id: str, model: ModelConfig, max_frame_bytes: int
+) -> AnyCollector:
+    """The actor's collector: sampled completions for a text environment, steps otherwise,
+    in fragments that fit in a frame of `max_frame_bytes` (the environments are closed when
+    not even one step does)."""
     from shoal.envs.hashing import env_hash
     from shoal.envs.vector import make_vector
     from shoal.envs.wrappers import EnvConfig
@@ -482,7 +546,11 @@ def _collector(spec: RolloutSpec, actor_id: str, model: ModelConfig) -> AnyColle
         env.close()
         raise
     digest = env_hash(spec.env_id, dict(spec.env_kwargs), spec.seed, wrappers=wrappers)
-    return Collector(actor_id, env, policy, spec.horizon, digest, spec.seed)
+    try:
+        return Collector(actor_id, env, policy, spec.horizon, digest, spec.seed, max_frame_bytes)
+    except FragmentTooLarge:
+        env.close()
+        raise
 
 
 def _close(collector: AnyCollector) -> None:

@@ -106,6 +106,13 @@ def job_tasks(
     return tasks
 
 
+def _published_error(task: dict[str, Any]) -> str | None:
+    """The `error` a task published (a configuration its restarts cannot fix), if any."""
+    published = task.get("published")
+    error = published.get("error") if isinstance(published, dict) else None
+    return error if isinstance(error, str) and error else None
+
+
 def find_cluster(run_dir: Path) -> Coordinators | None:
     """The local cluster in `run_dir` if one of its coordinator replicas is alive, else None."""
     from shoal.local import LocalCluster, LocalClusterError
@@ -321,7 +328,9 @@ class ClusterRun:
         """What the job's record says beyond its state: a task the leader cannot place (more
         GPUs than any island holds, say) ends the run with the leader's reason once that has
         stood for REFUSED_PATIENCE_S (nodes still registering leave a first round with
-        none to place on); rank 0's
+        none to place on); a task that published an `error` (a rollout worker whose fragments
+        cannot be sent, see learner/rollout.py) ends the run with it, since restarting it
+        would fail the same way; rank 0's
         published progress is the run's status when its files are out of reach."""
         tasks = [t for t in job.get("tasks", []) if isinstance(t, dict)]
         refused = [t for t in tasks if t.get("state") == "pending" and t.get("pending_reason")]
@@ -337,6 +346,9 @@ class ClusterRun:
                 f"{first['pending_reason']}; ask for fewer resources (--gpus-per-rank, "
                 "--ranks) or add nodes that have them"
             )
+        failed = next((t for t in tasks if _published_error(t)), None)
+        if failed is not None:
+            raise TrainError(f"task {failed.get('id')} cannot go on: {_published_error(failed)}")
         lead = next((t for t in tasks if t.get("id") == f"{self.job_id}-learner-0"), None)
         published = None if lead is None else lead.get("published")
         if not self.shared and isinstance(published, dict) and published:
