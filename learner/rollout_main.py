@@ -67,6 +67,7 @@ def locator(spec: RolloutSpec) -> Callable[[], str | None]:
 async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
     """Host the actors until a stop signal (0) or an actor failure (1)."""
     from shoal.learner.job import listen_host
+    from shoal.learner.peers import Publication
     from shoal.runtime.system import ActorSystem
     from shoal.runtime.transport import TransportConfig, attach
 
@@ -87,6 +88,7 @@ async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
             run_dir,
             {"event": "start", "process": "rollout", "pid": os.getpid(), "actors": len(specs)},
         )
+        publication = Publication(role="rollout")  # the worker's actors share one record
         try:
             for spec in specs:
                 await system.spawn(
@@ -95,6 +97,8 @@ async def serve(specs: list[RolloutSpec], token: str, run_dir: Path) -> int:
                     failed,
                     RunDir(run_dir).accounting,
                     locator(spec),
+                    max_frame_bytes=config.max_frame_bytes,
+                    publication=publication,
                     name=spec.name,
                 )
             stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
