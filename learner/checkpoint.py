@@ -10,7 +10,8 @@ with the training collectives. Once every rank's files are written the ranks has
 writes `trainer.json`, renames the staging directory into place and writes the manifest LAST.
 A checkpoint is complete when its manifest exists and every file matches it, so a crash at any
 point leaves at worst an orphan that `latest()` skips with a warning. Old checkpoints are pruned
-only after a new one is complete, so a full disk costs the new checkpoint, never the old ones.
+only after a new one is complete, so a full disk costs the new checkpoint, never the old ones;
+the best one (highest recent mean return, `best()`) is never pruned.
 
 A failed background write is counted (`failures`, `last_failure`) and logged the moment it
 happens, so a trainer keeps training through a full disk and its status can say so. `wait()`
@@ -46,6 +47,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from shoal.config import check_int
+from shoal.learner.checkpoint_best import rank
 from shoal.learner.checkpoint_dcp import (
     TensorsOnlyPlanner,
     VerifiedReader,
@@ -323,6 +325,12 @@ class CheckpointManager:
             for step in sorted(manifest_steps(self.directory), reverse=True)
             if (info := self._verified(step))
         ]
+
+    def best(self) -> CheckpointInfo | None:
+        """The verified checkpoint saved at the highest recent mean return (the newest on a
+        tie; checkpoint_best.py), which rotation spares; None when none recorded a return."""
+        ranked = [(r, info) for info in self.list_complete() if (r := rank(info.meta, info.step))]
+        return max(ranked, key=lambda pair: pair[0])[1] if ranked else None
 
     def latest(self) -> CheckpointInfo | None:
         """The newest complete checkpoint (either format); half-written or corrupt ones are

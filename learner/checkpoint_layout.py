@@ -45,14 +45,15 @@ def manifest_steps(directory: Path) -> list[int]:
     return [int(m.group(1)) for p in directory.iterdir() if (m := MANIFEST.match(p.name))]
 
 
-def prune(directory: Path, keep: int, newest: int) -> None:
-    """Drop checkpoints beyond `keep`, staging leftovers of crashed writers and orphans older
-    than `newest` (writer thread, rank 0 only: a manager opened just to read must never
-    delete what the owning writer is filling)."""
+def prune(directory: Path, keep: int, newest: int, spare: int | None = None) -> None:
+    """Drop checkpoints beyond `keep` except `spare` (the best, checkpoint_best.py), staging
+    leftovers of crashed writers and orphans older than `newest` (writer thread, rank 0 only:
+    a manager opened just to read must never delete what the owning writer is filling)."""
     steps = sorted(manifest_steps(directory), reverse=True)
     for old in steps[keep:]:
-        remove(directory, old)
-    kept = set(steps[:keep])
+        if old != spare:
+            remove(directory, old)
+    kept = {*steps[:keep], spare}
     for entry in directory.iterdir():
         orphan = DIR.match(entry.name) or DATA.match(entry.name)
         if STALE.match(entry.name) or (

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from shoal.files import fsync_directory, write_atomically
+from shoal.learner.checkpoint_best import best_saved
 from shoal.learner.checkpoint_dcp import causes, reason
 from shoal.learner.checkpoint_files import (
     FORMAT,
@@ -77,7 +78,8 @@ def hash_share(job: Write) -> list[FileEntry] | str:
 
 def publish(directory: Path, keep: int, job: Write, parts: list[object]) -> Published | str:
     """Rank 0: trainer.json, the directory renamed into place, then the manifest LAST; then the
-    checkpoints beyond `keep` go. Returns why not when any rank failed or the disk refused."""
+    checkpoints beyond `keep` go, except the best one (checkpoint_best.py). Returns why not
+    when any rank failed or the disk refused."""
     failed = [part for part in parts if isinstance(part, str)]
     if failed:
         remove_tree(job.partial)
@@ -109,7 +111,8 @@ def publish(directory: Path, keep: int, job: Write, parts: list[object]) -> Publ
             remove_tree(final)
         return str(write_error(directory, job.step, exc))
     try:
-        prune(directory, keep, job.step)
+        best = best_saved(directory)
+        prune(directory, keep, job.step, spare=None if best is None else best[1])
     except OSError as exc:  # the new checkpoint is complete; pruning waits for the next one
         log.warning("pruning old checkpoints in %s failed: %s", directory, exc)
     return Published(final, manifest_path, manifest.sha256, manifest.size)

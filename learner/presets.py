@@ -40,6 +40,10 @@ class Preset:
     values: Mapping[str, Any] = field(default_factory=dict)
 
 
+CHECKPOINT_EVERY_S = 60.0
+"""These families' models are small and their returns swing: a checkpoint a minute (not the
+job default's 15) lets the best one (learner/checkpoint_best.py) catch a peak."""
+
 CLASSIC = Preset(
     "classic",
     "CleanRL ppo.py, at shoal's measured CartPole batch",
@@ -58,6 +62,7 @@ CLASSIC = Preset(
         "ppo.ent_coef": 0.01,
         "ppo.gamma": 0.99,
         "ppo.gae_lambda": 0.95,
+        "checkpoint.interval_s": CHECKPOINT_EVERY_S,
     },
 )
 MUJOCO = Preset(
@@ -78,6 +83,7 @@ MUJOCO = Preset(
         "ppo.ent_coef": 0.0,
         "ppo.gamma": 0.99,
         "ppo.gae_lambda": 0.95,
+        "checkpoint.interval_s": CHECKPOINT_EVERY_S,
         "env.normalize_observation": True,
         "env.normalize_reward": True,
     },
@@ -101,6 +107,7 @@ ATARI = Preset(
         "ppo.ent_coef": 0.01,
         "ppo.gamma": 0.99,
         "ppo.gae_lambda": 0.95,
+        "checkpoint.interval_s": CHECKPOINT_EVERY_S,
     },
 )
 MINATAR = Preset(
@@ -121,6 +128,7 @@ MINATAR = Preset(
         "ppo.ent_coef": 0.01,
         "ppo.gamma": 0.99,
         "ppo.gae_lambda": 0.95,
+        "checkpoint.interval_s": CHECKPOINT_EVERY_S,
     },
 )
 MINIGRID = Preset(
@@ -140,6 +148,7 @@ MINIGRID = Preset(
         "ppo.ent_coef": 0.01,
         "ppo.gamma": 0.99,
         "ppo.gae_lambda": 0.95,
+        "checkpoint.interval_s": CHECKPOINT_EVERY_S,
     },
 )
 FAMILIES: dict[str, Preset] = {p.name: p for p in (CLASSIC, MUJOCO, ATARI, MINATAR, MINIGRID)}

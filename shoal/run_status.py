@@ -48,6 +48,11 @@ class TrainResult:
     checkpoint_step: int | None = None
     checkpoint_error: str | None = None
     """Why rank 0's newest checkpoint is not the one above (a full disk, say), or None."""
+    best_checkpoint: str | None = None
+    """The checkpoint saved at the highest recent mean return, kept beside the newest
+    (learner/checkpoint_best.py; `shoal eval RUN --best`), or None when none recorded one."""
+    best_return: float | None = None
+    """That checkpoint's recent mean return when it was saved."""
     report: str | None = None
     report_html: str | None = None
     eval_mean_return: float | None = None

@@ -131,18 +131,18 @@ def evaluate_checkpoint(
 
 
 def _check_env(env_id: str, cfg: TrainConfig) -> None:
-    """Make one copy here, so bad env_kwargs are one clear error, not a crash-looping worker."""
+    """Pre-flight: make one copy here, wrapped as the workers wrap it, and build the model for
+    its spaces (learner/preflight.py), so bad env_kwargs or a model that cannot train on the
+    environment are one clear error, not crash-looping ranks and workers."""
     from shoal.envs.vector import make_vector
+    from shoal.learner.preflight import check_spaces
 
     try:
         env = make_vector(env_id, 1, seed=cfg.seed, env=cfg.env, **cfg.env_kwargs)
     except TypeError as exc:
         raise TrainError(f"env_kwargs {cfg.env_kwargs!r} don't fit {env_id}: {exc}") from None
     try:
-        if env.single_observation_space.shape is None:
-            raise TrainError(
-                f"{env_id} has no fixed observation shape; shoal's MLP policy needs one"
-            )
+        check_spaces(env_id, cfg.model, env.single_observation_space, env.single_action_space)
     finally:
         env.close()
 
@@ -203,6 +203,7 @@ def train(
             result = run.run(started)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    result.best_checkpoint, result.best_return = _best(result.checkpoint)
     if progress is not None:
         progress.close()
     if evaluate_at_end and result.checkpoint is not None:
@@ -233,6 +234,19 @@ def train(
             run.record_report(result)
     directory.result.write_text(json.dumps(asdict(result), indent=1))
     return result
+
+
+def _best(checkpoint: str | None) -> tuple[str | None, float | None]:
+    """The run's best checkpoint (learner/checkpoint_best.py) and its recent mean return, from
+    the manifests beside its newest one (none are hashed: `shoal eval --best` verifies)."""
+    from shoal.learner.checkpoint_best import best_saved
+    from shoal.learner.checkpoint_layout import dir_name
+
+    directory = None if checkpoint is None else Path(checkpoint).parent
+    best = None if directory is None or not directory.is_dir() else best_saved(directory)
+    if best is None or directory is None:
+        return None, None
+    return str(directory / dir_name(best[1])), best[0]
 
 
 @contextlib.contextmanager

@@ -343,6 +343,11 @@ def run(args: argparse.Namespace) -> int:
         logs = [result.cluster["logs"], *result.cluster["task_logs"]]
         print(f"logs:       {' '.join(shown(p) for p in logs)}")
     print(f"checkpoint: {shown(result.checkpoint) if result.checkpoint else '-'}")
+    if result.best_checkpoint:
+        print(
+            f"best:       {shown(result.best_checkpoint)} (return {result.best_return:.1f} when "
+            "saved; shoal eval RUN --best)"
+        )
     if result.checkpoint_error:
         print(f"shoal: warning: {result.checkpoint_error}", file=sys.stderr)
     if result.report:
