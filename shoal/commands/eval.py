@@ -27,6 +27,12 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--seed", type=int, default=12345, help="evaluation seed")
     parser.add_argument("--out", type=Path, help="report directory (default: beside the run)")
     parser.add_argument("--json", action="store_true", help="end with a JSON summary line")
+    parser.add_argument(
+        "--best",
+        action="store_true",
+        help="with a run directory: its best checkpoint (the highest recent mean return when "
+        "saved; kept beside the newest) instead of its newest",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.set_defaults(func=run)
 
@@ -47,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_int("--episodes", args.episodes, 1)
     check_int("--seed", args.seed, 0, SEED_MAX)
-    _, state, info = load_policy(args.checkpoint)
+    _, state, info = load_policy(best_of(args.checkpoint) if args.best else args.checkpoint)
     out = args.out or info.path.parent.parent / "reports"
     trained_on = args.env or str(state.get("env_id", ""))
     if is_text_job(trained_on):
@@ -96,6 +102,24 @@ def _run_of(given: Path, checkpoint: Path) -> Path:
         if given.is_dir() and (given / "checkpoints").is_dir()
         else checkpoint.resolve().parent.parent
     )
+
+
+def best_of(path: Path) -> Path:
+    """The best checkpoint of a run (or checkpoints) directory, for `--best`."""
+    from shoal.learner.checkpoint import CheckpointManager
+    from shoal.rundir import TrainError
+
+    directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    if not directory.is_dir():
+        raise TrainError(f"--best takes a run directory; {path} is not one")
+    with CheckpointManager(directory) as manager:
+        info = manager.best()
+    if info is None:
+        raise TrainError(
+            f"no checkpoint in {directory} recorded a mean return (each was saved before an "
+            "episode ended); evaluate the newest one without --best"
+        )
+    return Path(info.path)
 
 
 def _run_text(
