@@ -75,8 +75,9 @@ class MultiPolicy(PolicyModel):
             raise PolicyError(f"multi hidden must list 1 to {MAX_LAYERS} widths, got {hidden}")
         self.hidden = hidden
         self.parts = lay.parts
-        self.encoders = nn.ModuleList(_encoder(part) for part in lay.parts)
-        width = sum(int(encoder.out_features) for encoder in self.encoders)
+        encoders = [_encoder(part) for part in lay.parts]
+        width = sum(encoder.out_features for encoder in encoders)
+        self.encoders = nn.ModuleList(encoders)
         self.actor = mlp(width, hidden, self.action_dim, 0.01)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(self.action_dim))
@@ -120,7 +121,13 @@ class MultiPolicy(PolicyModel):
         return [*with_weights, self.actor, self.critic]
 
 
-def _encoder(part: Part) -> nn.Module:
+class PartEncoder(nn.Module):
+    """Encodes one part's slice [B, part.size] of the packed array into [B, out_features]."""
+
+    out_features: int
+
+
+def _encoder(part: Part) -> PartEncoder:
     if part.kind == "image":
         return ImageEncoder(part)
     if part.kind == "one-hot":
@@ -130,7 +137,7 @@ def _encoder(part: Part) -> nn.Module:
     return VectorEncoder(part)
 
 
-class VectorEncoder(nn.Module):
+class VectorEncoder(PartEncoder):
     """A Box or MultiBinary part as its float32 values."""
 
     def __init__(self, part: Part) -> None:
@@ -141,10 +148,11 @@ class VectorEncoder(nn.Module):
         return x.to(torch.float32)
 
 
-class OneHotEncoder(nn.Module):
+class OneHotEncoder(PartEncoder):
     """Each Discrete element as a one-hot of its own number of categories, side by side."""
 
     offsets: torch.Tensor
+    highest: torch.Tensor
 
     def __init__(self, part: Part) -> None:
         super().__init__()
@@ -168,8 +176,10 @@ class OneHotEncoder(nn.Module):
         return out.scatter_(1, index, 1.0)
 
 
-class ImageEncoder(nn.Module):
+class ImageEncoder(PartEncoder):
     """A 3-D image part: the Nature-CNN when large, else embedded codes and 2x2 convolutions."""
+
+    code_offsets: torch.Tensor
 
     def __init__(self, part: Part) -> None:
         super().__init__()
@@ -180,7 +190,7 @@ class ImageEncoder(nn.Module):
         self.large = min(height, width) >= LARGE_IMAGE
         self.integer = np.dtype(part.dtype).kind in "biu"
         self.scale = 1.0 / 255.0 if self.large and part.dtype == "uint8" else 1.0
-        self.embed = (
+        self.embed: nn.Embedding | None = (
             nn.Embedding(256 * channels, GRID_EMBED) if self.integer and not self.large else None
         )
         self.register_buffer(
@@ -228,7 +238,7 @@ def _grid(channels: int, height: int, width: int) -> tuple[list[nn.Module], int]
     return layers, channels * height * width
 
 
-class TextEncoder(nn.Module):
+class TextEncoder(PartEncoder):
     """Byte ids (0 = padding, trailing) through an embedding and a GRU; the output at the last
     byte of each text. A batch repeats few texts (one mission per episode), so the GRU runs once
     per distinct text, over the bytes up to the longest one."""
