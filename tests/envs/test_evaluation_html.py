@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import xml.etree.ElementTree as ET
 
@@ -57,3 +58,62 @@ def test_page_escapes_markup_in_labels():
     assert "<b>x</b>" not in page
     assert "&lt;b&gt;" in page
     assert "<td>&lt;td&gt;</td>" in page
+
+
+@given(finite, finite)
+def test_round_ticks_span_the_data_evenly_and_few(a, b):
+    lo, hi = min(a, b), max(a, b)
+    ticks = report_html.nice_ticks(lo, hi)
+    assert 2 <= len(ticks) <= 8
+    steps = [y - x for x, y in itertools.pairwise(ticks)]
+    assert ticks[0] <= lo
+    assert ticks[-1] >= hi - 1e-6 * steps[0]
+    assert all(s > 0 for s in steps)
+    assert max(steps) - min(steps) <= 1e-6 * max(steps)
+
+
+@given(
+    st.floats(1e-4, 1e15, exclude_max=True)
+    | st.floats(-1e15, -1e-4, exclude_min=True)
+    | st.integers(-(10**14), 10**14)
+)
+def test_plain_numbers_have_no_exponent(value):
+    text = report_html.plain(float(value))
+    assert "e" not in text
+    assert len(text) <= 12
+
+
+def test_plain_numbers_read_as_people_write_them():
+    assert report_html.plain(86370.0) == "86,370"
+    assert report_html.plain(0.0312) == "0.0312"
+    assert report_html.plain(1_500_000.0) == "1.5M"
+    assert report_html.plain(-0.5) == "-0.5"
+
+
+def _labels_fit(svg: str) -> None:
+    """Every label lies inside the canvas by its estimated width (nothing clipped)."""
+    root = ET.fromstring(svg)
+    for text in root.iter("{http://www.w3.org/2000/svg}text"):
+        if text.get("transform"):
+            continue  # the rotated y-axis title, centred on the axis
+        x, width = float(text.get("x", 0)), len(text.text or "") * report_html._CHAR_PX
+        anchor = text.get("text-anchor", "start")
+        left = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
+        if (text.text or "").strip() and text.get("font-size") == "10":
+            assert left >= 0, (text.text, anchor, x)
+            assert left + width <= WIDTH + 0.5, (text.text, anchor, x)
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 1e12), st.floats(-1e9, 1e9)), min_size=1, max_size=50),
+    label,
+)
+def test_learning_curve_ticks_stay_inside_the_chart(points, title):
+    svg = report_html.series_svg([sorted(points)], title, "env steps", "return")
+    _check(svg)
+    _labels_fit(svg)
+
+
+@given(st.lists(any_float, max_size=40))
+def test_histogram_ticks_stay_inside_the_chart(values):
+    _labels_fit(report_html.histogram_svg(values, "Episode returns", "return"))
