@@ -1,9 +1,12 @@
-"""Which environments really make, reset and step on this machine.
+"""Which environments really make, reset and step on this machine, and which of them train.
 
 A registered id is only a promise: its package may be missing, its ROM absent, its native
 library broken. `probe` tries each id in worker subprocesses (make, reset, a few random
 steps, close) with a deadline per id; a worker that hangs or crashes is killed and replaced,
-so one broken environment costs its own entry and nothing else. Results are cached in
+so one broken environment costs its own entry and nothing else. Stepping is not training: a
+`check` (an import path, `module:function`, called with the id and returning why not, or "")
+also asks whether the job trains it; this module knows nothing of training, so the caller
+names the check (`shoal envs list` passes the learner's pre-flight). Results are cached in
 `$SHOAL_HOME/envs/catalog.json` under a key of the installed versions, so `shoal envs list`
 probes once per installation.
 """
@@ -20,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -51,10 +54,15 @@ class ProbeResult:
     ok: bool
     detail: str
     seconds: float
+    trains: bool | None = None
+    """Whether the `check` passed (it runs only on an id that steps); None: not checked."""
+    trains_detail: str = ""
+    """Why it does not train, from the check."""
 
 
-def probe_one(env_id: str) -> ProbeResult:
-    """Make, reset and step one environment in this process (the worker's unit of work)."""
+def probe_one(env_id: str, check: Callable[[str], str] | None = None) -> ProbeResult:
+    """Make, reset and step one environment in this process (the worker's unit of work), then
+    ask `check` whether it trains."""
     from shoal.envs.registry import make
 
     started = time.perf_counter()
@@ -80,10 +88,25 @@ def probe_one(env_id: str) -> ProbeResult:
             except Exception as exc:
                 if ok:
                     ok, detail = False, f"close failed: {type(exc).__name__}: {exc}"[:300]
-    return ProbeResult(env_id, ok, detail, time.perf_counter() - started)
+    if not ok or check is None:
+        return ProbeResult(env_id, ok, detail, time.perf_counter() - started)
+    try:
+        why_not = check(env_id)
+    except Exception as exc:  # third-party wrappers and models: any failure means "does not train"
+        why_not = f"{type(exc).__name__}: {exc}"
+    why_not = why_not.splitlines()[0][:300] if why_not else ""
+    return ProbeResult(env_id, ok, detail, time.perf_counter() - started, not why_not, why_not)
 
 
-def _worker_main(imports: Sequence[str]) -> None:
+def _import_check(path: str) -> Callable[[str], str]:
+    import importlib
+
+    module, _, name = path.partition(":")
+    check: Callable[[str], str] = getattr(importlib.import_module(module), name)
+    return check
+
+
+def _worker_main(imports: Sequence[str], check: str | None = None) -> None:
     """Read ids from stdin, answer one JSON line each on the original stdout.
 
     Environments print (ALE's banner, pygame's greeting): fd 1 is pointed at stderr so that
@@ -97,19 +120,24 @@ def _worker_main(imports: Sequence[str]) -> None:
 
     for module in imports:
         importlib.import_module(module)
+    checker = None if check is None else _import_check(check)
     for line in sys.stdin:
         env_id = line.strip()
         if env_id:
-            answers.write(json.dumps(asdict(probe_one(env_id))) + "\n")
+            answers.write(json.dumps(asdict(probe_one(env_id, checker))) + "\n")
 
 
 class _Worker:
     """One probing subprocess; replaced when it overruns a deadline or dies."""
 
-    def __init__(self, imports: Sequence[str], env: dict[str, str] | None) -> None:
+    def __init__(
+        self, imports: Sequence[str], env: dict[str, str] | None, check: str | None
+    ) -> None:
         command = [sys.executable, "-m", "shoal.envs.catalog", "--worker"]
         for module in imports:
             command += ["--import", module]
+        if check is not None:
+            command += ["--check", check]
         self.process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -181,11 +209,13 @@ def probe(
     timeout: float = DEFAULT_TIMEOUT_S,
     imports: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    check: str | None = None,
 ) -> list[ProbeResult]:
     """Probe every id in `workers` subprocesses; results in the order of `env_ids`.
 
     `imports` are modules each worker imports first (they may register more environments);
-    `env` is the workers' environment (default: this process's).
+    `env` is the workers' environment (default: this process's); `check` is the
+    `module:function` that says whether an id that steps also trains (see the module's text).
     """
     if workers < 1:
         raise EnvError(f"workers must be at least 1, got {workers}")
@@ -206,7 +236,7 @@ def probe(
                 except queue.Empty:
                     return
                 if worker is None or not worker.alive:
-                    worker = _Worker(imports, env)
+                    worker = _Worker(imports, env, check)
                 result = worker.ask(env_id, timeout)
                 with lock:
                     results[env_id] = result
@@ -245,8 +275,10 @@ def load_catalog(
     refresh: bool = False,
     workers: int = 2,
     timeout: float = DEFAULT_TIMEOUT_S,
+    check: str | None = None,
 ) -> list[ProbeResult]:
-    """Probe results for `env_ids`, from the cache where this installation probed them before."""
+    """Probe results for `env_ids`, from the cache where this installation probed them before
+    (with `check`: an entry probed without one is probed again)."""
     path = catalog_path()
     key = installation_key()
     cached: dict[str, Any] = {}
@@ -257,9 +289,13 @@ def load_catalog(
             stored = {}
         if stored.get("key") == key:
             cached = stored.get("results", {})
-    missing = [env_id for env_id in env_ids if env_id not in cached]
+    missing = [
+        env_id
+        for env_id in env_ids
+        if env_id not in cached or (check is not None and _unchecked(cached[env_id]))
+    ]
     if missing:
-        for result in probe(missing, workers=workers, timeout=timeout):
+        for result in probe(missing, workers=workers, timeout=timeout, check=check):
             cached[result.id] = asdict(result)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,10 +305,19 @@ def load_catalog(
     return [ProbeResult(**cached[env_id]) for env_id in env_ids]
 
 
+def _unchecked(entry: dict[str, Any]) -> bool:
+    """A cached result that stepped but was never asked whether it trains."""
+    return bool(entry.get("ok")) and entry.get("trains") is None
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] != ["--worker"]:
-        raise SystemExit("usage: python -m shoal.envs.catalog --worker [--import MODULE]...")
+        raise SystemExit(
+            "usage: python -m shoal.envs.catalog --worker [--import MODULE]... [--check MOD:FUNC]"
+        )
     arguments = sys.argv[2:]
+    pairs = [(arguments[i], arguments[i + 1]) for i in range(0, len(arguments) - 1, 2)]
+    checks = [value for flag, value in pairs if flag == "--check"]
     _worker_main(
-        [arguments[i + 1] for i in range(0, len(arguments) - 1, 2) if arguments[i] == "--import"]
+        [value for flag, value in pairs if flag == "--import"], checks[-1] if checks else None
     )

@@ -17,7 +17,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     actions.required = True
 
     listing = actions.add_parser(
-        "list", help="environments that really make, reset and step here (probed, then cached)"
+        "list",
+        help="environments that really make, reset and step here, and whether each trains "
+        "with the default model (probed, then cached)",
     )
     listing.add_argument("--json", action="store_true", help="print JSON objects instead")
     listing.add_argument("--all", action="store_true", help="include ids whose probe failed")
@@ -73,28 +75,45 @@ def family(env_id: str) -> str:
     return _VARIANT.sub("", name).lower()
 
 
+TRAINS_CHECK = "shoal.learner.preflight:trainable"
+"""What "trains" means in the list: `shoal train <id>` with every default passes its pre-flight
+(the auto preset's wrappers, the auto model built for the spaces)."""
+
+
 def run_list(args: argparse.Namespace) -> int:
     from shoal.envs import list as list_ids
     from shoal.envs.catalog import catalog_path, load_catalog
 
     ids = list_ids(include_gym=not args.no_gym)
     print(f"probing environments (results cached in {catalog_path()}) ...", file=sys.stderr)
-    results = load_catalog(ids, refresh=args.refresh, workers=args.workers, timeout=args.timeout)
+    results = load_catalog(
+        ids, refresh=args.refresh, workers=args.workers, timeout=args.timeout, check=TRAINS_CHECK
+    )
     shown = results if args.all else [r for r in results if r.ok]
     working = [r.id for r in results if r.ok]
+    training = [r.id for r in results if r.ok and r.trains]
     if args.json:
-        print(json.dumps([{"id": r.id, "ok": r.ok, "detail": r.detail} for r in shown]))
+        keys = ("id", "ok", "detail", "trains", "trains_detail")
+        print(json.dumps([{k: getattr(r, k) for k in keys} for r in shown]))
         return 0
     width = max((len(r.id) for r in shown), default=2)
     for result in shown:
-        print(f"{result.id.ljust(width)}  {'ok' if result.ok else result.detail}")
+        print(f"{result.id.ljust(width)}  {_column(result)}")
     print(
         f"{len(working)} environments make, reset and step here "
         f"({len({family(i) for i in working})} distinct after folding versions and Atari "
         f"variants; {len(results) - len(working)} of {len(results)} registered ids failed"
-        f"{'' if args.all else ', --all shows them'})"
+        f"{'' if args.all else ', --all shows them'}); {len(training)} of them train with the "
+        f"default model ({len({family(i) for i in training})} distinct)"
     )
     return 0
+
+
+def _column(result: Any) -> str:
+    """`ok  trains`, `ok  steps only: <why>`, or why the probe failed."""
+    if not result.ok:
+        return str(result.detail)
+    return "ok  trains" if result.trains else f"ok  steps only: {result.trains_detail}"
 
 
 def run_info(args: argparse.Namespace) -> int:
