@@ -1,7 +1,7 @@
 """The `atari` wrapper set: the Arcade Learning Environment preprocessing of DQN and CleanRL's PPO.
 
 From the game outwards (shoal/envs/wrappers.py has recorded the true game's return and length
-innermost with Gymnasium's `RecordEpisodeStatistics`, so reported returns are whole games,
+innermost (`TrueEpisode`), so reported returns are whole games,
 unclipped): a random number of no-op actions starts each game, every action is repeated for `frame_skip`
 frames with the last two frames max-pooled (`MaxAndSkipObservation`; the game is made with
 `frameskip=1` so frames are not skipped twice), a lost life ends the learner's episode while
@@ -94,7 +94,7 @@ def ale_make_kwargs(gym_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def apply_atari(env: gymnasium.Env[Any, Any], options: AtariOptions) -> gymnasium.Env[Any, Any]:
     """`env` (an ALE game made with `ale_make_kwargs`, its statistics recorded by
-    `RecordEpisodeStatistics` already) wrapped in the whole set, in order."""
+    `TrueEpisode` already) wrapped in the whole set, in order."""
     if options.noop_max > 0:
         env = NoopReset(env, options.noop_max)
     if options.frame_skip > 1:

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium
-import gymnasium.wrappers
 import numpy as np
 
 from shoal.envs.base import BaseEnvironment
@@ -123,9 +122,10 @@ class GymEnvironment(BaseEnvironment[Any, Any]):
         self.observation_space = env.observation_space
         self.action_space = env.action_space
         self._pending_seed: int | None = None
-        self.records_episodes = _has_wrapper(env, gymnasium.wrappers.RecordEpisodeStatistics)
-        """Whether `info["episode"]` marks the true ends of episodes (and their returns), which
-        the learner's `done` may not: an Atari life lost ends the learner's episode only."""
+        self.records_episodes = _records_episodes(env)
+        """Whether `info` carries the true episode's return and end (envs/wrappers.py
+        `TrueEpisode`), which the learner's rewards and `done` may not: an Atari life lost
+        ends the learner's episode only, clipped rewards are not the game's score."""
 
     def seed(self, seed: int | None) -> None:
         self._pending_seed = seed
@@ -152,9 +152,11 @@ class GymEnvironment(BaseEnvironment[Any, Any]):
         return f"<GymEnvironment {self.env}>"
 
 
-def _has_wrapper(env: gymnasium.Env[Any, Any], kind: type[Any]) -> bool:
+def _records_episodes(env: gymnasium.Env[Any, Any]) -> bool:
+    from shoal.envs.wrappers import TrueEpisode
+
     while isinstance(env, gymnasium.Wrapper):
-        if isinstance(env, kind):
+        if isinstance(env, TrueEpisode):
             return True
         env = env.env
     return False

@@ -100,6 +100,11 @@ def check_actions(actions: np.ndarray, num_envs: int, space: spaces.Space[Any]) 
     return array
 
 
+TRUE_RETURN = "shoal.true_return"
+TRUE_END = "shoal.true_end"
+"""The `info` keys of envs/wrappers.py's `TrueEpisode`: the return so far of the innermost
+environment, and whether it ended at this step."""
+
 _ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
@@ -108,9 +113,9 @@ class VectorRunner(VectorEnvironment):
 
     Copy i is seeded with `seed + i`, so two runners built with the same seed produce the same
     episodes. The single environments' own `done`/`info["truncated"]` drive the auto-reset.
-    Copies that record their true episodes (`records_episodes`: Gymnasium's
-    `RecordEpisodeStatistics` innermost, envs/wrappers.py) report those: the game's return
-    however the wrappers changed the rewards, at the game's end however often `done` came.
+    Copies that record their true episodes (`records_episodes`: envs/wrappers.py's
+    `TrueEpisode` innermost) report those: the game's return however the wrappers changed the
+    rewards, when the game ends (or a time limit truncates it) however often `done` came.
     """
 
     def __init__(
@@ -166,11 +171,11 @@ class VectorRunner(VectorEnvironment):
             obs, r, d, info = env.step(_item(actions[i], self.single_action_space))
             reward[i] = r
             final_list.append(obs)
+            done[i] = d
+            truncated[i] = d and bool(info.get("truncated", False))
             if self._recorded:
-                ended[i] = self._record(i, info.get("episode"))
+                ended[i] = self._record(i, info, truncated[i])
             if d:
-                done[i] = True
-                truncated[i] = bool(info.get("truncated", False))
                 obs = env.reset()[0]
             obs_list.append(obs)
         self._lengths += 1
@@ -192,11 +197,12 @@ class VectorRunner(VectorEnvironment):
             episode_end=ended if self._recorded else None,
         )
 
-    def _record(self, i: int, stats: object) -> bool:
-        """Copy i's true return when its episode ended (`info["episode"]`); whether it did."""
-        if not isinstance(stats, dict) or "r" not in stats:
+    def _record(self, i: int, info: dict[str, Any], truncated: bool) -> bool:
+        """Whether copy i's true episode ended (the game's own end, or any time limit), with
+        its true return kept for the report."""
+        if not (info.get(TRUE_END) or truncated):
             return False
-        self._returns[i] = float(stats["r"])
+        self._returns[i] = float(info.get(TRUE_RETURN, 0.0))
         return True
 
     def close(self) -> None:

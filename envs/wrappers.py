@@ -5,7 +5,7 @@ A wrapper is a named set (`atari`: envs/atari.py) or any `gymnasium.Wrapper` cla
 command line, so `parse_wrappers` bounds it (entries, keyword arguments, text, list length and
 depth), checks every name and keyword against what exists, and refuses with a `WrapperError`
 that says what to write instead. `prepare_gym_env` applies a job's `EnvConfig` to one
-Gymnasium environment: the true episode statistics innermost (so reported returns are the
+Gymnasium environment: the true episode's return innermost (so reported returns are the
 game's, whatever the wrappers do to rewards), the wrappers in order, running observation and
 reward normalisation, then whatever every environment needs to travel as one array (boolean
 frames as uint8, structured observations packed: envs/packed_obs.py).
@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium
 import gymnasium.wrappers
@@ -30,6 +30,7 @@ from gymnasium import spaces
 from shoal.envs.atari import AtariOptions, BoolFrames, ale_make_kwargs, apply_atari
 from shoal.envs.base import BaseEnvironment
 from shoal.envs.errors import EnvError
+from shoal.envs.vector import TRUE_END, TRUE_RETURN
 from shoal.errors import ConfigError
 
 MAX_WRAPPERS = 16
@@ -49,7 +50,6 @@ _REFUSED = {
     "Autoreset": "shoal's vectors reset every copy themselves",
     "HumanRendering": "it opens a window on the node that runs the rollout",
     "RecordVideo": "it writes files on the node that runs the rollout",
-    "RecordEpisodeStatistics": "shoal records the true episode statistics itself",
 }
 
 
@@ -307,7 +307,7 @@ def prepare_gym_env(env: gymnasium.Env[Any, Any], cfg: EnvConfig) -> gymnasium.E
     from shoal.envs.packed_obs import PackObservation, needs_packing
 
     if cfg.active:
-        env = gymnasium.wrappers.RecordEpisodeStatistics(env)
+        env = TrueEpisode(env)
     for spec in cfg.specs:
         env = _apply(env, spec)
     if cfg.normalize_observation:
@@ -320,6 +320,31 @@ def prepare_gym_env(env: gymnasium.Env[Any, Any], cfg: EnvConfig) -> gymnasium.E
     if needs_packing(env.observation_space):
         env = PackObservation(env)
     return env
+
+
+class TrueEpisode(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Innermost: puts the environment's own return so far and whether it ended in every
+    step's info (`shoal.true_return`, `shoal.true_end`), so the vector reports the game's
+    score and episodes however the outer wrappers clip rewards or split games into lives."""
+
+    def __init__(self, env: gymnasium.Env[Any, Any]) -> None:
+        super().__init__(env)
+        self._return = 0.0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        self._return = 0.0
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._return += float(reward)
+        ended = bool(terminated or truncated)
+        info = {**info, TRUE_RETURN: self._return, TRUE_END: ended}
+        if ended:
+            self._return = 0.0
+        return obs, reward, terminated, truncated, info
 
 
 def _apply(env: gymnasium.Env[Any, Any], spec: WrapperSpec) -> gymnasium.Env[Any, Any]:
