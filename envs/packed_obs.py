@@ -233,7 +233,10 @@ def _is_text(space: spaces.Space[Any]) -> bool:
         return True
     if type(space).__module__.startswith("gymnasium."):
         return False
-    return isinstance(space.sample(), str)
+    try:
+        return isinstance(space.sample(), str)
+    except NotImplementedError:  # a Space subclass that cannot sample: not text we can tell
+        return False
 
 
 def _check_elements(path: tuple[str | int, ...], shape: tuple[int, ...]) -> None:

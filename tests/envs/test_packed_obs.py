@@ -151,6 +151,10 @@ def test_array_spaces_need_no_packing_and_the_rest_do() -> None:
     assert needs_packing(spaces.Dict({"a": spaces.Box(0, 1, (2,))}))
 
 
+class _Opaque(spaces.Space[Any]):
+    """A plugin's own space that cannot even sample."""
+
+
 def _nested(levels: int) -> spaces.Space[Any]:
     space: spaces.Space[Any] = spaces.Discrete(2)
     for _ in range(levels):
@@ -170,6 +174,7 @@ def _nested(levels: int) -> spaces.Space[Any]:
         (spaces.Tuple([spaces.Box(0, 1, (4096, 4096))] * 2), "more than 16777216 elements"),
         (spaces.Discrete(1 << 17), "more than 65536 categories"),
         (spaces.Sequence(spaces.Discrete(3)), "is a Sequence, which cannot be packed"),
+        (_Opaque(), "is a _Opaque, which cannot be packed"),
         (spaces.Dict(OrderedDict([("x" * 300, spaces.Discrete(2))])), "longer than 200 characters"),
     ],
 )
