@@ -4,6 +4,11 @@ Every figure is measured in this run: shoal's batched CartPole beside Gymnasium'
 as one env, in SyncVectorEnv and AsyncVectorEnv, Gymnasium's own numpy CartPoleVectorEnv and
 EnvPool when it is importable. Actions are drawn before the clock starts, so the figures
 measure stepping only. Each loop runs for a fixed wall time and counts steps.
+
+With ale-py installed, Pong is measured through a real rollout collector (environment, policy
+and fragment buffer) at the same environment count both ways: the `atari` wrapper set's uint8
+[4, 84, 84] frames with the CNN `auto` picks, against raw frames stored as float32 for an MLP
+(the path before the wrapper set), and the bytes of one fragment each way.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from shoal.envs import make, make_vector
 
 BATCH = 4096
 SMALL_BATCH = 16
+PONG_ENVS = 8
 
 
 def _rate(step_batch: Callable[[np.ndarray], Any], actions: np.ndarray, seconds: float) -> float:
@@ -91,6 +97,50 @@ def _envpool(seconds: float) -> float | None:
         pool.close()
 
 
+def _collector_rate(
+    env_config: Any, family: str, horizon: int, seconds: float
+) -> tuple[float, int]:
+    """(env steps/s, bytes of one fragment's observations) of a collector on Pong."""
+    import torch
+
+    from shoal.envs.vector import make_vector
+    from shoal.learner.collector import Collector
+    from shoal.learner.models import ModelConfig, build_model
+
+    torch.set_num_threads(1)
+    with make_vector("gym:ALE/Pong-v5", PONG_ENVS, seed=0, env=env_config) as vector:
+        model = build_model(
+            ModelConfig(family=family), vector.single_observation_space, vector.single_action_space
+        )
+        collector = Collector("bench", vector, model, horizon, "bench", seed=0)
+        nbytes = collector.collect().obs.nbytes
+        steps = 0
+        started = time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < seconds:
+            steps += collector.collect().num_steps
+    return steps / elapsed, nbytes
+
+
+def _pong_rows(seconds: float, horizon: int) -> list[Row]:
+    try:
+        import ale_py  # noqa: F401
+    except ImportError:
+        return []
+    from shoal.envs.wrappers import EnvConfig
+
+    atari = EnvConfig(wrappers=({"name": "atari", "kwargs": {}},))
+    framed, framed_bytes = _collector_rate(atari, "auto", horizon, seconds)
+    raw, raw_bytes = _collector_rate(None, "mlp", horizon, seconds)
+    baseline = "raw frames as float32 + MLP"
+    shape = f"{horizon} steps x {PONG_ENVS} envs"
+    return [
+        Row(f"Pong env steps/s, collector x{PONG_ENVS}: atari set uint8 + CNN", "steps/s",
+            framed, raw, baseline, True),
+        Row(f"Pong fragment observations, {shape}: atari set uint8", "bytes",
+            framed_bytes, raw_bytes, baseline, False),
+    ]  # fmt: skip
+
+
 def _make_rate(factory: Callable[[], Any], seconds: float) -> float:
     factory()
     count = 0
@@ -131,4 +181,4 @@ def run(quick: bool) -> list[Row]:
             True,
         )
     )
-    return rows
+    return rows + _pong_rows(seconds * 5, 4 if quick else 32)
