@@ -15,6 +15,6 @@ def test_quick_run_rows(capsys):
     assert "gymnasium CartPole-v1, one env" in names
     assert "gymnasium.make('CartPole-v1')" in names
     for row in rows:
-        assert row["higher_is_better"]
+        assert row["higher_is_better"] == (row["unit"] != "bytes")
         assert row["shoal"] > 0
         assert row["baseline"] > 0
