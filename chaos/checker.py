@@ -21,6 +21,9 @@ from shoal.chaos.scenario import COORD_KINDS, LINK_KINDS, MOVE_KINDS, TRAINING_K
 from shoal.chaos.workload import CheckpointLog, WorkloadStats, newest_checkpoint
 
 CONVERGE_TIMEOUT = 30.0
+EXIT_GRACE_S = 30.0
+"""How long processes told to stop may take to exit before they count as left behind: a task
+whose node daemon stopped it is still flushing and closing on a loaded machine."""
 # Faults after which training must come from a new learner incarnation (the old one is dead).
 GROUP_RESTARTING = ("learner-kill", "node-kill", "host-kill", *MOVE_KINDS)
 # Faults on the training job itself: their recovery is training again, read off the curve.
@@ -155,8 +158,13 @@ class Checker:
         return verdict
 
     def no_leaks(self, ports: list[tuple[str, int]]) -> invariants.Verdict:
-        """After everything stopped: no process of the run alive, none of its ports bound."""
+        """After everything stopped: no process of the run alive, none of its ports bound
+        (processes still exiting get EXIT_GRACE_S)."""
+        deadline = time.monotonic() + EXIT_GRACE_S
         processes = invariants.leaked_processes(self.harness.run_dir)
+        while processes and time.monotonic() < deadline:
+            time.sleep(0.2)
+            processes = invariants.leaked_processes(self.harness.run_dir)
         busy = [
             port
             for host in dict.fromkeys(h for h, _ in ports)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -143,8 +144,14 @@ def test_a_training_job_rides_out_link_faults_through_the_relay(tmp_path: Path) 
     # Rollout worker w0's links: its two to the learner and the learner's two to it.
     assert "rollout worker w0 (pid " in faults["link-partition"]["detail"]
     assert "(4 open now" in faults["link-partition"]["detail"]
-    assert "(8 open now" in faults["link-delay"]["detail"]
-    assert faults["link-reset"]["detail"].startswith("reset 8 open links")
+    # The job has 8 links; w0's, cut until t = 6 s, may still be reconnecting at the later
+    # faults on a loaded machine, but w1's 4 are open throughout.
+    delayed = re.search(r"\((\d+) open now", faults["link-delay"]["detail"])
+    assert delayed is not None
+    assert 4 <= int(delayed[1]) <= 8
+    reset = re.match(r"reset (\d+) open links", faults["link-reset"]["detail"])
+    assert reset is not None
+    assert 4 <= int(reset[1]) <= 8
     spec = json.loads((run_dir / "cluster.json").read_text())
     nodes = [p for p in spec["processes"] if p["kind"] == "node"]
     assert all(p["env"]["SHOAL_LINK_RELAY"].startswith("127.0.0.1:") for p in nodes)
