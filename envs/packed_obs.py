@@ -87,6 +87,8 @@ def layout(structure: spaces.Space[Any]) -> Layout:
     holds an unsupported space or is larger or deeper than the limits."""
     parts: list[Part] = []
     _walk(structure, (), parts)
+    if not parts:
+        raise PackingError(f"the observation space {structure} holds no space to observe")
     size = sum(part.size for part in parts)
     fits_byte = all(_fits_byte(part) for part in parts)
     return Layout(tuple(parts), size, "uint8" if fits_byte else "float32")
@@ -166,8 +168,11 @@ def _walk(space: spaces.Space[Any], path: tuple[str | int, ...], parts: list[Par
             list(space.spaces.items()) if isinstance(space, spaces.Dict) else list(enumerate(space))
         )
         for key, sub in items:
-            if isinstance(key, str) and len(key) > 200:
-                raise PackingError(f"observation key {key[:40]!r}... is longer than 200 characters")
+            if isinstance(space, spaces.Dict) and (not isinstance(key, str) or len(key) > 200):
+                raise PackingError(
+                    f"observation key {str(key)[:40]!r} under {_name(path)}: keys must be strings "
+                    "of at most 200 characters"
+                )
             _walk(sub, (*path, key), parts)
         return
     if len(parts) >= MAX_PARTS:

@@ -175,7 +175,12 @@ def _nested(levels: int) -> spaces.Space[Any]:
         (spaces.Discrete(1 << 17), "more than 65536 categories"),
         (spaces.Sequence(spaces.Discrete(3)), "is a Sequence, which cannot be packed"),
         (_Opaque(), "is a _Opaque, which cannot be packed"),
-        (spaces.Dict(OrderedDict([("x" * 300, spaces.Discrete(2))])), "longer than 200 characters"),
+        (spaces.Dict({3: spaces.Discrete(2)}), "observation key '3' under"),
+        (
+            spaces.Dict(OrderedDict([("x" * 300, spaces.Discrete(2))])),
+            "keys must be strings of at most 200 characters",
+        ),
+        (spaces.Dict({"a": spaces.Tuple([]), "b": spaces.Dict({})}), "holds no space to observe"),
     ],
 )
 def test_hostile_structures_are_refused_with_the_part_and_the_limit(
