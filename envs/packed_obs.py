@@ -27,8 +27,9 @@ from gymnasium import spaces
 
 from shoal.envs.errors import EnvError
 
-TEXT_BYTES = 64
-"""Byte ids per text part (a mission); `Text(max_length=n)` with n < 64 takes n."""
+TEXT_BYTES = 192
+"""Byte ids per text part (a mission); `Text(max_length=n)` with n < 192 takes n. BabyAI's
+longest missions (BossLevel, SynthSeq) run to about 170 bytes."""
 MAX_PARTS = 64
 MAX_NESTING = 4
 MAX_PACKED = 1 << 24
