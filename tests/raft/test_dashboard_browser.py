@@ -40,7 +40,7 @@ NODES = ("gpu-a", "gpu-b")
 FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1500,1000", "--remote-debugging-port=0",
+    "--disable-dev-shm-usage", "--window-size=1280,1000", "--remote-debugging-port=0",
 )  # fmt: skip
 
 
@@ -226,6 +226,19 @@ def test_the_page_shows_nodes_jobs_curves_live_and_keeps_the_token_out_of_the_ur
                 ".map(e => e.dataset.metric)"
             )
             assert {"return", "sps", "policy_lag", "loss_policy", "loss_value"} <= set(metrics)
+            # Each chart has both axes ticked and its unit named, every tick inside the chart.
+            axes = await page.evaluate(
+                f"[...document.querySelectorAll('[data-job=\"{job_id}\"] svg[data-metric]')]"
+                ".map(c => [c.dataset.metric, c.querySelector('[data-unit]').dataset.unit,"
+                " c.querySelectorAll('[data-tick=y]').length,"
+                " c.querySelectorAll('[data-tick=x]').length,"
+                " [...c.querySelectorAll('[data-tick]')].every(t => { const b = t.getBBox();"
+                " return b.x >= 0 && b.x + b.width <= c.width.baseVal.value; })])"
+            )
+            units = {name: unit for name, unit, *_ in axes}
+            assert units["sps"] == "env steps / s"
+            assert units["policy_lag"] == "versions behind"
+            assert all(y >= 2 and x >= 2 and inside for _, _, y, x, inside in axes), axes
             assert "checkpoint step 3800" in await page.evaluate("document.body.innerText")
             held = await page.wait_for(
                 "document.querySelector('[data-task=\"gpu-task\"] [data-gpus]')?.dataset.gpus"
