@@ -78,8 +78,12 @@ REGISTER_TIMEOUT_S = 10.0
 PACE_TIMEOUT_S = 2.0
 LINK_CHECK_S = 0.1
 REGISTER_RETRY_MAX_S = 0.25
-# Steps between yields to the event loop (lets weight buckets and transport I/O run).
+# Steps between yields to the event loop (lets weight buckets and transport I/O run), and the
+# longest the loop is held between yields when steps are slow (96 Atari frames and a CNN take
+# ~0.5 s a step on a busy box: four of them starved the link's handshakes and heartbeats, and a
+# 250 MB fragment's frame moves only while the loop turns).
 YIELD_EVERY_STEPS = 4
+YIELD_EVERY_S = 0.02
 LEDGER_EVERY_S = 1.0
 MAX_ERROR_CHARS = 1000
 """A published error is cut to this (the task exchange takes 1024 characters of text)."""
@@ -364,10 +368,12 @@ class RolloutActor(Actor):
             buf: Any = collector.new_buffers()  # the collector's own kind of buffers
             self._adopt()
             version = collector.policy_version
+            yielded = time.monotonic()
             for t in range(collector.horizon):
-                if t % YIELD_EVERY_STEPS == 0:
+                if t % YIELD_EVERY_STEPS == 0 or time.monotonic() - yielded >= YIELD_EVERY_S:
                     await asyncio.sleep(0)
                     self._adopt()
+                    yielded = time.monotonic()
                 collector.step(buf, t)
             fragment = collector.finish(buf, version)
             if self._in_flight is not None and not await self._in_flight:
