@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.cluster_train import _published_error
 from shoal.job_watch import started_pids
 from tests.support.processes import child_process, running
 
@@ -65,3 +66,23 @@ def test_a_fragment_that_cannot_fit_ends_shoal_train_with_the_reason(tmp_path: P
     assert pids, "no task announced its start"
     assert not [pid for pid in pids if running(pid)], "a task outlived the run"
     assert list((run_dir / "pids").iterdir()) == [], "the embedded cluster outlived the run"
+
+
+@pytest.mark.parametrize(
+    ("task", "error"),
+    [
+        (
+            {"published": {"role": "rollout", "error": "rollout-0-0: too big"}},
+            "rollout-0-0: too big",
+        ),
+        ({"published": {"role": "rollout", "horizon": 20}}, None),
+        ({"published": {"error": ""}}, None),
+        ({"published": {"error": 3}}, None),
+        ({"published": ["error"]}, None),
+        ({}, None),
+    ],
+)
+def test_only_a_published_error_text_ends_the_run(
+    task: dict[str, object], error: str | None
+) -> None:
+    assert _published_error(task) == error
