@@ -143,6 +143,15 @@ def test_a_step_that_cannot_fit_names_the_sizes_and_the_fix() -> None:
         fitted_horizon(32, one, 256 * 1024)
 
 
+def test_the_issues_pong_fragment_shrinks_to_the_default_frame_limit() -> None:
+    """32 envs x 32 steps of float32 Pong frames were 413 MB, over 256 MiB: 20 steps fit."""
+    pong = StepLayout(32, (210, 160, 3), np.dtype(np.float32), (), np.dtype(np.int64))
+    assert pong.frame_bytes(32) > wire.DEFAULT_MAX_FRAME_BYTES
+    assert fitted_horizon(32, pong, wire.DEFAULT_MAX_FRAME_BYTES) == 20
+    uint8 = StepLayout(32, (210, 160, 3), np.dtype(np.uint8), (), np.dtype(np.int64))
+    assert fitted_horizon(32, uint8, wire.DEFAULT_MAX_FRAME_BYTES) == 32  # 4x smaller: fits
+
+
 # -- a Pong-sized collector -----------------------------------------------------------------
 
 
