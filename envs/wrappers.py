@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -269,8 +270,6 @@ class EnvConfig:
 def parse_wrapper_flag(text: str) -> dict[str, Any]:
     """`--wrapper NAME[:key=value,...]` as a wrapper entry; values are read as JSON where they
     parse (`4`, `true`, `[84, 84]`), else kept as text."""
-    import json
-
     if len(text) > 4 * MAX_TEXT:
         raise WrapperError(f"--wrapper is {len(text)} characters long; at most {4 * MAX_TEXT}")
     name, _, rest = text.partition(":")
