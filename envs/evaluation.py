@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium import spaces
@@ -23,6 +23,9 @@ from gymnasium import spaces
 from shoal.envs import report_html
 from shoal.envs.errors import EnvError
 from shoal.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shoal.envs.wrappers import EnvConfig
 
 Policy = Callable[[np.ndarray], np.ndarray]
 Progress = Callable[[str, int, int], None]
@@ -256,7 +259,7 @@ def _run_episodes(
                 actions[swap] = random_actions(vec.single_action_space, int(swap.sum()), rng)
         result = vec.step(actions)
         steps += num_envs
-        for i in np.flatnonzero(result.done):
+        for i in np.flatnonzero(result.ended):
             if done_count[i] < quotas[i]:
                 done_count[i] += 1
                 returns.append(float(result.episode_return[i]))
@@ -275,12 +278,13 @@ def _measure(
     threshold: float | None,
     condition: _Condition,
     tally: _Tally,
+    env: EnvConfig | None = None,
 ) -> Metrics:
     from shoal.envs.vector import make_vector
 
     tally.start(condition.label)
     num_envs = min(opts.num_envs, opts.episodes)
-    vec = make_vector(env_id, num_envs, seed, **dict(kwargs))
+    vec = make_vector(env_id, num_envs, seed, env=env, **dict(kwargs))
     try:
         returns, lengths, steps, seconds = _run_episodes(
             vec, policy, opts, num_envs, seed, condition, tally
@@ -330,6 +334,7 @@ def evaluate(
     held_out: Sequence[Variant] = (),
     options: EvalOptions | None = None,
     progress: Progress | None = None,
+    env: EnvConfig | None = None,
 ) -> EvalResult:
     """Evaluate `policy` (obs batch [N, ...] -> actions [N]) on `env_id` and its variants.
 
@@ -337,6 +342,7 @@ def evaluate(
     variant, each noise level) runs `episodes` episodes from the same seed, so the numbers
     differ only by the condition. Called from one thread; it builds and closes its own envs.
     `progress` is told of each condition and each finished episode (it runs on that thread).
+    `env` is the job's `[env]` section (wrappers, normalisation) every condition applies.
     """
     from shoal.envs.hashing import env_hash
 
@@ -346,18 +352,21 @@ def evaluate(
     noisy = sum(1 for level in (*opts.obs_noise, *opts.action_noise) if level != 0)
     tally = _Tally(opts.episodes * (1 + len(held_out) + noisy), progress)
     start = time.perf_counter()
-    main = _measure(policy, env_id, kwargs, seed, opts, threshold, _Condition(), tally)
-    variants = [VariantResult("train", env_id, kwargs, env_hash(env_id, kwargs, seed), False, main)]
+    main = _measure(policy, env_id, kwargs, seed, opts, threshold, _Condition(), tally, env)
+    digest = env_hash(env_id, kwargs, seed, wrappers=env)
+    variants = [VariantResult("train", env_id, kwargs, digest, False, main)]
     for variant in held_out:
         v_kwargs = dict(variant.kwargs)
         held = _Condition(label=f"variant {variant.name}")
-        metrics = _measure(policy, variant.env_id, v_kwargs, seed, opts, threshold, held, tally)
+        metrics = _measure(
+            policy, variant.env_id, v_kwargs, seed, opts, threshold, held, tally, env
+        )
         variants.append(
             VariantResult(
                 variant.name,
                 variant.env_id,
                 v_kwargs,
-                env_hash(variant.env_id, v_kwargs, seed),
+                env_hash(variant.env_id, v_kwargs, seed, wrappers=env),
                 True,
                 metrics,
             )
@@ -369,7 +378,9 @@ def evaluate(
                 level,
                 main
                 if level == 0
-                else _measure(policy, env_id, kwargs, seed, opts, threshold, make(level), tally),
+                else _measure(
+                    policy, env_id, kwargs, seed, opts, threshold, make(level), tally, env
+                ),
             )
             for level in levels
         ]

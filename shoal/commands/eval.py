@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from shoal.config import check_int
     from shoal.envs import registry
+    from shoal.envs.wrappers import EnvConfig
     from shoal.learner.config import SEED_MAX, known_target
     from shoal.learner.text_job import is_text_job
     from shoal.progress import ProgressLine
@@ -61,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     env_id = registry.spec(trained_on).id
     config = state.get("config") or {}
     env_kwargs = config.get("env_kwargs") if args.env is None else None
+    # The wrappers the policy was trained behind shape what it observes: kept with --env too.
+    wrappers = EnvConfig.from_json(config.get("env"), source=f"{info.path} (its [env])")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     result, json_path, html_path = evaluate_checkpoint(
         info.path,
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         out,
         seed=args.seed,
         env_kwargs=env_kwargs,
+        env=wrappers,
         success_threshold=known_target(env_id),
         label=f"step{info.step}-{stamp}",
         curves_from=_run_of(args.checkpoint, info.path),
