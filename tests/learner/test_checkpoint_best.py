@@ -92,3 +92,24 @@ def test_shoal_eval_best_evaluates_the_best_checkpoint(
     assert main(args) == 0
     newest = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert Path(newest["checkpoint"]).name == "ckpt-000000000003"
+
+
+@pytest.mark.timeout(300)
+def test_shoal_train_names_the_best_checkpoint_in_its_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["train", "cartpole", "--run-dir", str(run_dir), "--quiet", "--no-eval", "--json"]
+    argv += ["--max-env-steps", "30000", "--target-return", "1000", "--checkpoint-interval", "0.5"]
+    assert main(argv) == 1  # the budget ends it, unsolved by design
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    directory = run_dir / "checkpoints"
+    with CheckpointManager(directory) as manager:
+        best = manager.best()
+        assert best is not None
+        returns = [
+            m for i in manager.list_complete() if (m := i.meta.get("mean_return")) is not None
+        ]
+    assert summary["best_checkpoint"] == str(best.path)
+    assert summary["best_return"] == max(returns) == best.meta["mean_return"]
+    assert len(manifest_steps(directory)) <= 3 + 1  # checkpoint.keep, and the best beside
