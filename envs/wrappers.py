@@ -285,7 +285,11 @@ def parse_wrapper_flag(text: str) -> dict[str, Any]:
         except ValueError:
             kwargs[key.strip()] = value
     entry = {"name": name.strip(), "kwargs": kwargs}
-    parse_wrappers([entry])
+    try:
+        parse_wrappers([entry])
+    except WrapperError as exc:
+        reason = str(exc).removeprefix("wrappers[0]").lstrip(":. ")
+        raise WrapperError(f"--wrapper {text}: {reason}") from None
     return entry
 
 

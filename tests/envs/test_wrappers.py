@@ -120,6 +120,8 @@ def test_the_wrapper_flag_reads_json_values_and_text() -> None:
     assert parse_wrapper_flag("NormalizeReward") == {"name": "NormalizeReward", "kwargs": {}}
     with pytest.raises(WrapperError, match="is not key=value"):
         parse_wrapper_flag("atari:frame_stack")
+    with pytest.raises(WrapperError, match=r"^--wrapper Nope: no wrapper 'Nope'"):
+        parse_wrapper_flag("Nope")
 
 
 def test_the_job_toml_env_section_loads_and_its_errors_name_the_file() -> None:
