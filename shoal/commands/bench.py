@@ -14,6 +14,7 @@ SUITES: dict[str, str] = {
     "envs": "envs",
     "generation": "generation",
     "hosts": "hosts",
+    "learning": "learning",
     "learner": "learner",
     "raft": "raft",
     "runtime": "runtime",

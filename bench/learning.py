@@ -1,0 +1,179 @@
+"""`shoal bench learning`: learning quality in CleanRL's form — mean ± std of the final return
+over seeds at one step budget, with wall time — for the families a new user tries after CartPole.
+
+Each cell is a real `shoal train ID --seed S --max-env-steps B` (an embedded cluster, the
+family's preset, no early stop at a target) in a subprocess; the final return is the mean of
+the last 20 training episodes, as CleanRL reports its episodic return. Beside it: CleanRL's
+published figure (its own, longer budget; cited per row) and, for the classic-control rows, the
+CleanRL-style loop of bench/cleanrl_ppo.py run here at the same budget and seeds. `python -m
+shoal.bench.learning --seeds 3` prints the markdown table docs/benchmarks.md records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.bench.report import Row
+
+CLEANRL = "CleanRL-style PPO"
+SEEDS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One row: what `shoal train` gets, its budget here, and CleanRL's published result."""
+
+    env_id: str
+    budget: int
+    published: str
+    """CleanRL's mean ± std with its script and budget (docs of ppo.py, ppo_continuous_action.py,
+    ppo_atari.py; pr-424 runs), or what it does not publish."""
+    args: tuple[str, ...] = ()
+    baseline: bool = False
+    """Whether bench/cleanrl_ppo.py (discrete actions, vector observations) runs it here too."""
+
+
+TASKS = (
+    Task("CartPole-v1", 100_000, "490.04 ± 6.12 (ppo.py, 500k)", baseline=True),
+    Task("Acrobot-v1", 100_000, "-86.36 ± 1.32 (ppo.py, 500k)", baseline=True),
+    Task("gym:HalfCheetah-v5", 200_000, "1442.64 ± 46.03 (v4, ppo_continuous_action.py, 1M)"),
+    Task("gym:Hopper-v5", 200_000, "2382.86 ± 271.74 (v4, ppo_continuous_action.py, 1M)"),
+    Task("gym:MinAtar/Breakout-v1", 200_000, "not published for PPO"),
+    Task("gym:MiniGrid-DoorKey-5x5-v0", 100_000, "not published"),
+    Task(
+        "gym:ALE/Breakout-v5",
+        100_000,
+        "414.66 ± 28.09 (NoFrameskip-v4, ppo_atari.py, 10M)",
+        args=("--wrapper", "atari"),
+    ),
+)
+QUICK = (Task("CartPole-v1", 4_096, "490.04 ± 6.12 (ppo.py, 500k)", baseline=True),)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The seeds' final returns and wall seconds for one trainer on one task."""
+
+    returns: tuple[float, ...]
+    wall_s: tuple[float, ...]
+
+    def mean_std(self) -> str:
+        finite = [r for r in self.returns if math.isfinite(r)]
+        if not finite:
+            return "no episode ended"
+        spread = statistics.stdev(finite) if len(finite) > 1 else 0.0
+        return f"{statistics.fmean(finite):.2f} ± {spread:.2f}"
+
+    @property
+    def mean(self) -> float:
+        finite = [r for r in self.returns if math.isfinite(r)]
+        return statistics.fmean(finite) if finite else math.nan
+
+
+def train_shoal(task: Task, seed: int, root: Path) -> tuple[float, float]:
+    """Final training return and wall seconds of one `shoal train` run."""
+    argv = [
+        sys.executable, "-m", "shoal", "train", task.env_id, *task.args, "--seed", str(seed),
+        "--max-env-steps", str(task.budget), "--target-return", "1e12", "--time-limit", "7200",
+        "--no-eval", "--quiet", "--json", "--run-dir", str(root / f"{_slug(task)}-{seed}"),
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode not in (0, 1) or not lines:
+        raise RuntimeError(f"shoal train {task.env_id} failed: {done.stderr[-2000:]}")
+    summary = json.loads(lines[-1])
+    final = summary.get("final_return")
+    return (math.nan if final is None else float(final)), float(summary["wall_s"])
+
+
+def train_baseline(task: Task, seed: int) -> tuple[float, float]:
+    from shoal.bench import cleanrl_ppo
+
+    started = time.perf_counter()
+    result = cleanrl_ppo.run(
+        seed=seed,
+        time_limit_s=7200.0,
+        target=math.inf,
+        max_env_steps=task.budget,
+        args=cleanrl_ppo.Args(env_id=task.env_id, total_timesteps=task.budget),
+    )
+    curve = result["curve"]
+    final = float(curve[-1][2]) if curve else math.nan
+    return final, time.perf_counter() - started
+
+
+def measure(
+    tasks: tuple[Task, ...], seeds: tuple[int, ...]
+) -> list[tuple[Task, Cell, Cell | None]]:
+    results = []
+    with tempfile.TemporaryDirectory(prefix="shoal-bench-learning-") as tmp:
+        for task in tasks:
+            ours = [train_shoal(task, seed, Path(tmp)) for seed in seeds]
+            base = [train_baseline(task, seed) for seed in seeds] if task.baseline else None
+            results.append((task, _cell(ours), None if base is None else _cell(base)))
+    return results
+
+
+def run(quick: bool) -> list[Row]:
+    """`shoal bench learning`: the mean final return per task (quick: one tiny CartPole run)."""
+    tasks, seeds = (QUICK, (0,)) if quick else (TASKS, SEEDS)
+    return [
+        Row(
+            f"{task.env_id} return at {task.budget:,} steps",
+            "return",
+            ours.mean,
+            None if base is None else base.mean,
+            CLEANRL if base is not None else f"CleanRL published: {task.published}",
+            higher_is_better=True,
+        )
+        for task, ours, base in measure(tasks, seeds)
+    ]
+
+
+def markdown(results: list[tuple[Task, Cell, Cell | None]]) -> str:
+    lines = [
+        "| environment | steps | shoal return | shoal wall s | CleanRL-style loop here | "
+        "its wall s | CleanRL published |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for task, ours, base in results:
+        there = ("—", "—") if base is None else (base.mean_std(), _wall(base))
+        lines.append(
+            f"| {task.env_id} {' '.join(task.args)} | {task.budget:,} | {ours.mean_std()} | "
+            f"{_wall(ours)} | {there[0]} | {there[1]} | {task.published} |"
+        )
+    return "\n".join(lines)
+
+
+def _cell(runs: list[tuple[float, float]]) -> Cell:
+    return Cell(tuple(r for r, _ in runs), tuple(w for _, w in runs))
+
+
+def _wall(cell: Cell) -> str:
+    return f"{statistics.fmean(cell.wall_s):.0f}"
+
+
+def _slug(task: Task) -> str:
+    return task.env_id.replace(":", "-").replace("/", "-")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds per task (0, 1, …)")
+    parser.add_argument("--only", nargs="*", help="env ids to run (default: every task)")
+    args = parser.parse_args()
+    tasks = tuple(t for t in TASKS if not args.only or t.env_id in args.only)
+    print(markdown(measure(tasks, tuple(range(args.seeds)))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
