@@ -15,9 +15,11 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-NO_ROOM_BYTES = 64 * 1024
-"""Free space under which a file system counts as full: less than one status write and a log
-line or two."""
+NO_ROOM_BYTES = 1 << 20
+"""Free space under which a file system counts as full when a process died without saying
+why: a coordinator replica's journal append or snapshot is larger than the few hundred KiB a
+nearly full disk still has, and its traceback went to a log on that disk (seen with 200 KiB
+left: the replica's log ended mid-run with no error)."""
 
 
 _LOGGED_ERRNO = re.compile(r"\[Errno (\d+)\]")

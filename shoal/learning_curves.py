@@ -152,11 +152,18 @@ class LearningCurves:
     def record(self, elapsed_s: float, status: RunStatus) -> bool:
         """Append a row (and TensorBoard scalars at step = env steps) when the env steps or
         the policy version moved since the last one; True when it did. A write that fails (a
-        full disk) is logged and skipped: curves never end a run."""
+        full disk) is logged and skipped: curves never end a run. On a nearly full disk nothing
+        is tried: TensorBoard's writer thread would print its failure on the terminal, through
+        the run's one-line ending (the run's own checks report the full disk)."""
+        from shoal.learner.diskfull import has_no_room
+
         steps, version = status.env_steps(), status.version()
         if (steps, version) == self._last or (steps == 0 and version == 0):
             return False
         self._last = (steps, version)
+        if has_no_room(self.path.parent):
+            log.info("learning curves skipped: the disk holding %s is full", self.path.parent)
+            return False
         values = self._values(status)
         time_s = round(self.clock_offset + elapsed_s, 3)
         cells = (self.run, time_s, steps, version, *values.values())
@@ -164,7 +171,11 @@ class LearningCurves:
             self._append(",".join(_cell(v) for v in cells))
             self._scalars(steps, version, values)
         except OSError as exc:
-            log.warning("could not record learning curves in %s: %s", self.path.parent, exc)
+            from shoal.learner.diskfull import is_disk_full
+
+            (log.info if is_disk_full(exc) else log.warning)(
+                "could not record learning curves in %s: %s", self.path.parent, exc
+            )
             return False
         return True
 
