@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,16 +112,16 @@ def train_baseline(task: Task, seed: int) -> tuple[float, float]:
     return final, time.perf_counter() - started
 
 
-def measure(
-    tasks: tuple[Task, ...], seeds: tuple[int, ...]
-) -> list[tuple[Task, Cell, Cell | None]]:
-    results = []
+Result = tuple[Task, Cell, Cell | None]
+
+
+def measure(tasks: tuple[Task, ...], seeds: tuple[int, ...]) -> Iterator[Result]:
+    """Each task's cells as soon as its runs are done (a long table shows its rows as it goes)."""
     with tempfile.TemporaryDirectory(prefix="shoal-bench-learning-") as tmp:
         for task in tasks:
             ours = [train_shoal(task, seed, Path(tmp)) for seed in seeds]
             base = [train_baseline(task, seed) for seed in seeds] if task.baseline else None
-            results.append((task, _cell(ours), None if base is None else _cell(base)))
-    return results
+            yield task, _cell(ours), None if base is None else _cell(base)
 
 
 def run(quick: bool) -> list[Row]:
@@ -139,19 +140,19 @@ def run(quick: bool) -> list[Row]:
     ]
 
 
-def markdown(results: list[tuple[Task, Cell, Cell | None]]) -> str:
-    lines = [
-        "| environment | steps | shoal return | shoal wall s | CleanRL-style loop here | "
-        "its wall s | CleanRL published |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for task, ours, base in results:
-        there = ("—", "—") if base is None else (base.mean_std(), _wall(base))
-        lines.append(
-            f"| {task.env_id} {' '.join(task.args)} | {task.budget:,} | {ours.mean_std()} | "
-            f"{_wall(ours)} | {there[0]} | {there[1]} | {task.published} |"
-        )
-    return "\n".join(lines)
+HEADER = (
+    "| environment | steps | shoal return | shoal wall s | CleanRL-style loop here | "
+    "its wall s | CleanRL published |\n|---|---|---|---|---|---|---|"
+)
+
+
+def markdown_row(result: Result) -> str:
+    task, ours, base = result
+    there = ("—", "—") if base is None else (base.mean_std(), _wall(base))
+    return (
+        f"| {task.env_id} {' '.join(task.args)} | {task.budget:,} | {ours.mean_std()} | "
+        f"{_wall(ours)} | {there[0]} | {there[1]} | {task.published} |"
+    )
 
 
 def _cell(runs: list[tuple[float, float]]) -> Cell:
@@ -172,7 +173,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="env ids to run (default: every task)")
     args = parser.parse_args()
     tasks = tuple(t for t in TASKS if not args.only or t.env_id in args.only)
-    print(markdown(measure(tasks, tuple(range(args.seeds)))), flush=True)
+    print(HEADER, flush=True)
+    for result in measure(tasks, tuple(range(args.seeds))):
+        print(markdown_row(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from shoal.bench.learning import TASKS, Cell, Task, markdown
+from shoal.bench.learning import HEADER, TASKS, Cell, Task, markdown_row
 from shoal.cli import main as cli_main
 
 
@@ -28,7 +28,9 @@ def test_the_table_shows_mean_std_and_the_published_figure():
     task = Task("CartPole-v1", 1000, "490.04 ± 6.12 (ppo.py, 500k)", baseline=True)
     ours = Cell((100.0, 200.0, math.nan), (10.0, 20.0, 30.0))
     base = Cell((math.nan,), (5.0,))
-    table = markdown([(task, ours, base)])
-    assert "| CartPole-v1  | 1,000 | 150.00 ± 70.71 | 20 | no episode ended | 5 |" in table
-    assert table.rstrip().endswith("490.04 ± 6.12 (ppo.py, 500k) |")
+    row = markdown_row((task, ours, base))
+    assert row.startswith("| CartPole-v1  | 1,000 | 150.00 ± 70.71 | 20 | no episode ended | 5 |")
+    assert row.endswith("490.04 ± 6.12 (ppo.py, 500k) |")
+    assert HEADER.count("\n") == 1
+    assert HEADER.splitlines()[0].count("|") == row.count("|")
     assert len({t.env_id for t in TASKS}) == len(TASKS) == 7
