@@ -52,10 +52,11 @@ def mismatch(
             "actions; wrap the environment to one of those, or set your own model "
             "(model.family = 'package.module:factory')"
         )
-    if family == "causal-lm":
+    if family == "causal-lm" and not _token_ids(observation_space):
         return (
-            f"model.family = 'causal-lm' writes text, and {env_id} is not a text environment: "
-            f"use model.family = 'auto' for its observations {observation_space}"
+            f"model.family = 'causal-lm' reads token ids (a text environment, or integer "
+            f"observations such as TokenRecall-v1's), and {env_id} observes "
+            f"{observation_space}: use model.family = 'auto' for those"
         )
     if family == "cnn" and not is_image_space(observation_space):
         return (
@@ -135,3 +136,11 @@ def trainable(env_id: str) -> str:
     except ShoalError as exc:
         return str(exc)
     return ""
+
+
+def _token_ids(space: spaces.Space[Any]) -> bool:
+    """Integer vector observations: token ids a causal LM can read (the model checks the range)."""
+    from gymnasium import spaces as gym_spaces
+
+    dtype = getattr(space, "dtype", None)
+    return isinstance(space, gym_spaces.Box) and dtype is not None and dtype.kind in "iu"

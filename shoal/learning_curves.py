@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -199,6 +200,7 @@ class LearningCurves:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
+            _log_writer_thread_failures()
             self._writer = SummaryWriter(log_dir=str(self.tensorboard))
         self._writer.add_scalar("train/version", version, steps)
         for name, value in values.items():
@@ -212,3 +214,27 @@ class LearningCurves:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+_hooked = False
+
+
+def _log_writer_thread_failures() -> None:
+    """TensorBoard writes from a thread of its own; when that write fails (the disk filled
+    between two records) Python prints the thread's traceback on stderr, through the run's
+    progress line and its one-line ending. Such a failure is logged instead (idempotent)."""
+    global _hooked
+    if _hooked:
+        return
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(
+            args.exc_value, OSError
+        ):
+            log.info("TensorBoard's event writer stopped: %s", args.exc_value)
+            return
+        previous(args)
+
+    threading.excepthook = hook
+    _hooked = True

@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shoal.learner.config import PRESETS
-
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = verbs.add_parser(
@@ -26,9 +24,9 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--seed", type=int, help="seed for environments and the policy")
     parser.add_argument(
         "--preset",
-        choices=PRESETS,
-        help="hyper-parameters for the environment's family (default auto: picked from the "
-        "environment; none: the job defaults); keys the job file or flags set always win",
+        help="hyper-parameters for the environment's family: auto (the default, picked from "
+        "the environment), none (the job defaults), classic, mujoco, atari, minatar or "
+        "minigrid; keys the job file or flags set always win",
     )
     parser.add_argument("--time-limit", type=float, help="seconds before giving up")
     parser.add_argument("--target-return", type=float, help="mean return that counts as solved")

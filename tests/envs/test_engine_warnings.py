@@ -19,6 +19,7 @@ def test_each_mujoco_warning_is_logged_once_and_stderr_stays_clean(
         env = make("gym:HalfCheetah-v5")
         env.reset()
         env.close()
-    assert "deprecated" not in capfd.readouterr().err
+    # MuJoCo's own print (a log record may still reach stderr through a handler other tests left)
+    assert "WARNING: compiler attribute" not in capfd.readouterr().err
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mujoco: ")]
     assert len(logged) == len(set(logged))

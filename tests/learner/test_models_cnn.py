@@ -71,9 +71,11 @@ def test_auto_is_cnn_only_for_uint8_images():
     assert not isinstance(build_model(ModelConfig(), vector, spaces.Discrete(2)), CNNPolicy)
 
 
-def test_cnn_refuses_small_images_and_vectors():
+def test_cnn_refuses_tiny_images_and_vectors():
+    small = CNNPolicy(image(10, 10, 4), spaces.Discrete(3), channels=(4, 8), hidden=(8,))
+    assert small.act(np.zeros((2, 10, 10, 4), np.uint8))[0].shape == (2,)  # MinAtar: 3x3 kernels
     with pytest.raises(PolicyError, match="too small"):
-        CNNPolicy(image(8, 8, 3), spaces.Discrete(2))
+        CNNPolicy(image(2, 2, 3), spaces.Discrete(2), channels=(4, 8, 8, 8))
     with pytest.raises(PolicyError, match="image observations"):
         CNNPolicy(spaces.Box(0, 1, (36, 36, 3), np.float32), spaces.Discrete(2))
     policy = CNNPolicy(image(36, 36, 3), spaces.Discrete(2), channels=(4,), hidden=(8,))

@@ -53,7 +53,7 @@ def shoal_train(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
         ),
         (
             ("Acrobot-v1", "--model", "causal-lm"),
-            ("'causal-lm' writes text, and Acrobot-v1 is not a text environment",),
+            ("'causal-lm' reads token ids", "Acrobot-v1 observes"),
         ),
         (
             ("gym:ShoalOdd/SwitchBoard-v0",),
