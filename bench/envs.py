@@ -5,12 +5,12 @@ as one env, in SyncVectorEnv and AsyncVectorEnv, Gymnasium's own numpy CartPoleV
 EnvPool when it is importable. Actions are drawn before the clock starts, so the figures
 measure stepping only. Each loop runs for a fixed wall time and counts steps.
 
-With ale-py installed, Pong is measured through a real rollout collector (environment, policy
-and fragment buffer) at the same environment count both ways: the `atari` wrapper set's uint8
-[4, 84, 84] frames with the CNN `auto` picks, against raw frames stored as float32 for an MLP
-(the path before the wrapper set), and the bytes of one fragment each way; and the vector
-alone (the set emulates every frame to max-pool the last two, so it steps slower than the
-emulator's own frame skip: the gain is in what the frames cost afterwards).
+With ale-py installed, Pong is measured three ways at the same environment count, interleaved:
+the `atari` set run by ale-py's C++ vector (what `make_vector` picks for the set alone), the
+same set per copy in numpy (`VectorRunner`, what any other wrapper list gets), and raw frames
+stored as float32 (the path before the set). Each is timed as the vector alone and through a
+real rollout collector (environment, policy and fragment buffer: the CNN `auto` picks for the
+uint8 [4, 84, 84] frames, an MLP for the raw ones), with the bytes of one fragment.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from shoal.envs import make, make_vector
 BATCH = 4096
 SMALL_BATCH = 16
 PONG_ENVS = 8
+PONG = "gym:ALE/Pong-v5"
 
 
 def _rate(step_batch: Callable[[np.ndarray], Any], actions: np.ndarray, seconds: float) -> float:
@@ -119,57 +120,74 @@ def _pong_rows(seconds: float, horizon: int) -> list[Row]:
         return []
     import torch
 
-    from shoal.envs.vector import make_vector
-    from shoal.envs.wrappers import EnvConfig
-    from shoal.learner.collector import Collector
-    from shoal.learner.models import ModelConfig, build_model
+    from shoal.envs.vector import VectorRunner
+    from shoal.envs.wrappers import EnvConfig, make_wrapped
 
     torch.set_num_threads(1)
     atari = EnvConfig(wrappers=({"name": "atari", "kwargs": {}},))
-    framed_vec = make_vector("gym:ALE/Pong-v5", PONG_ENVS, seed=0, env=atari)
-    raw_vec = make_vector("gym:ALE/Pong-v5", PONG_ENVS, seed=0)
-    actions = np.random.default_rng(0).integers(0, 6, (8, PONG_ENVS))
+    vectors = {
+        "native": make_vector(PONG, PONG_ENVS, seed=0, env=atari),
+        "per-copy": VectorRunner(lambda: make_wrapped(PONG, atari, {}), PONG_ENVS, seed=0),
+        "raw": make_vector(PONG, PONG_ENVS, seed=0),
+    }
+    try:
+        return _pong_measured(vectors, seconds, horizon)
+    finally:
+        for vector in vectors.values():
+            vector.close()
 
-    def stepper(vector: Any, dtype: type) -> Callable[[], int]:
+
+def _pong_measured(vectors: dict[str, Any], seconds: float, horizon: int) -> list[Row]:
+    """The three Pong paths interleaved: the vector alone, then a real collector each."""
+    from shoal.learner.collector import Collector
+    from shoal.learner.models import ModelConfig, build_model
+
+    actions = np.random.default_rng(0).integers(0, 6, (8, PONG_ENVS))
+    dtypes = {"native": np.uint8, "per-copy": np.uint8, "raw": np.float32}
+
+    def stepper(name: str) -> Callable[[], int]:
         # Observations converted as a policy's buffer stores them: uint8 stays, raw frames
         # become float32 (an MLP's input).
         def run() -> int:
             for row in actions:
-                vector.step(row).obs.astype(dtype, copy=False)
+                vectors[name].step(row).obs.astype(dtypes[name], copy=False)
             return len(actions) * PONG_ENVS
 
         return run
 
-    def collector(vector: Any, family: str) -> Collector:
+    def collector(name: str) -> Collector:
+        vector = vectors[name]
+        family = "mlp" if name == "raw" else "auto"
         model = build_model(
             ModelConfig(family=family), vector.single_observation_space, vector.single_action_space
         )
         return Collector("bench", vector, model, horizon, "bench", seed=0)
 
-    try:
-        for vector in (framed_vec, raw_vec):
-            vector.reset()
-        framed_env, raw_env = _interleaved(
-            [stepper(framed_vec, np.uint8), stepper(raw_vec, np.float32)], seconds
-        )
-        framed_col, raw_col = collector(framed_vec, "auto"), collector(raw_vec, "mlp")
-        framed_bytes, raw_bytes = (c.collect().obs.nbytes for c in (framed_col, raw_col))
-        framed, raw = _interleaved(
-            [lambda: framed_col.collect().num_steps, lambda: raw_col.collect().num_steps], seconds
-        )
-    finally:
-        framed_vec.close()
-        raw_vec.close()
-    baseline = "raw frames as float32 + MLP"
-    shape = f"{horizon} steps x {PONG_ENVS} envs"
+    for vector in vectors.values():
+        vector.reset()
+    env = dict(
+        zip(vectors, _interleaved([stepper(name) for name in vectors], seconds), strict=True)
+    )
+    collectors = {name: collector(name) for name in vectors}
+    nbytes = {name: c.collect().obs.nbytes for name, c in collectors.items()}
+    runs = [_collect_steps(c) for c in collectors.values()]
+    col = dict(zip(vectors, _interleaved(runs, seconds), strict=True))
+    raw, raw_mlp = "raw frames as float32", "raw frames as float32 + MLP"
+    native, per_copy = "atari set, ale-py C++ vector", "atari set per copy (numpy)"
+    x = f"x{PONG_ENVS}"
     return [
-        Row(f"Pong env steps/s, vector x{PONG_ENVS}: atari set uint8", "steps/s",
-            framed_env, raw_env, "raw frames as float32", True),
-        Row(f"Pong env steps/s, collector x{PONG_ENVS}: atari set uint8 + CNN", "steps/s",
-            framed, raw, baseline, True),
-        Row(f"Pong fragment observations, {shape}: atari set uint8", "bytes",
-            framed_bytes, raw_bytes, baseline, False),
+        Row(f"Pong env steps/s, vector {x}: {native}", "steps/s", env["native"], env["raw"], raw, True),
+        Row(f"Pong env steps/s, vector {x}: {per_copy}", "steps/s", env["per-copy"], env["raw"], raw, True),
+        Row(f"Pong env steps/s, vector {x}: {native}", "steps/s", env["native"], env["per-copy"], per_copy, True),
+        Row(f"Pong env steps/s, collector {x}: {native} + CNN", "steps/s", col["native"], col["raw"], raw_mlp, True),
+        Row(f"Pong env steps/s, collector {x}: {per_copy} + CNN", "steps/s", col["per-copy"], col["raw"], raw_mlp, True),
+        Row(f"Pong env steps/s, collector {x}: {native} + CNN", "steps/s", col["native"], col["per-copy"], f"{per_copy} + CNN", True),
+        Row(f"Pong fragment observations, {horizon} steps {x}: uint8", "bytes", nbytes["native"], nbytes["raw"], raw_mlp, False),
     ]  # fmt: skip
+
+
+def _collect_steps(collector: Any) -> Callable[[], int]:
+    return lambda: int(collector.collect().num_steps)
 
 
 def _make_rate(factory: Callable[[], Any], seconds: float) -> float:

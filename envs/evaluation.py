@@ -199,6 +199,47 @@ def random_actions(space: spaces.Space[Any], count: int, rng: np.random.Generato
     )
 
 
+def perturb(
+    obs: np.ndarray, sigma: float, space: spaces.Space[Any], rng: np.random.Generator
+) -> np.ndarray:
+    """A batch of observations `obs` [N, ...] of `space` with Gaussian noise of std `sigma`.
+
+    Float observations take σ in their own units. Integer and bool ones (pixels, packed
+    structures) take it as a fraction of each element's range in `space` (σ = 0.1 on 0–255
+    pixels is 25.5 levels, on a one-hot of 4 categories 0.3), and the noisy value is rounded and
+    saturates at the dtype's bounds: 250 + 10 is 255 on uint8, never 4."""
+    noise = rng.normal(0.0, sigma, size=obs.shape)
+    if obs.dtype.kind == "f":
+        return obs + noise.astype(obs.dtype)
+    low, high = _dtype_bounds(obs.dtype)
+    noisy = obs.astype(np.float64) + noise * _value_range(space, obs.dtype)
+    return np.clip(np.rint(noisy), low, high).astype(obs.dtype)
+
+
+def _dtype_bounds(dtype: np.dtype[Any]) -> tuple[float, float]:
+    """The lowest and highest values of an integer or bool dtype, as floats that cast back
+    without overflow (float64 rounds int64's top up to 2**63)."""
+    if dtype.kind == "b":
+        return 0.0, 1.0
+    info = np.iinfo(dtype)
+    low, high = float(info.min), float(info.max)
+    return low, high if int(high) <= info.max else float(np.nextafter(high, 0.0))
+
+
+def _value_range(space: spaces.Space[Any], dtype: np.dtype[Any]) -> np.ndarray | float:
+    """Each element's range (high − low) in `space`; the dtype's where the space is unbounded
+    or says nothing (a single element of the batch, broadcast over it)."""
+    low, high = _dtype_bounds(dtype)
+    if isinstance(space, spaces.MultiDiscrete):
+        return (space.nvec - 1).astype(np.float64)
+    if isinstance(space, spaces.MultiBinary):
+        return 1.0
+    if not isinstance(space, spaces.Box):
+        return high - low
+    span = space.high.astype(np.float64) - space.low.astype(np.float64)
+    return np.where(np.isfinite(span), span, high - low)
+
+
 @dataclass
 class _Condition:
     obs_sigma: float = 0.0
@@ -250,7 +291,7 @@ def _run_episodes(
             )
         seen = obs
         if condition.obs_sigma > 0:
-            seen = obs + rng.normal(0.0, condition.obs_sigma, size=obs.shape).astype(obs.dtype)
+            seen = perturb(obs, condition.obs_sigma, vec.single_observation_space, rng)
         actions = np.asarray(policy(seen))
         if condition.action_eps > 0:
             swap = rng.random(num_envs) < condition.action_eps

@@ -84,7 +84,8 @@ def env_manifest(
 ) -> Manifest:
     """The canonical description of an environment that `env_hash` hashes; a job's `[env]`
     section (`wrappers`) enters it only when it applies something, so the hash of a bare
-    environment is the same as before wrappers existed."""
+    environment is the same as before wrappers existed; with it, the backend that runs it where
+    that changes the frames (ale-py's C++ vector for the `atari` set: envs/ale_vector.py)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
         raise EnvError(f"seed must be an integer or None, got {seed!r}")
     spec = registry.spec(env_id)
@@ -101,7 +102,10 @@ def env_manifest(
         "packages": {name: package_version(name) for name in sorted(spec.requirements)},
     }
     if wrappers is not None and wrappers.active:
-        manifest["env"] = _json_value("env", wrappers.manifest())
+        from shoal.envs.ale_vector import backend_manifest
+
+        section = {**wrappers.manifest(), **backend_manifest(spec.id, kwargs or {}, wrappers)}
+        manifest["env"] = _json_value("env", section)
     text = text_manifest(spec.id, params)
     if text is not None:  # a text environment: its generator, version, parameters, tokenizer
         manifest["text"] = _json_value("text", text)

@@ -11,11 +11,15 @@ The array is uint8 when every part fits in a byte (uint8 and bool Boxes, Discret
 to 2**24). Discrete values are stored from 0 (their `start` subtracted). Text becomes
 `TEXT_BYTES` byte ids of its UTF-8 encoding, 0-padded: longer text is truncated, NUL bytes are
 dropped (0 is the padding). The structure may come from a plugin or a checkpoint, so it is
-bounded: at most `MAX_PARTS` leaves, `MAX_NESTING` levels and `MAX_PACKED` elements.
+bounded: at most `MAX_PARTS` leaves, `MAX_NESTING` levels and `MAX_PACKED` elements. So is each
+observation, which a plugin returns unchecked: a part of the wrong size, non-numbers, NaN or
+infinity, floats for an integer part, integers outside the part's dtype, a Discrete out of range or
+text over `MAX_TEXT_CHARS` characters is a `PackingError`, never a silently cast array.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +38,9 @@ MAX_PARTS = 64
 MAX_NESTING = 4
 MAX_PACKED = 1 << 24
 """Most elements in one packed observation (a 2048×2048×4 image)."""
+MAX_TEXT_CHARS = 4096
+"""Longest text an observation may hold; longer text is an environment bug (or hostile), not
+a mission, and is refused before it is encoded."""
 MAX_CATEGORIES = 1 << 16
 """Most categories of one Discrete element (each becomes a one-hot of this width)."""
 
@@ -67,6 +74,21 @@ class Part:
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+    @functools.cached_property
+    def leaf_dtype(self) -> np.dtype[Any]:
+        """`dtype` as a numpy dtype (not for text), made once: each observation is compared."""
+        return np.dtype(self.dtype)
+
+    @functools.cached_property
+    def start_array(self) -> np.ndarray:
+        """`starts` as int64, made once: each packed observation subtracts it."""
+        return np.array(self.starts, dtype=np.int64)
+
+    @functools.cached_property
+    def category_array(self) -> np.ndarray:
+        """`categories` as int64, made once: each packed observation is checked against it."""
+        return np.array(self.categories, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -309,6 +331,11 @@ def _encode(part: Part, value: Any) -> np.ndarray:
             raise PackingError(
                 f"observation part {_name(part.path)} must be a str, got {type(value).__name__}"
             )
+        if len(value) > MAX_TEXT_CHARS:
+            raise PackingError(
+                f"observation part {_name(part.path)} is a text of {len(value)} characters, "
+                f"over {MAX_TEXT_CHARS}: the environment must return its mission, not a document"
+            )
         data = value.encode("utf-8", errors="replace").replace(b"\0", b"")[: part.size]
         ids = np.zeros(part.size, dtype=np.uint8)
         ids[: len(data)] = np.frombuffer(data, dtype=np.uint8)
@@ -319,9 +346,64 @@ def _encode(part: Part, value: Any) -> np.ndarray:
             f"observation part {_name(part.path)} has {array.size} elements, its space says "
             f"{part.size}"
         )
+    _check_values(part, array)
     if part.kind == "one-hot":
-        return array.astype(np.int64) - np.array(part.starts, dtype=np.int64)
+        ints = array.astype(np.int64) - part.start_array
+        if _outside(ints, part):
+            raise PackingError(
+                f"observation part {_name(part.path)} holds a value outside its Discrete "
+                f"(categories {list(part.categories)[:8]} from {list(part.starts)[:8]})"
+            )
+        return ints
     return array
+
+
+def _outside(ints: np.ndarray, part: Part) -> bool:
+    """Whether a one-hot part's values (from 0) leave their categories; one Discrete is
+    compared as a Python int, a numpy reduction costing more than the whole packing."""
+    if ints.size == 1:
+        value = int(ints[0])
+        return not 0 <= value < part.categories[0]
+    return bool((ints < 0).any() or (ints >= part.category_array).any())
+
+
+def _finite(array: np.ndarray) -> bool:
+    """No NaN or ±inf (both survive a sum, in float64 so large finite values do not overflow);
+    a short vector is summed in Python, faster than a numpy reduction's set-up."""
+    total = sum(array.tolist()) if array.size <= 64 else array.sum(dtype=np.float64)
+    return math.isfinite(total)
+
+
+def _check_values(part: Part, array: np.ndarray) -> None:
+    """Refuse values the packed array would silently change: non-numbers, NaN or infinity,
+    floats for an integer part, and integers outside the range of the part's dtype. Runs for
+    every observation: the common cases cost a dtype comparison or one reduction."""
+    kind, leaf = array.dtype.kind, part.leaf_dtype
+    if kind == "f":
+        if leaf.kind != "f":
+            raise PackingError(
+                f"observation part {_name(part.path)} holds {array.dtype} values; its space "
+                f"says {part.dtype}: return integers (e.g. np.asarray(x, dtype=np.uint8))"
+            )
+        if not _finite(array):
+            raise PackingError(
+                f"observation part {_name(part.path)} holds NaN or infinite values: fix the "
+                "environment"
+            )
+        return
+    if kind not in "biu":
+        raise PackingError(
+            f"observation part {_name(part.path)} holds {array.dtype} values; its space says "
+            f"{part.dtype}"
+        )
+    if array.dtype == leaf or part.kind == "one-hot" or leaf.kind == "f" or not array.size:
+        return  # its own dtype fits; one-hots are checked by category; floats hold integers
+    low, high = (0, 1) if leaf.kind == "b" else (np.iinfo(leaf).min, np.iinfo(leaf).max)
+    if array.min() < low or array.max() > high:
+        raise PackingError(
+            f"observation part {_name(part.path)} holds values outside {low}..{high}, which "
+            f"its {part.dtype} space does not allow"
+        )
 
 
 def _decode(part: Part, values: np.ndarray) -> Any:

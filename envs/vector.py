@@ -18,6 +18,7 @@ from gymnasium import spaces
 
 from shoal.envs.base import BaseEnvironment
 from shoal.envs.errors import EnvError, InvalidAction
+from shoal.envs.packed_obs import PackedBox, needs_packing, pack
 
 if TYPE_CHECKING:
     from shoal.envs.wrappers import EnvConfig
@@ -105,7 +106,12 @@ TRUE_END = "shoal.true_end"
 """The `info` keys of envs/wrappers.py's `TrueEpisode`: the return so far of the innermost
 environment, and whether it ended at this step."""
 
-_ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+def packed_space(space: spaces.Space[Any]) -> PackedBox | None:
+    """The `PackedBox` a vector stacks for a structured observation space (Dict, Tuple, Text,
+    Discrete: envs/packed_obs.py, as the Gymnasium adapter packs `gym:` ids), or None for an
+    array space, stacked as it is. PackingError for a space that cannot be packed."""
+    return PackedBox(space) if needs_packing(space) else None
 
 
 class VectorRunner(VectorEnvironment):
@@ -133,15 +139,13 @@ class VectorRunner(VectorEnvironment):
             self.close()
             raise
         self.num_envs = num_envs
-        self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
-        if not isinstance(self.single_observation_space, _ARRAY_SPACES):
+        try:
+            self._packed = packed_space(self.envs[0].observation_space)
+        except BaseException:
             self.close()
-            raise EnvError(
-                f"a vector stacks array observations, but this environment observes "
-                f"{self.single_observation_space}; flatten it first (e.g. with "
-                "gymnasium.wrappers.FlattenObservation) or choose an array-observation variant"
-            )
+            raise
+        self.single_observation_space = self._packed or self.envs[0].observation_space
         self._seed = seed
         self._returns = np.zeros(num_envs, dtype=np.float64)
         self._lengths = np.zeros(num_envs, dtype=np.int32)
@@ -210,6 +214,8 @@ class VectorRunner(VectorEnvironment):
             env.close()
 
     def _stack(self, observations: Sequence[Any]) -> np.ndarray:
+        if self._packed is not None:
+            return np.stack([pack(self._packed.layout, obs) for obs in observations])
         array = np.stack([np.asarray(obs) for obs in observations])
         return array.astype(np.float32) if array.dtype.kind == "f" else array
 
@@ -227,7 +233,8 @@ def make_vector(
     **kwargs: Any,
 ) -> VectorEnvironment:
     """N copies of `env_id`: the native batched implementation where one is registered and
-    `env` (a job's `[env]` section) applies nothing, else a `VectorRunner` of wrapped copies.
+    `env` (a job's `[env]` section) applies nothing, ale-py's C++ vector for an ALE game whose
+    `env` is the `atari` set alone (envs/ale_vector.py), else a `VectorRunner` of wrapped copies.
 
     `seed` seeds the batch (the next `reset()` starts from it); kwargs go to the environment
     as in `make`, including `max_episode_steps` to override the registered time limit.
@@ -236,8 +243,12 @@ def make_vector(
 
     if env is None or not env.active:
         return default_registry.make_vector(env_id, num_envs, seed=seed, **kwargs)
+    from shoal.envs.ale_vector import make_native_atari
     from shoal.envs.wrappers import make_wrapped
 
     check_num_envs(num_envs)
+    native = make_native_atari(env_id, num_envs, seed, env, kwargs)
+    if native is not None:
+        return native
     config = env
     return VectorRunner(lambda: make_wrapped(env_id, config, kwargs), num_envs, seed)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from shoal.learner.errors import LearnerError
 
@@ -68,6 +69,20 @@ class StepLayout:
         return self.fixed_bytes + horizon * self.step_bytes
 
 
+def step_layout(
+    num_envs: int,
+    obs_shape: tuple[int, ...],
+    obs_dtype: np.dtype[Any],
+    action_space: spaces.Space[Any],
+) -> StepLayout:
+    """The layout of a fragment of `num_envs` observations as the policy takes them
+    (`obs_shape`, `obs_dtype`) and actions of `action_space` as the collector stores them:
+    int64 for Discrete, float32 x A for a Box."""
+    action_shape = tuple(getattr(action_space, "shape", None) or ())
+    action_dtype = np.dtype(np.float32 if action_shape else np.int64)
+    return StepLayout(num_envs, tuple(obs_shape), np.dtype(obs_dtype), action_shape, action_dtype)
+
+
 def fit_horizon(wanted: int, step_bytes: int, fixed_bytes: int, max_frame_bytes: int) -> int:
     """The largest horizon up to `wanted` whose frame (`fixed_bytes` + horizon ×
     `step_bytes`) is at most `max_frame_bytes`; 0 when not even one step fits."""
@@ -105,6 +120,14 @@ def too_large(layout: StepLayout, max_frame_bytes: int) -> str:
         return f"{what}; even one environment's observation is too big: use {shrink}"
     return (
         f"{what}: use at most {envs} environments per actor (--envs, rollout.num_envs) or {shrink}"
+    )
+
+
+def shortened(wanted: int, horizon: int, layout: StepLayout, max_frame_bytes: int) -> str:
+    """Why fragments are `horizon` steps rather than the `wanted` ones, with both sizes."""
+    return (
+        f"a fragment of {describe(wanted, layout)} would exceed the transport's frame limit of "
+        f"{max_frame_bytes / MIB:.1f} MiB; collecting fragments of {describe(horizon, layout)}"
     )
 
 

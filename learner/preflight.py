@@ -5,7 +5,9 @@ Without it a mismatch (a cnn on vector observations, an MLP on raw Atari frames,
 model on a control task, an action space no policy can output) is found by every learner rank
 and rollout worker at start-up, and each crash-loops until the job's restart budget is spent.
 Here it is one `PreflightError` (a TrainError: one line, exit 2) that names the reason and the
-fix. `trainable` asks the same question of an id with every default, for `shoal envs list`.
+fix. The model built also sizes the fragments: a configuration where not even one step fits in
+a transport frame is refused here too, and a horizon the actors will shorten is said up front.
+`trainable` asks the same questions of an id with every default, for `shoal envs list`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from shoal.rundir import TrainError
 if TYPE_CHECKING:
     from gymnasium import spaces
 
-    from shoal.learner.models import ModelConfig
+    from shoal.learner.config import RolloutConfig
+    from shoal.learner.models import ModelConfig, PolicyModel
 
 NATURE_CNN_MIN = 36
 """The smallest image side the Nature CNN's three convolutions take (learner/models/cnn.py):
@@ -97,9 +100,10 @@ def check_spaces(
     model: ModelConfig,
     observation_space: spaces.Space[Any],
     action_space: spaces.Space[Any],
-) -> None:
+) -> PolicyModel:
     """Refuse (PreflightError) a model that cannot train on these spaces: the known mismatches
-    by name, anything else by building the model once, as every rank will."""
+    by name, anything else by building the model once, as every rank will. Returns the model
+    built (its observation dtype sizes the fragments: `check_fragment`)."""
     from shoal.learner.errors import PolicyError
     from shoal.learner.models import build_model
 
@@ -107,12 +111,42 @@ def check_spaces(
     if reason is not None:
         raise PreflightError(reason)
     try:
-        build_model(model, observation_space, action_space)
+        return build_model(model, observation_space, action_space)
     except (PolicyError, TypeError) as exc:
         raise PreflightError(
             f"model.family = {model.family!r} cannot be built for {env_id} (observations "
             f"{observation_space}, actions {action_space}): {exc}"
         ) from None
+
+
+def check_fragment(
+    rollout: RolloutConfig,
+    policy: PolicyModel,
+    action_space: spaces.Space[Any],
+    max_frame_bytes: int | None = None,
+) -> str | None:
+    """The horizon each rollout actor will use, as the actor computes it (learner/fragment_size.py):
+    PreflightError when not even one step of `rollout.num_envs` environments fits in a frame of
+    `max_frame_bytes` (default: the rollout workers' transport's), with the sizes and the fix; one
+    line saying the horizon asked and the one used when it is shortened; None when it fits."""
+    from shoal.learner.fragment_size import (
+        FragmentTooLarge,
+        fitted_horizon,
+        shortened,
+        step_layout,
+    )
+    from shoal.runtime.wire import DEFAULT_MAX_FRAME_BYTES
+
+    max_frame_bytes = max_frame_bytes or DEFAULT_MAX_FRAME_BYTES
+    layout = step_layout(rollout.num_envs, policy.obs_shape, policy.obs_dtype, action_space)
+    try:
+        horizon = fitted_horizon(rollout.horizon, layout, max_frame_bytes)
+    except FragmentTooLarge as exc:
+        raise PreflightError(str(exc)) from None
+    if horizon == rollout.horizon:
+        return None
+    reason = shortened(rollout.horizon, horizon, layout, max_frame_bytes)
+    return f"rollout.horizon: {rollout.horizon} asked, {horizon} used: {reason}"
 
 
 def trainable(env_id: str) -> str:
@@ -132,7 +166,8 @@ def trainable(env_id: str) -> str:
             spaces_of = (env.single_observation_space, env.single_action_space)
         finally:
             env.close()
-        check_spaces(env_id, cfg.model, *spaces_of)
+        policy = check_spaces(env_id, cfg.model, *spaces_of)
+        check_fragment(cfg.rollout, policy, spaces_of[1])
     except ShoalError as exc:
         return str(exc)
     return ""

@@ -131,20 +131,28 @@ def evaluate_checkpoint(
 
 
 def _check_env(env_id: str, cfg: TrainConfig) -> None:
-    """Pre-flight: make one copy here, wrapped as the workers wrap it, and build the model for
-    its spaces (learner/preflight.py), so bad env_kwargs or a model that cannot train on the
-    environment are one clear error, not crash-looping ranks and workers."""
+    """Pre-flight: make one copy here, wrapped as the workers wrap it, build the model for its
+    spaces, size its fragments (learner/preflight.py) and reset it once, so bad env_kwargs, a
+    model that cannot train on the environment, a fragment no frame holds or a plugin's first
+    observation that does not fit its space are one clear error, not crash-looping ranks and
+    workers. A horizon the actors will shorten is printed as one line."""
     from shoal.envs.vector import make_vector
-    from shoal.learner.preflight import check_spaces
+    from shoal.learner.preflight import check_fragment, check_spaces
 
     try:
         env = make_vector(env_id, 1, seed=cfg.seed, env=cfg.env, **cfg.env_kwargs)
     except TypeError as exc:
         raise TrainError(f"env_kwargs {cfg.env_kwargs!r} don't fit {env_id}: {exc}") from None
     try:
-        check_spaces(env_id, cfg.model, env.single_observation_space, env.single_action_space)
+        policy = check_spaces(
+            env_id, cfg.model, env.single_observation_space, env.single_action_space
+        )
+        note = check_fragment(cfg.rollout, policy, env.single_action_space)
+        env.reset()  # a first observation that does not fit its space: one PackingError here
     finally:
         env.close()
+    if note is not None:
+        print(note, flush=True)
 
 
 def _step_env_id(cfg: TrainConfig) -> str:

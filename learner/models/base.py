@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
 from shoal.learner.errors import BadFragment, PolicyError
+from shoal.learner.models.config import LIMITS, MAX_LAYERS
 from shoal.learner.models.spaces import space_to_json
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -40,6 +41,23 @@ def action_layout(action_space: spaces.Space[Any]) -> tuple[bool, int]:
     if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
         return False, int(action_space.shape[0])
     raise PolicyError(f"policies support Discrete or 1-D Box action spaces, got {action_space}")
+
+
+def check_widths(
+    family: str, key: str, widths: tuple[int, ...], most: int = MAX_LAYERS
+) -> tuple[int, ...]:
+    """`widths` (a family's `hidden` or `channels`: one layer each) when it lists 1 to `most`
+    integers within `LIMITS[key]`; else PolicyError naming the family and the key. A spec is
+    read back from storage, so this holds for a rebuilt model as for a new one."""
+    low, high = LIMITS[key]
+    widths = tuple(widths)
+    if not 1 <= len(widths) <= most or any(
+        isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high for v in widths
+    ):
+        raise PolicyError(
+            f"{family} {key} must list 1 to {most} widths from {low} to {high}, got {widths}"
+        )
+    return widths
 
 
 class PolicyModel(nn.Module):
@@ -94,9 +112,34 @@ class PolicyModel(nn.Module):
         """The submodules a sharded learner wraps one by one (then the root)."""
         raise NotImplementedError
 
+    spec_keys: ClassVar[tuple[str, ...]] = ()
+    """The constructor's width-list arguments after the spaces, in order (`hidden`; the cnn's
+    `channels`, `hidden`), each kept as an attribute of the same name: what `family_spec`
+    stores and `from_spec` passes back, so a checkpoint rebuilds the same architecture."""
+
+    @classmethod
+    def from_spec(
+        cls,
+        observation_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
+        spec: Mapping[str, Any],
+    ) -> Self:
+        """The family's model rebuilt from a stored spec (read back from storage, so each key
+        is checked to be a list before the constructor checks its widths)."""
+        widths: list[tuple[Any, ...]] = []
+        for key in cls.spec_keys:
+            value = spec.get(key)
+            if not isinstance(value, list):
+                raise PolicyError(
+                    f"{cls.family} spec: {key} must be a list of widths, got {value!r:.80}"
+                )
+            widths.append(tuple(value))
+        build: Callable[..., Self] = cls  # a family's constructor: the spaces, then spec_keys
+        return build(observation_space, action_space, *widths)
+
     def family_spec(self) -> dict[str, Any]:
         """The family's own keys of `spec()` (sizes), JSON-able."""
-        return {}
+        return {key: list(getattr(self, key)) for key in self.spec_keys}
 
     def accepts_obs_shape(self, obs_shape: tuple[int, ...]) -> bool:
         """Whether wire observations of this shape fit (the MLP also takes them flattened)."""

@@ -13,7 +13,6 @@ the same network.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,8 +21,7 @@ from gymnasium import spaces
 from torch import nn
 
 from shoal.learner.errors import PolicyError
-from shoal.learner.models.base import PolicyModel
-from shoal.learner.models.config import LIMITS, MAX_LAYERS
+from shoal.learner.models.base import PolicyModel, check_widths
 
 _KERNELS = ((8, 4), (4, 2), (3, 1))
 _SMALL_KERNELS = ((3, 1),)
@@ -48,6 +46,7 @@ class CNNPolicy(PolicyModel):
     """The cnn family: a 3-D uint8 Box observation, Discrete or 1-D Box actions."""
 
     family = "cnn"
+    spec_keys = ("channels", "hidden")
 
     def __init__(
         self,
@@ -62,8 +61,8 @@ class CNNPolicy(PolicyModel):
                 f"the cnn family needs image observations (a 3-D uint8 Box), got "
                 f"{observation_space}; use family 'mlp' for vectors"
             )
-        self.channels = _widths("channels", channels, _MAX_CONVS)
-        self.hidden = _widths("hidden", hidden, MAX_LAYERS)
+        self.channels = check_widths("cnn", "channels", channels, _MAX_CONVS)
+        self.hidden = check_widths("cnn", "hidden", hidden)
         h, w, c = self.obs_shape
         # [H, W, C] when the last axis is the smallest (RGB, grey): Gymnasium's image layout.
         self.channels_last = c < h and c < w
@@ -92,21 +91,6 @@ class CNNPolicy(PolicyModel):
             self.log_std = nn.Parameter(torch.zeros(self.action_dim))
         self.critic = _init(nn.Linear(size, 1), 1.0)
 
-    @classmethod
-    def from_spec(
-        cls,
-        observation_space: spaces.Space[Any],
-        action_space: spaces.Space[Any],
-        spec: Mapping[str, Any],
-    ) -> CNNPolicy:
-        channels, hidden = spec.get("channels"), spec.get("hidden")
-        if not isinstance(channels, list) or not isinstance(hidden, list):
-            raise PolicyError("cnn spec: channels and hidden must be lists of widths")
-        return cls(observation_space, action_space, tuple(channels), tuple(hidden))
-
-    def family_spec(self) -> dict[str, Any]:
-        return {"channels": list(self.channels), "hidden": list(self.hidden)}
-
     def prepare(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.to(torch.float32) / 255.0
         return x.permute(0, 3, 1, 2) if self.channels_last else x
@@ -117,15 +101,3 @@ class CNNPolicy(PolicyModel):
 
     def shard_units(self) -> list[nn.Module]:
         return [self.torso]
-
-
-def _widths(key: str, widths: tuple[int, ...], most: int) -> tuple[int, ...]:
-    low, high = LIMITS["channels" if key == "channels" else "hidden"]
-    widths = tuple(widths)
-    if not 1 <= len(widths) <= most or any(
-        isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high for v in widths
-    ):
-        raise PolicyError(
-            f"cnn {key} must list 1 to {most} widths from {low} to {high}, got {widths}"
-        )
-    return widths

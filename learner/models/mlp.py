@@ -19,8 +19,7 @@ from gymnasium import spaces
 from torch import nn
 
 from shoal.learner.errors import PolicyError
-from shoal.learner.models.base import PolicyModel
-from shoal.learner.models.config import LIMITS, MAX_LAYERS
+from shoal.learner.models.base import PolicyModel, check_widths
 from shoal.learner.models.spaces import space_from_json
 
 
@@ -46,6 +45,7 @@ class MLPPolicy(PolicyModel):
     """The MLP family: any Box observation (flattened, as float32), Discrete or 1-D Box actions."""
 
     family = "mlp"
+    spec_keys = ("hidden",)
 
     def __init__(
         self,
@@ -54,33 +54,12 @@ class MLPPolicy(PolicyModel):
         hidden: tuple[int, ...] = (64, 64),
     ) -> None:
         super().__init__(observation_space, action_space, np.float32)
-        hidden = tuple(hidden)
-        low, high = LIMITS["hidden"]
-        if not 1 <= len(hidden) <= MAX_LAYERS or any(
-            isinstance(h, bool) or not isinstance(h, int) or not low <= h <= high for h in hidden
-        ):
-            raise PolicyError(f"hidden must list positive layer widths, got {hidden}")
-        self.hidden = hidden
+        self.hidden = hidden = check_widths("mlp", "hidden", hidden)
         self.obs_dim = math.prod(self.obs_shape)
         self.actor = mlp(self.obs_dim, hidden, self.action_dim, 0.01)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(self.action_dim))
         self.critic = mlp(self.obs_dim, hidden, 1, 1.0)
-
-    @classmethod
-    def from_spec(
-        cls,
-        observation_space: spaces.Space[Any],
-        action_space: spaces.Space[Any],
-        spec: Mapping[str, Any],
-    ) -> MLPPolicy:
-        hidden = spec.get("hidden")
-        if not isinstance(hidden, list):
-            raise PolicyError(f"mlp spec: hidden must be a list of widths, got {hidden!r:.80}")
-        return cls(observation_space, action_space, tuple(hidden))
-
-    def family_spec(self) -> dict[str, Any]:
-        return {"hidden": list(self.hidden)}
 
     def accepts_obs_shape(self, obs_shape: tuple[int, ...]) -> bool:
         return obs_shape in (self.obs_shape, (self.obs_dim,))

@@ -17,7 +17,6 @@ tanh MLPs (`hidden`) make the policy and the value, initialised as CleanRL does:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -27,8 +26,7 @@ from torch import nn
 
 from shoal.envs.packed_obs import Layout, PackedBox, Part
 from shoal.learner.errors import PolicyError
-from shoal.learner.models.base import PolicyModel
-from shoal.learner.models.config import LIMITS, MAX_LAYERS
+from shoal.learner.models.base import PolicyModel, check_widths
 from shoal.learner.models.mlp import mlp
 
 LARGE_IMAGE = 36
@@ -52,6 +50,7 @@ class MultiPolicy(PolicyModel):
     """The multi family: a `PackedBox` observation, Discrete or 1-D Box actions."""
 
     family = "multi"
+    spec_keys = ("hidden",)
 
     def __init__(
         self,
@@ -67,13 +66,7 @@ class MultiPolicy(PolicyModel):
             )
         lay: Layout = observation_space.layout
         super().__init__(observation_space, action_space, np.dtype(lay.dtype).type)
-        low, high = LIMITS["hidden"]
-        hidden = tuple(hidden)
-        if not 1 <= len(hidden) <= MAX_LAYERS or any(
-            isinstance(h, bool) or not isinstance(h, int) or not low <= h <= high for h in hidden
-        ):
-            raise PolicyError(f"multi hidden must list 1 to {MAX_LAYERS} widths, got {hidden}")
-        self.hidden = hidden
+        self.hidden = hidden = check_widths("multi", "hidden", hidden)
         self.parts = lay.parts
         encoders = [_encoder(part) for part in lay.parts]
         width = sum(encoder.out_features for encoder in encoders)
@@ -82,21 +75,6 @@ class MultiPolicy(PolicyModel):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(self.action_dim))
         self.critic = mlp(width, hidden, 1, 1.0)
-
-    @classmethod
-    def from_spec(
-        cls,
-        observation_space: spaces.Space[Any],
-        action_space: spaces.Space[Any],
-        spec: Mapping[str, Any],
-    ) -> MultiPolicy:
-        hidden = spec.get("hidden")
-        if not isinstance(hidden, list):
-            raise PolicyError(f"multi spec: hidden must be a list of widths, got {hidden!r:.80}")
-        return cls(observation_space, action_space, tuple(hidden))
-
-    def family_spec(self) -> dict[str, Any]:
-        return {"hidden": list(self.hidden)}
 
     def prepare(self, obs: torch.Tensor) -> torch.Tensor:
         """The packed array as it came; each encoder converts its own slice."""

@@ -200,3 +200,54 @@ def test_an_observation_that_does_not_fit_its_space_is_refused() -> None:
         pack(lay, {"pos": [0, 0], "name": 5})
     with pytest.raises(PackingError, match="has 10 elements, got 3"):
         unpack(lay, np.zeros(3))
+
+
+_READINGS = spaces.Dict(
+    {"cells": spaces.Box(0, 255, (6,), np.uint8), "speed": spaces.Box(-5.0, 5.0, (2,), np.float32)}
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(-400, 400), min_size=6, max_size=6),
+    st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=2, max_size=2),
+)
+def test_an_observation_packs_exactly_or_is_refused_never_cast(
+    cells: list[int], speed: list[float]
+) -> None:
+    lay = layout(_READINGS)
+    observation = {"cells": np.array(cells, np.int64), "speed": np.array(speed, np.float32)}
+    fits = all(0 <= c <= 255 for c in cells) and all(np.isfinite(speed))
+    if not fits:
+        with pytest.raises(PackingError, match=r"outside 0\.\.255|NaN or infinite"):
+            pack(lay, observation)
+        return
+    back = unpack(lay, pack(lay, observation))
+    assert back["cells"].tolist() == cells
+    assert back["speed"].tolist() == np.array(speed, np.float32).tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 9), st.integers(-3, 3), st.integers(-20, 20))
+def test_a_discrete_value_outside_its_space_is_refused(n: int, start: int, value: int) -> None:
+    lay = layout(spaces.Tuple([spaces.Discrete(n, start=start)]))
+    if start <= value < start + n:
+        assert unpack(lay, pack(lay, (value,))) == (value,)
+    else:
+        with pytest.raises(PackingError, match="outside its Discrete"):
+            pack(lay, (value,))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 9), st.integers(-12, 12)), min_size=2, max_size=5))
+def test_a_multidiscrete_value_outside_its_space_is_refused(
+    cells: list[tuple[int, int]],
+) -> None:
+    nvec = [n for n, _ in cells]
+    values = np.array([v for _, v in cells], dtype=np.int64)
+    lay = layout(spaces.MultiDiscrete(nvec))
+    if all(0 <= v < n for n, v in cells):
+        assert unpack(lay, pack(lay, values)).tolist() == values.tolist()
+    else:
+        with pytest.raises(PackingError, match="outside its Discrete"):
+            pack(lay, values)

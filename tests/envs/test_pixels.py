@@ -1,6 +1,7 @@
-"""Pixels end to end: the `atari` wrapper set gives uint8 [4, 84, 84] frames that `auto` hands to
-the CNN and a real collector puts into fragments as uint8; returns reported are whole games;
-MinAtar's boolean frames become uint8 images and Breakout trains through `shoal train`."""
+"""Pixels end to end: the `atari` wrapper set (natively or per copy) gives uint8 [4, 84, 84]
+frames that `auto` hands to the CNN and a real collector puts into fragments as uint8; returns
+reported are whole games; MinAtar's boolean frames become uint8 images and MinAtar Breakout
+trains through `shoal train`."""
 
 from __future__ import annotations
 
@@ -55,11 +56,18 @@ def test_pong_with_the_atari_set_travels_as_uint8_frames_into_a_cnn_fragment(
     assert set(np.unique(fragment.rewards)) <= {-1.0, 0.0, 1.0}
 
 
-def test_breakout_reports_whole_games_while_each_life_ends_the_learners_episode() -> None:
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"mode": 0}],  # ale-py's C++ vector; the per-copy wrappers (mode has no C++ equivalent)
+    ids=["native", "per-copy"],
+)
+def test_breakout_reports_whole_games_while_each_life_ends_the_learners_episode(
+    kwargs: dict[str, int],
+) -> None:
     rng = np.random.default_rng(0)
     dones = ended = 0
     returns: list[float] = []
-    with make_vector("gym:ALE/Breakout-v5", 2, seed=0, env=ATARI) as vec:
+    with make_vector("gym:ALE/Breakout-v5", 2, seed=0, env=ATARI, **kwargs) as vec:
         vec.reset()
         while ended < 2:
             step = vec.step(rng.integers(0, 4, 2))

@@ -14,7 +14,13 @@ import pytest
 from gymnasium import spaces
 
 from shoal.learner.models import ModelConfig
-from shoal.learner.preflight import PreflightError, check_spaces, mismatch, trainable
+from shoal.learner.preflight import (
+    PreflightError,
+    check_fragment,
+    check_spaces,
+    mismatch,
+    trainable,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ALE_BANNER = ("A.L.E: Arcade Learning Environment", "[Powered by Stella]")
@@ -108,3 +114,65 @@ def test_a_model_that_cannot_be_built_is_refused_with_its_reason() -> None:
 def test_trainable_says_why_not_or_nothing() -> None:
     assert trainable("CartPole-v1") == ""
     assert trainable("CodeGen-v1") == ""  # text: the token path builds its causal LM
+
+
+GRIDWORLD_64 = 'env_id = "GridWorld-v1"\nenv_kwargs = {{ size = 64 }}\n[rollout]\nnum_envs = {}\n'
+"""A 64x64 GridWorld observes 20,481 float32s: 81,958 bytes per environment and step."""
+
+
+@pytest.mark.timeout(240)
+def test_shoal_train_refuses_a_fragment_no_frame_holds_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "job.toml").write_text(GRIDWORLD_64.format(4096))
+    done = shoal_train(tmp_path, "job.toml", "--no-eval")
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    line = lines[0]
+    assert line.startswith("shoal: error: one step of 4096 environment(s)"), line
+    assert "shape [20481] is 320.2 MiB" in line
+    assert "frame limit of 256.0 MiB (max_frame_bytes)" in line
+    assert "at most 3274 environments per actor (--envs, rollout.num_envs)" in line
+    assert not (tmp_path / "runs").exists()  # refused before a run directory or a cluster
+
+
+@pytest.mark.timeout(240)
+def test_shoal_train_says_before_starting_that_the_horizon_will_be_shortened(
+    tmp_path: Path,
+) -> None:
+    # 128 copies: 32 steps make 320 MiB, 25 fit. The run is stopped right after the pre-flight
+    # by a run directory that cannot be made (under a file), so no 250 MiB fragment is
+    # collected on a test machine; the line is printed before that.
+    (tmp_path / "job.toml").write_text(GRIDWORLD_64.format(128))
+    (tmp_path / "a-file").write_text("")
+    done = shoal_train(tmp_path, "job.toml", "--no-eval", "--run-dir", "a-file/run")
+    assert done.returncode == 2, done.stderr
+    assert "cannot create run directory" in done.stderr
+    shrunk = [line for line in done.stdout.splitlines() if line.startswith("rollout.horizon")]
+    assert shrunk == [
+        "rollout.horizon: 32 asked, 25 used: a fragment of 32 steps x 128 envs (320.2 MiB) "
+        "would exceed the transport's frame limit of 256.0 MiB; collecting fragments of 25 "
+        "steps x 128 envs (250.2 MiB)"
+    ]
+
+
+def test_the_pre_flight_horizon_is_the_one_the_collector_uses() -> None:
+    from shoal.envs import make_vector
+    from shoal.learner.collector import Collector
+    from shoal.learner.config import RolloutConfig
+    from shoal.learner.models import build_model
+
+    with make_vector("GridWorld-v1", 128, seed=0, size=64) as env:
+        policy = build_model(ModelConfig(), env.single_observation_space, env.single_action_space)
+        collector = Collector("a", env, policy, 32, "hash", 0, max_frame_bytes=256 << 20)
+        note = check_fragment(
+            RolloutConfig(num_envs=128, horizon=32), policy, env.single_action_space
+        )
+        fits = check_fragment(
+            RolloutConfig(num_envs=128, horizon=25), policy, env.single_action_space
+        )
+    assert collector.horizon == 25
+    assert note is not None
+    assert note.startswith("rollout.horizon: 32 asked, 25 used: ")
+    assert fits is None
+    with pytest.raises(PreflightError, match="use at most 3274 environments per actor"):
+        check_fragment(RolloutConfig(num_envs=4096), policy, env.single_action_space)

@@ -1,0 +1,283 @@
+"""The `atari` set run by the Arcade Learning Environment's own C++ vector (`AtariVectorEnv`).
+
+The per-copy path (envs/atari.py around each Gymnasium copy, stepped one after another by
+`VectorRunner`) spends most of its time in Python: four emulator calls, a max-pool, a resize
+and a frame stack per copy per step. ale-py ships the same preprocessing in C++, stepping the
+copies on its own threads, so `make_vector` uses it for an ALE game whose job applies the
+`atari` set alone (any other wrapper or normalisation keeps the per-copy path, which composes).
+
+Two parts stay here, in numpy, because the learner and the reports need them as the per-copy
+path gives them: a lost life ends the learner's episode (`done`) while `episode_end`,
+`episode_return` and `episode_length` describe whole games with the game's unclipped score, so
+the emulator runs without its own episodic life and reward clipping and both are applied to
+its output. Frames differ from the per-copy path's (OpenCV's area resize of the emulator's grey
+palette, FIRE once before the no-ops and never after a lost life), so the environment hash
+records the backend (`backend_manifest`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from gymnasium import spaces
+
+from shoal.envs.atari import AtariOptions, ale_make_kwargs, is_ale
+from shoal.envs.errors import EnvError
+from shoal.envs.vector import VectorEnvironment, VectorStep, check_actions, check_num_envs
+
+if TYPE_CHECKING:
+    from ale_py.vector_env import AtariVectorEnv
+
+    from shoal.envs.wrappers import EnvConfig
+
+BACKEND = "ale_py.AtariVectorEnv"
+"""What the environment hash records as the backend of the native path."""
+
+SEED_MODULUS = 2**31
+"""The emulator takes a non-negative C int seed: copy i is seeded with (seed + i) mod 2**31."""
+
+MAX_FRAMES = 2**31 - 1
+_MAPPED = {
+    "game",
+    "frameskip",
+    "obs_type",
+    "repeat_action_probability",
+    "full_action_space",
+    "max_num_frames_per_episode",
+    "max_episode_steps",
+}
+"""Gymnasium ALE keyword arguments the C++ vector has an equivalent for; with any other (mode,
+difficulty, continuous, render_mode...) the per-copy path runs instead."""
+
+
+class AleVectorError(EnvError):
+    """A keyword argument cannot be given to the native Atari vector as it is."""
+
+
+def native_atari(env_id: str, kwargs: Mapping[str, Any], cfg: EnvConfig | None) -> str | None:
+    """The Gymnasium id to run with `AleVector` when `env_id` is an ALE game, the job's `[env]`
+    is the `atari` set alone and every keyword argument maps onto the C++ vector; else None."""
+    if cfg is None or cfg.normalize_observation or cfg.normalize_reward:
+        return None
+    if len(cfg.specs) != 1 or cfg.specs[0].name != "atari":
+        return None
+    gym_id = _gym_id(env_id)
+    if gym_id is None or not is_ale(gym_id):
+        return None
+    game = _game_kwargs(gym_id, kwargs)
+    if not set(game) <= _MAPPED or game.get("obs_type") not in ("grayscale", "rgb"):
+        return None
+    return gym_id if importlib.util.find_spec("ale_py.vector_env") else None
+
+
+def make_native_atari(
+    env_id: str, num_envs: int, seed: int | None, cfg: EnvConfig, kwargs: Mapping[str, Any]
+) -> AleVector | None:
+    """`AleVector` for `env_id` where `native_atari` chooses it, else None."""
+    gym_id = native_atari(env_id, kwargs, cfg)
+    if gym_id is None:
+        return None
+    return AleVector(gym_id, num_envs, AtariOptions(**cfg.specs[0].kwargs), kwargs, seed)
+
+
+def backend_manifest(env_id: str, kwargs: Mapping[str, Any], cfg: EnvConfig) -> dict[str, Any]:
+    """What the environment hash adds for the backend: frames differ between the two paths."""
+    return {"backend": BACKEND} if native_atari(env_id, kwargs, cfg) else {}
+
+
+def _gym_id(env_id: str) -> str | None:
+    from shoal.envs.gym_adapter import make_gym
+    from shoal.envs.registry import default_registry
+
+    spec = default_registry.spec(env_id)
+    return str(spec.kwargs["gym_id"]) if spec.entry_point is make_gym else None
+
+
+def _game_kwargs(gym_id: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Gymnasium's registered kwargs for the game (its time limit too) with the job's on top;
+    a frameskip other than 1 refused as the per-copy path refuses it."""
+    import gymnasium
+
+    spec = gymnasium.spec(gym_id)
+    registered = dict(spec.kwargs)
+    if spec.max_episode_steps is not None:
+        registered["max_episode_steps"] = spec.max_episode_steps
+    return {**registered, **ale_make_kwargs(gym_id, dict(kwargs))}
+
+
+def default_threads(num_envs: int) -> int:
+    """One emulator thread per core this process may run on, never more than copies: the policy
+    runs while the threads wait, so a rollout worker's copies use the cores between forwards.
+    No pinning (other workers share the cores)."""
+    return max(1, min(num_envs, len(os.sched_getaffinity(0))))
+
+
+class AleVector(VectorEnvironment):
+    """N copies of one ALE game with the `atari` set, stepped by ale-py's C++ vector.
+
+    Auto-reset is the same step's (`final_obs` is the frame before the reset); sticky actions
+    take the id's own probability (0.25 for v5) as the per-copy path does; the time limit
+    (`max_episode_steps`, or the game's `max_num_frames_per_episode`) counts emulator frames as
+    the per-copy path's does (it makes the game with `frameskip=1`).
+    """
+
+    def __init__(
+        self,
+        gym_id: str,
+        num_envs: int,
+        options: AtariOptions,
+        kwargs: Mapping[str, Any],
+        seed: int | None = None,
+        num_threads: int | None = None,
+    ) -> None:
+        from ale_py.vector_env import AtariVectorEnv
+
+        check_num_envs(num_envs)
+        game = _game_kwargs(gym_id, kwargs)
+        self.num_envs = num_envs
+        self._options = options
+        self._vec: AtariVectorEnv | None = AtariVectorEnv(
+            check_game(game.get("game")),
+            num_envs,
+            num_threads=num_threads or default_threads(num_envs),
+            autoreset_mode="SameStep",
+            max_num_frames_per_episode=_frame_limit(game),
+            repeat_action_probability=check_probability(game.get("repeat_action_probability", 0.0)),
+            full_action_space=_flag(game, "full_action_space"),
+            img_height=options.screen_size,
+            img_width=options.screen_size,
+            stack_num=options.frame_stack,
+            frameskip=options.frame_skip,
+            maxpool=options.frame_skip > 1,
+            noop_max=options.noop_max,
+            episodic_life=False,
+            life_loss_info=False,
+            reward_clipping=False,
+            use_fire_reset=True,
+        )
+        self.single_observation_space = spaces.Box(
+            0, 255, (options.frame_stack, options.screen_size, options.screen_size), np.uint8
+        )
+        self.single_action_space = self._vec.single_action_space
+        self._seed = seed
+        self._lives = np.zeros(num_envs, dtype=np.int32)
+        self._returns = np.zeros(num_envs, dtype=np.float64)
+        self._lengths = np.zeros(num_envs, dtype=np.int32)
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        vec = self._open()
+        if seed is not None:
+            self._seed = seed
+        seeds = None
+        if self._seed is not None:
+            seeds = ((self._seed + np.arange(self.num_envs)) % SEED_MODULUS).astype(np.int64)
+            self._seed = None
+        obs, info = vec.reset(seed=seeds)
+        self._lives[:] = info["lives"]
+        self._returns[:] = 0.0
+        self._lengths[:] = 0
+        return obs
+
+    def step(self, actions: np.ndarray) -> VectorStep:
+        actions = check_actions(actions, self.num_envs, self.single_action_space)
+        obs, raw, terminated, truncated, info = self._open().step(actions.astype(np.int64))
+        game_end = terminated | truncated
+        lives = info["lives"]
+        done = game_end.copy()
+        if self._options.episodic_life:
+            done |= (lives < self._lives) & (lives > 0)
+        self._lives[:] = lives
+        final_obs = obs
+        if game_end.any():
+            final_obs = obs.copy()
+            final_obs[game_end] = info["final_obs"][game_end]
+        self._returns += raw
+        self._lengths += 1
+        episode_return = np.where(game_end, self._returns, 0.0).astype(np.float32)
+        episode_length = np.where(game_end, self._lengths, 0).astype(np.int32)
+        self._returns[game_end] = 0.0
+        self._lengths[game_end] = 0
+        reward = np.sign(raw) if self._options.clip_rewards else raw
+        return VectorStep(
+            obs=obs,
+            reward=reward.astype(np.float32),
+            done=done,
+            truncated=np.asarray(truncated, dtype=bool),
+            final_obs=final_obs,
+            episode_return=episode_return,
+            episode_length=episode_length,
+            episode_end=game_end,
+        )
+
+    def close(self) -> None:
+        """Join the emulator threads: ale-py's own close leaves them running until the C++
+        vector is freed, so the only reference to it is dropped here."""
+        if self._vec is not None:
+            self._vec.close()
+            self._vec = None
+
+    def _open(self) -> AtariVectorEnv:
+        if self._vec is None:
+            raise EnvError("this Atari vector is closed; make a new one with make_vector")
+        return self._vec
+
+
+def _frame_limit(game: Mapping[str, Any]) -> int:
+    """Frames per game before truncation: the smaller of the id's `max_num_frames_per_episode`
+    and its time limit (`max_episode_steps`, which the per-copy path counts in frames)."""
+    limits = [
+        check_frames(key, game[key])
+        for key in ("max_num_frames_per_episode", "max_episode_steps")
+        if game.get(key) is not None
+    ]
+    return min(limits, default=MAX_FRAMES)
+
+
+def check_frames(key: str, value: object) -> int:
+    """`value` as a frame count for `key`, or AleVectorError (the C++ vector takes a C int)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_FRAMES:
+        raise AleVectorError(
+            f"env_kwargs {key} = {value!r} is invalid: use a whole number of frames, "
+            f"1..{MAX_FRAMES}"
+        )
+    return value
+
+
+def check_game(value: object) -> str:
+    """`value` as one of the ROMs ale-py ships (snake_case, as Gymnasium's ids name them), or
+    AleVectorError: ale-py itself would fail an assertion on an unknown name."""
+    from ale_py import roms
+
+    if not isinstance(value, str) or value not in roms.get_all_rom_ids():
+        raise AleVectorError(
+            f"env_kwargs game = {str(value)[:60]!r} is not a ROM ale-py ships: leave game out "
+            "(the id names the game, e.g. gym:ALE/Pong-v5)"
+        )
+    return value
+
+
+def check_probability(value: object) -> float:
+    """`value` as the sticky-action probability, or AleVectorError."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0.0 <= value <= 1.0
+    ):
+        raise AleVectorError(
+            f"env_kwargs repeat_action_probability = {value!r} is invalid: use a number in "
+            "[0, 1] (0.25 is v5's sticky actions)"
+        )
+    return float(value)
+
+
+def _flag(game: Mapping[str, Any], key: str) -> bool:
+    value = game.get(key, False)
+    if not isinstance(value, bool):
+        raise AleVectorError(f"env_kwargs {key} = {value!r} is invalid: use true or false")
+    return value
