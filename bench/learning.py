@@ -4,14 +4,17 @@ over seeds at one step budget, with wall time — for the families a new user tr
 Each cell is a real `shoal train ID --seed S --max-env-steps B` (an embedded cluster, the
 family's preset, no early stop at a target) in a subprocess; the final return is the mean of
 the last 20 training episodes, as CleanRL reports its episodic return. Beside it: CleanRL's
-published figure (its own, longer budget; cited per row) and, for the classic-control rows, the
-CleanRL-style loop of bench/cleanrl_ppo.py run here at the same budget and seeds. `python -m
-shoal.bench.learning --seeds 3` prints the markdown table docs/benchmarks.md records.
+published figure (its own, longer budget; cited per row) and, for the classic-control and MuJoCo
+rows, the CleanRL-style loop of bench/cleanrl_ppo.py (ppo.py's or ppo_continuous_action.py's
+settings) run here at the same budget and seeds. `python -m shoal.bench.learning --seeds 3`
+prints the markdown table docs/benchmarks.md records; `--steps` changes the budget and
+`--trainer` runs one side only, so two processes can run both sides at the same time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -19,10 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.bench import cleanrl_ppo
 from shoal.bench.report import Row
 
 CLEANRL = "CleanRL-style PPO"
@@ -40,14 +44,28 @@ class Task:
     ppo_atari.py; pr-424 runs), or what it does not publish."""
     args: tuple[str, ...] = ()
     baseline: bool = False
-    """Whether bench/cleanrl_ppo.py (discrete actions, vector observations) runs it here too."""
+    """Whether bench/cleanrl_ppo.py (vector observations) runs it here too."""
+    continuous: bool = False
+    """Whether the baseline takes ppo_continuous_action.py's settings instead of ppo.py's."""
 
 
 TASKS = (
     Task("CartPole-v1", 100_000, "490.04 ± 6.12 (ppo.py, 500k)", baseline=True),
     Task("Acrobot-v1", 100_000, "-86.36 ± 1.32 (ppo.py, 500k)", baseline=True),
-    Task("gym:HalfCheetah-v5", 200_000, "1442.64 ± 46.03 (v4, ppo_continuous_action.py, 1M)"),
-    Task("gym:Hopper-v5", 200_000, "2382.86 ± 271.74 (v4, ppo_continuous_action.py, 1M)"),
+    Task(
+        "gym:HalfCheetah-v5",
+        200_000,
+        "1442.64 ± 46.03 (v4, ppo_continuous_action.py, 1M)",
+        baseline=True,
+        continuous=True,
+    ),
+    Task(
+        "gym:Hopper-v5",
+        200_000,
+        "2382.86 ± 271.74 (v4, ppo_continuous_action.py, 1M)",
+        baseline=True,
+        continuous=True,
+    ),
     Task("gym:MinAtar/Breakout-v1", 200_000, "not published for PPO"),
     Task("gym:MiniGrid-DoorKey-5x5-v0", 100_000, "not published"),
     Task(
@@ -97,31 +115,70 @@ def train_shoal(task: Task, seed: int, root: Path) -> tuple[float, float]:
 
 
 def train_baseline(task: Task, seed: int) -> tuple[float, float]:
-    from shoal.bench import cleanrl_ppo
-
     started = time.perf_counter()
     result = cleanrl_ppo.run(
         seed=seed,
         time_limit_s=7200.0,
         target=math.inf,
         max_env_steps=task.budget,
-        args=cleanrl_ppo.Args(env_id=task.env_id, total_timesteps=task.budget),
+        args=baseline_args(task),
+        on_iteration=_progress(task, seed),
     )
     curve = result["curve"]
     final = float(curve[-1][2]) if curve else math.nan
     return final, time.perf_counter() - started
 
 
-Result = tuple[Task, Cell, Cell | None]
+def baseline_args(task: Task) -> cleanrl_ppo.Args:
+    """CleanRL's settings for the task's kind of action, with the task's budget."""
+    gym_id = task.env_id.removeprefix("gym:")
+    if task.continuous:
+        return cleanrl_ppo.Args.continuous(gym_id, task.budget)
+    return cleanrl_ppo.Args(env_id=gym_id, total_timesteps=task.budget)
 
 
-def measure(tasks: tuple[Task, ...], seeds: tuple[int, ...]) -> Iterator[Result]:
-    """Each task's cells as soon as its runs are done (a long table shows its rows as it goes)."""
+def _progress(task: Task, seed: int) -> Callable[[cleanrl_ppo.Point], None]:
+    """Prints the loop's return to stderr at each tenth of the budget: a long run shows how far
+    it got if it has to be stopped."""
+    shown = [0]
+
+    def show(point: cleanrl_ppo.Point) -> None:
+        wall, steps, mean20 = point
+        tenth = 10 * steps // task.budget
+        if tenth > shown[0]:
+            shown[0] = tenth
+            print(
+                f"{CLEANRL} {task.env_id} seed {seed}: {steps:,} steps, return {mean20:.2f}, "
+                f"{wall:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return show
+
+
+Result = tuple[Task, Cell | None, Cell | None]
+TRAINERS = ("both", "shoal", "baseline")
+
+
+def measure(
+    tasks: tuple[Task, ...], seeds: tuple[int, ...], trainer: str = "both"
+) -> Iterator[Result]:
+    """Each task's cells as soon as its runs are done (a long table shows its rows as it goes);
+    `trainer` runs one side only (the other cell is None)."""
     with tempfile.TemporaryDirectory(prefix="shoal-bench-learning-") as tmp:
         for task in tasks:
-            ours = [train_shoal(task, seed, Path(tmp)) for seed in seeds]
-            base = [train_baseline(task, seed) for seed in seeds] if task.baseline else None
-            yield task, _cell(ours), None if base is None else _cell(base)
+            ours = (
+                _cell([train_shoal(task, seed, Path(tmp)) for seed in seeds])
+                if trainer != "baseline"
+                else None
+            )
+            base = (
+                _cell([train_baseline(task, seed) for seed in seeds])
+                if task.baseline and trainer != "shoal"
+                else None
+            )
+            yield task, ours, base
 
 
 def run(quick: bool) -> list[Row]:
@@ -131,7 +188,7 @@ def run(quick: bool) -> list[Row]:
         Row(
             f"{task.env_id} return at {task.budget:,} steps",
             "return",
-            ours.mean,
+            math.nan if ours is None else ours.mean,
             None if base is None else base.mean,
             CLEANRL if base is not None else f"CleanRL published: {task.published}",
             higher_is_better=True,
@@ -148,11 +205,15 @@ HEADER = (
 
 def markdown_row(result: Result) -> str:
     task, ours, base = result
-    there = ("—", "—") if base is None else (base.mean_std(), _wall(base))
     return (
-        f"| {task.env_id} {' '.join(task.args)} | {task.budget:,} | {ours.mean_std()} | "
-        f"{_wall(ours)} | {there[0]} | {there[1]} | {task.published} |"
+        f"| {task.env_id} {' '.join(task.args)} | {task.budget:,} | {_columns(ours)} | "
+        f"{_columns(base)} | {task.published} |"
     )
+
+
+def _columns(cell: Cell | None) -> str:
+    """A trainer's return and wall-time columns ("—" for a side that did not run)."""
+    return "— | —" if cell is None else f"{cell.mean_std()} | {_wall(cell)}"
 
 
 def _cell(runs: list[tuple[float, float]]) -> Cell:
@@ -170,11 +231,19 @@ def _slug(task: Task) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds per task (0, 1, …)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed's number")
     parser.add_argument("--only", nargs="*", help="env ids to run (default: every task)")
+    parser.add_argument("--steps", type=int, help="step budget for every task (default: its own)")
+    parser.add_argument("--trainer", choices=TRAINERS, default="both", help="which side to run")
     args = parser.parse_args()
     tasks = tuple(t for t in TASKS if not args.only or t.env_id in args.only)
+    if args.steps is not None:
+        if args.steps < 1:
+            parser.error(f"--steps {args.steps} is invalid: give a positive step budget")
+        tasks = tuple(dataclasses.replace(t, budget=args.steps) for t in tasks)
+    seeds = tuple(range(args.first_seed, args.first_seed + args.seeds))
     print(HEADER, flush=True)
-    for result in measure(tasks, tuple(range(args.seeds))):
+    for result in measure(tasks, seeds, args.trainer):
         print(markdown_row(result), flush=True)
 
 

@@ -69,7 +69,13 @@ MUJOCO = Preset(
     {
         # 2048 steps per update (ppo_continuous_action.py: 1 env x 2048 steps) as 8 x 256, in
         # 32 minibatches of 64, 10 epochs, lr 3e-4, no entropy bonus; running observation and
-        # reward normalisation as its NormalizeObservation/NormalizeReward wrappers.
+        # reward normalisation as its NormalizeObservation/NormalizeReward wrappers. Its
+        # ClipAction too: the Gaussian's samples leave the action box, and MuJoCo's tasks
+        # charge their control cost on the action as given (HalfCheetah: 0.1 x sum a^2) while
+        # the simulator clamps it, so unclipped the policy pays for force it never applies.
+        # (Its ±10 clips of the normalised observation and reward are not here: the job's
+        # normalisation comes after its wrappers, and those clips bind only beyond 10 std.)
+        "env.wrappers": ({"name": "ClipAction", "kwargs": {}},),
         "rollout.num_envs": 8,
         "rollout.horizon": 256,
         "model.hidden": (64, 64),

@@ -158,3 +158,31 @@ def test_given_keys_are_the_leaves_not_their_tables() -> None:
 )
 def test_known_targets_include_gymnasiums_thresholds(env_id: str, target: float | None) -> None:
     assert known_target(env_id) == target
+
+
+def test_the_mujoco_preset_clips_actions_so_no_control_cost_is_paid_beyond_the_box() -> None:
+    """ppo_continuous_action.py's ClipAction: HalfCheetah charges 0.1 x sum a^2 on the action
+    as given while MuJoCo clamps it, so an unclipped Gaussian sample of 5 would cost 25x."""
+    import gymnasium
+
+    from shoal.envs.vector import TRUE_RETURN
+    from shoal.envs.wrappers import prepare_gym_env
+
+    cfg = apply_preset(TrainConfig(env_id="gym:HalfCheetah-v5"), set())
+    assert cfg.preset == "mujoco"
+    assert cfg.env.normalize_observation
+    assert cfg.env.normalize_reward
+    wrapped = prepare_gym_env(gymnasium.make("HalfCheetah-v5"), cfg.env)
+    raw = gymnasium.make("HalfCheetah-v5")
+    try:
+        wrapped.reset(seed=0)
+        raw.reset(seed=0)
+        _, _, _, _, info = wrapped.step(np.full(6, 5.0, np.float32))
+        _, at_the_bound, _, _, _ = raw.step(np.ones(6, np.float32))
+        raw.reset(seed=0)
+        _, beyond, _, _, _ = raw.step(np.full(6, 5.0, np.float32))
+    finally:
+        wrapped.close()
+        raw.close()
+    assert info[TRUE_RETURN] == pytest.approx(float(at_the_bound))
+    assert float(beyond) < float(at_the_bound) - 10  # 0.1 x 6 x (25 - 1) more control cost
