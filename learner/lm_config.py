@@ -47,6 +47,16 @@ class RLStageConfig:
     one distilled student (docs/pipeline.md), 120 updates at lr 3e-4 lowered held-out pass@1
     (0.24 -> 0.21), at 1e-3 collapsed the reward (0.47 -> 0.10), at 3e-5 raised it to 0.28,
     and at 1e-4 with 2 epochs of 2 minibatches to 0.30."""
+    val_tasks: int = 64
+    """Validation tasks (train distribution, own seed, no prompt shared with train or any
+    evaluation split; learner/lm_validation.py) the stage scores every `val_every` updates."""
+    val_every: int = 20
+    """Updates between validation scores; the checkpoint with the best score is kept (the
+    student if none beats it)."""
+    val_samples: int = 4
+    """Samples per validation task: validation pass@1 is unbiased from these."""
+    val_temperature: float = 0.8
+    """Sampling temperature of validation: the evaluation's, so both measure the same pass@1."""
 
     def __post_init__(self) -> None:
         check_int("pipeline.rl.steps", self.steps, 0, 1_000_000)
@@ -54,6 +64,10 @@ class RLStageConfig:
         check_int("pipeline.rl.max_staleness", self.max_staleness, 0, 64)
         check_int("pipeline.rl.queue_size", self.queue_size, 1, 64)
         check_int("pipeline.rl.max_new_tokens", self.max_new_tokens, 1, 4096)
+        check_int("pipeline.rl.val_tasks", self.val_tasks, 1, 100_000)
+        check_int("pipeline.rl.val_every", self.val_every, 1, 1_000_000)
+        check_int("pipeline.rl.val_samples", self.val_samples, 1, 1024)
+        check_number("pipeline.rl.val_temperature", self.val_temperature, above=0, high=10)
         if self.prompts_per_step * self.token.group_size < self.token.num_minibatches:
             raise ConfigError(
                 "pipeline.rl.prompts_per_step × token.group_size is fewer completions than "

@@ -164,15 +164,39 @@ Results = Mapping[str, Mapping[str, SplitResult]]
 """policy name -> split name -> result."""
 
 
-def report_dict(results: Results, meta: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON report: `meta` (env, hashes, seeds) and every policy's split results."""
-    return {
+def report_dict(
+    results: Results, meta: Mapping[str, Any], validation: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON report: `meta` (env, hashes, seeds), every policy's split results and, from a
+    pipeline, the RL stage's validation curve and checkpoint choice."""
+    report = {
         "meta": dict(meta),
         "policies": {p: {s: asdict(r) for s, r in by.items()} for p, by in results.items()},
     }
+    if validation is not None:
+        report["validation"] = dict(validation)
+    return report
 
 
-def render_html(results: Results, meta: Mapping[str, Any]) -> str:
+def validation_html(validation: Mapping[str, Any]) -> str:
+    """The RL stage's validation curve and which checkpoint it kept, in words and a chart."""
+    curve = [report_html.Point(float(step), float(score))
+             for step, score in validation["validation_curve"]]  # fmt: skip
+    if validation["kept_student"]:
+        choice = "no RL checkpoint beat the student on validation: the student was kept"
+    else:
+        choice = f"kept the RL checkpoint of update {validation['selected_step']}"
+    words = (
+        f"<p>Validation pass@1: student {validation['validation_student']:.3f}, kept "
+        f"{validation['validation_selected']:.3f}; {choice}.</p>"
+    )
+    chart = report_html.line_svg(curve, "validation pass@1 during RL", "update", "pass@1")
+    return f'{words}<div class="plots">{chart}</div>'
+
+
+def render_html(
+    results: Results, meta: Mapping[str, Any], validation: Mapping[str, Any] | None = None
+) -> str:
     """A static page: pass@k per policy and split, a pass@1 chart, the failure breakdown."""
     splits = list(dict.fromkeys(s for by in results.values() for s in by))
     ks = list(dict.fromkeys(k for by in results.values() for r in by.values() for k in r.pass_at))
@@ -213,25 +237,31 @@ def render_html(results: Results, meta: Mapping[str, Any]) -> str:
          for s, r in by.items() for e in r.examples],
     )  # fmt: skip
     run = report_html.table_html(["field", "value"], [[k, json.dumps(v)] for k, v in meta.items()])
-    return report_html.page(
-        f"shoal pipeline evaluation: {meta.get('env_id', '')}",
-        [
-            ("Run", run),
-            ("pass@k", f'{table}<div class="plots">{"".join(charts)}</div>'),
-            ("Failure breakdown (samples)", failures),
-            ("pass@1 by task family", families),
-            ("Failing samples", examples),
-        ],
-    )
+    sections = [
+        ("Run", run),
+        ("pass@k", f'{table}<div class="plots">{"".join(charts)}</div>'),
+        ("Failure breakdown (samples)", failures),
+        ("pass@1 by task family", families),
+        ("Failing samples", examples),
+    ]
+    if validation is not None:
+        sections.insert(2, ("RL validation (checkpoint choice)", validation_html(validation)))
+    return report_html.page(f"shoal pipeline evaluation: {meta.get('env_id', '')}", sections)
 
 
-def write_report(results: Results, meta: Mapping[str, Any], out_dir: Path) -> tuple[Path, Path]:
+def write_report(
+    results: Results,
+    meta: Mapping[str, Any],
+    out_dir: Path,
+    validation: Mapping[str, Any] | None = None,
+) -> tuple[Path, Path]:
     """Write report.json (strict JSON: NaN as null) and report.html into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out_dir / "report.json", out_dir / "report.html"
-    text = json.dumps(_strict(report_dict(results, meta)), indent=2, sort_keys=True) + "\n"
+    report = report_dict(results, meta, validation)
+    text = json.dumps(_strict(report), indent=2, sort_keys=True) + "\n"
     write_atomically(json_path, text, durable=True)
-    write_atomically(html_path, render_html(results, meta), durable=True)
+    write_atomically(html_path, render_html(results, meta, validation), durable=True)
     return json_path, html_path
 
 

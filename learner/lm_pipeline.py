@@ -1,13 +1,15 @@
 """The language-model pipeline: synthesis → teacher SFT + student distillation → async RL →
 evaluation, each stage's outputs hashed into pipeline.json.
 
-1. *Synthesis*: the text environment's rule engine writes train, held-out, held-out-family and
-   perturbed held-out tasks (prompt, reference solution, hidden tests) as JSONL; every reference
-   is scored by the environment (the sandbox for code), so a broken generator fails here.
+1. *Synthesis*: the text environment's rule engine writes train, validation, held-out,
+   held-out-family and perturbed held-out tasks (prompt, reference solution, hidden tests) as
+   JSONL; every reference is scored by the environment (the sandbox for code), so a broken
+   generator fails here.
 2. *Distillation*: a teacher LM learns the references by cross-entropy, then a smaller student
    learns the teacher's next-token distributions (forward KL on logits, learner/distill.py).
 3. *RL*: the student improves on sandbox rewards, asynchronously: a worker thread generates and
-   scores while the learner updates (learner/lm_rl.py).
+   scores while the learner updates (learner/lm_rl.py); the checkpoint with the best validation
+   pass@1 is kept, the student itself if no update beats it (learner/lm_validation.py).
 4. *Evaluation*: pass@1/pass@k of teacher, student and RL policy on the held-out splits, with
    the failure breakdown, as report.json + report.html (learner/lm_eval.py).
 
@@ -33,6 +35,7 @@ from gymnasium import spaces
 from shoal.learner.distill import fit
 from shoal.learner.errors import PipelineError
 from shoal.learner.lm_config import STAGES, LMPipelineConfig
+from shoal.learner.lm_validation import RECORD_KEYS, parse_record, validation_tasks
 from shoal.learner.models import build_model
 from shoal.learner.models.causal_lm import CausalLMPolicy, export_pretrained
 from shoal.learner.pipeline import Recorder
@@ -242,18 +245,25 @@ def _env_hash(env: Any) -> str:
     return text_env_hash(env)
 
 
+def draw_splits(env: Any, cfg: LMPipelineConfig) -> dict[str, list[Any]]:
+    """Every split stage 1 writes, from the environment's seeded streams (no scoring)."""
+    splits = {
+        "train": env.tasks("train", cfg.train_tasks, cfg.seed),
+        "heldout": env.tasks("heldout", cfg.eval.tasks, cfg.seed),
+        "heldout_families": env.tasks("heldout_families", cfg.eval.tasks, cfg.seed),
+    }
+    rng = np.random.default_rng(cfg.seed)
+    splits["perturbed"] = [env.perturb(t, rng) for t in splits["heldout"]]
+    splits["train_dist"] = env.tasks("train", cfg.eval.tasks, cfg.seed + 1)
+    splits["validation"] = validation_tasks(env, cfg.rl.val_tasks, cfg.seed, splits.values())
+    return splits
+
+
 def _stage_synthesis(cfg: LMPipelineConfig, rec: Recorder) -> None:
     started = time.perf_counter()
     env = _make_env(cfg)
     try:
-        splits = {
-            "train": env.tasks("train", cfg.train_tasks, cfg.seed),
-            "heldout": env.tasks("heldout", cfg.eval.tasks, cfg.seed),
-            "heldout_families": env.tasks("heldout_families", cfg.eval.tasks, cfg.seed),
-        }
-        rng = np.random.default_rng(cfg.seed)
-        splits["perturbed"] = [env.perturb(t, rng) for t in splits["heldout"]]
-        splits["train_dist"] = env.tasks("train", cfg.eval.tasks, cfg.seed + 1)
+        splits = draw_splits(env, cfg)
         every = [t for tasks in splits.values() for t in tasks]
         scores = env.score_many(every, [t.reference for t in every])
         digest_ = _env_hash(env)
@@ -309,13 +319,37 @@ def _stage_rl(cfg: LMPipelineConfig, rec: Recorder) -> None:
     started = time.perf_counter()
     env = _make_env(cfg)
     student = load_policy(_input(rec, "distillation", "student"), env.tokenizer)
+    tasks = read_tasks(_input(rec, "synthesis", "validation"))
     try:
         digest_ = _env_hash(env)
-        metrics = train_rl(student, env, digest_, cfg.rl, seed=cfg.seed)
+        validate = _validator(cfg, env, tasks)
+        metrics = train_rl(student, env, digest_, cfg.rl, seed=cfg.seed, validate=validate)
     finally:
         env.close()
     path = export_pretrained(student, rec.run_dir / "models" / "rl")
-    rec.stage("rl", started, digest_, {"rl": _output(rec, path)}, metrics)
+    curve = rec.run_dir / "rl" / "validation.json"
+    curve.parent.mkdir(parents=True, exist_ok=True)
+    curve.write_text(json.dumps({k: metrics[k] for k in sorted(RECORD_KEYS)}, indent=2) + "\n")
+    outputs = {"rl": _output(rec, path), "validation": _output(rec, curve)}
+    rec.stage("rl", started, digest_, outputs, metrics)
+
+
+def _validator(cfg: LMPipelineConfig, env: Any, tasks: Sequence[Any]) -> Any:
+    """policy -> pass@1 on the validation tasks, sampled as the evaluation samples, on the same
+    seed each time, so two checkpoints are compared on the same random draws."""
+    from shoal.learner.generation import SamplingConfig
+    from shoal.learner.lm_eval import evaluate_split
+    from shoal.learner.lm_sampling import sampler_for
+
+    sampling = SamplingConfig(temperature=cfg.rl.val_temperature,
+                              max_new_tokens=cfg.rl.max_new_tokens, stop=tuple(env.stop))  # fmt: skip
+
+    def validate(policy: CausalLMPolicy) -> float:
+        sample = sampler_for(policy, env, sampling, seed=cfg.seed)
+        result = evaluate_split(env, "validation", tasks, sample, cfg.rl.val_samples, (1,))
+        return result.pass_at["1"]
+
+    return validate
 
 
 def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder) -> None:
@@ -337,7 +371,8 @@ def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder) -> None:
         env.close()
     meta = {"env_id": cfg.env_id, "env_hash": digest_, "seed": cfg.seed,
             "eval": asdict(cfg.eval)}  # fmt: skip
-    json_path, html_path = write_report(results, meta, rec.run_dir / "report")
+    validation = parse_record(_input(rec, "rl", "validation").read_bytes())
+    json_path, html_path = write_report(results, meta, rec.run_dir / "report", validation)
     outputs = {"report_json": _output(rec, json_path), "report_html": _output(rec, html_path)}
     metrics = {
         name: {split: {"pass_at": r.pass_at, "outcomes": r.outcomes} for split, r in by.items()}

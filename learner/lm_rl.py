@@ -13,6 +13,11 @@ Staleness bound: the worker may start batch b only once the learner has made ver
 b - max_staleness, and it always adopts the newest weights before starting; so the batch the
 learner consumes at version b was sampled by version >= b - max_staleness. With 0 the loop is
 synchronous (generate, then update); with 1 generation of the next batch overlaps the update.
+
+Validation: given a `validate` function (policy -> validation pass@1), the learner scores the
+starting policy and then every `val_every` updates and the last, and leaves the policy holding
+the best-scoring weights, the starting ones unless an update beat them
+(learner/lm_validation.py). The worker keeps generating while the learner validates.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +36,7 @@ import torch
 from shoal.learner.errors import PipelineError
 from shoal.learner.generation import SamplingConfig
 from shoal.learner.lm_config import RLStageConfig
+from shoal.learner.lm_validation import BestByValidation
 from shoal.learner.models.causal_lm import CausalLMPolicy
 from shoal.learner.ppo import PPOConfig, PPOLearner
 from shoal.learner.sequence_collector import SequenceCollector
@@ -133,9 +139,11 @@ def train_rl(
     cfg: RLStageConfig,
     *,
     seed: int,
+    validate: Callable[[CausalLMPolicy], float] | None = None,
 ) -> dict[str, Any]:
     """Train `policy` in place for `cfg.steps` updates; returns the run's metrics (reward curve,
-    staleness, statuses, throughput)."""
+    staleness, statuses, throughput, and with `validate` the validation curve and the step whose
+    weights the policy holds at the end)."""
     token = cfg.token
     sampling = SamplingConfig(temperature=token.temperature, max_new_tokens=cfg.max_new_tokens,
                               stop=tuple(env.stop), weight_arrival="finish")  # fmt: skip
@@ -155,6 +163,8 @@ def train_rl(
     statuses: Counter[str] = Counter()
     tokens = 0
     metrics: dict[str, float] = {}
+    best = BestByValidation()
+    kept = _validated(policy, validate, best, 0, shared.weights, None)
     worker.start()
     try:
         for version in range(cfg.steps):
@@ -165,13 +175,18 @@ def train_rl(
             policy.train()
             metrics = learner.update([fragment], current_version=version)
             policy.eval()
-            shared.publish(version + 1, policy.get_weights())
+            weights = policy.get_weights()
+            shared.publish(version + 1, weights)
+            if (version + 1) % cfg.val_every == 0 or version + 1 == cfg.steps:
+                kept = _validated(policy, validate, best, version + 1, weights, kept)
     finally:
         shared.stop()
         worker.join()
         statuses.update(collector.statuses)
         collector.close()
     wall = time.perf_counter() - started
+    if kept is not None:
+        policy.set_weights(kept)
     keep = ("policy_loss", "approx_kl", "clipfrac", "entropy", "is_weight_mean", "value_loss")
     return {
         "updates": cfg.steps,
@@ -185,7 +200,22 @@ def train_rl(
         "completion_tokens": tokens,
         "tokens_per_s": tokens / wall if wall > 0 else 0.0,
         **{f"last_{k}": float(metrics[k]) for k in keep if k in metrics},
+        **(best.summary() if validate is not None else {}),
     }
+
+
+def _validated(
+    policy: CausalLMPolicy,
+    validate: Callable[[CausalLMPolicy], float] | None,
+    best: BestByValidation,
+    step: int,
+    weights: dict[str, np.ndarray],
+    kept: dict[str, np.ndarray] | None,
+) -> dict[str, np.ndarray] | None:
+    """Score the policy (as of `step`, holding `weights`); the weights to keep after it."""
+    if validate is None:
+        return kept
+    return weights if best.record(step, validate(policy)) else kept
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shoal.cli import main
@@ -61,7 +62,7 @@ def test_every_stage_records_its_hashed_outputs(finished):
     check_hashes(run_dir, manifest)
     file_hash = hashlib.sha256((run_dir / "tasks" / "train.jsonl").read_bytes()).hexdigest()
     assert stages["synthesis"]["outputs"]["train"]["sha256"] == file_hash
-    assert set(stages["synthesis"]["outputs"]) == {"train", *EVAL_SPLITS}
+    assert set(stages["synthesis"]["outputs"]) == {"train", "validation", *EVAL_SPLITS}
     assert len(read_tasks(run_dir / "tasks" / "train.jsonl")) == 32
     heldout = read_tasks(run_dir / "tasks" / "heldout_families.jsonl")
     train_families = {t.family for t in read_tasks(run_dir / "tasks" / "train.jsonl")}
@@ -92,6 +93,41 @@ def test_the_report_has_every_policy_split_and_failure_kind(finished):
             assert sum(result["outcomes"].values()) == 3 * 2
     html = (run_dir / evaluation["outputs"]["report_html"]["path"]).read_text()
     assert "Failure breakdown" in html
+
+
+def test_the_validation_curve_is_in_pipeline_json_and_the_report(finished):
+    run_dir, manifest = finished
+    stages = {s["name"]: s for s in manifest["stages"]}
+    rl = stages["rl"]
+    curve = rl["metrics"]["validation_curve"]
+    assert [step for step, _ in curve] == [0, 3]
+    assert rl["metrics"]["validation_student"] == curve[0][1]
+    assert rl["metrics"]["kept_student"] == (rl["metrics"]["selected_step"] == 0)
+    record = json.loads((run_dir / rl["outputs"]["validation"]["path"]).read_text())
+    report_path = run_dir / stages["evaluation"]["outputs"]["report_json"]["path"]
+    assert json.loads(report_path.read_text())["validation"] == record
+    assert record["validation_curve"] == curve
+    assert "RL validation" in (report_path.parent / "report.html").read_text()
+    assert len(read_tasks(run_dir / "tasks" / "validation.jsonl")) == 64
+
+
+def test_the_kept_checkpoint_is_the_student_when_rl_never_beats_it(finished):
+    """A 32-dimensional model scores 0 on validation, so no update beats the student (a tie
+    keeps the student) and the exported RL model is the student's weights."""
+    from shoal.envs.text_registry import make_text_env
+    from shoal.learner.lm_pipeline import load_policy
+
+    run_dir, manifest = finished
+    rl = {s["name"]: s for s in manifest["stages"]}["rl"]["metrics"]
+    assert {score for _, score in rl["validation_curve"]} == {0.0}
+    assert rl["kept_student"]
+    assert rl["selected_step"] == 0
+    env = make_text_env("CodeGen-v1")
+    env.close()  # only its tokenizer is needed
+    tokenizer = env.tokenizer
+    kept = load_policy(run_dir / "models" / "rl", tokenizer).get_weights()
+    student = load_policy(run_dir / "models" / "student", tokenizer).get_weights()
+    assert all(np.array_equal(kept[k], student[k]) for k in student)
 
 
 def test_a_rerun_from_rl_reuses_the_checked_earlier_outputs(finished, tmp_path):
