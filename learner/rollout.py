@@ -49,12 +49,13 @@ import numpy as np
 import torch
 
 from shoal.config import load
+from shoal.envs.packed_obs import PackingError
 from shoal.errors import ConfigError
 from shoal.files import write_atomically
 from shoal.learner.collector import Collector
 from shoal.learner.errors import PolicyError, WeightSyncError
 from shoal.learner.fragment import Fragment
-from shoal.learner.fragment_size import MIB, FragmentTooLarge, describe
+from shoal.learner.fragment_size import FragmentTooLarge, shortened
 from shoal.learner.journal import Journal
 from shoal.learner.models import ModelConfig, build_model
 from shoal.learner.peers import Publication
@@ -204,8 +205,8 @@ class RolloutActor(Actor):
             collector = _collector(spec, actor_id, cfg, self.max_frame_bytes)
         except (ConfigError, PolicyError) as exc:
             raise ActorError(f"{spec.name}: no policy for {spec.env_id}: {exc}") from exc
-        except FragmentTooLarge as exc:
-            self._unsendable(exc)
+        except (FragmentTooLarge, PackingError) as exc:
+            self._give_up(exc)
             return
         self._collector = collector
         self._announce_horizon(collector)
@@ -323,19 +324,14 @@ class RolloutActor(Actor):
         """Log a horizon shortened to fit the frame limit, and publish the one in use."""
         wanted = self.spec.horizon
         if isinstance(collector, Collector) and collector.horizon < wanted:
-            log.info(
-                "%s: a fragment of %s would exceed the transport's frame limit of %.1f MiB; "
-                "collecting fragments of %s",
-                self.spec.name,
-                describe(wanted, collector.layout),
-                self.max_frame_bytes / MIB,
-                describe(collector.horizon, collector.layout),
-            )
+            why = shortened(wanted, collector.horizon, collector.layout, self.max_frame_bytes)
+            log.info("%s: %s", self.spec.name, why)
         self.publication.update(role="rollout", horizon=collector.horizon, horizon_asked=wanted)
 
-    def _unsendable(self, exc: FragmentTooLarge) -> None:
-        """A fragment this actor cannot send: stop, and say why where the job's driver reads
-        it (the task's published `error`); with no one to tell, fail the worker."""
+    def _give_up(self, exc: FragmentTooLarge | PackingError) -> None:
+        """An error no restart can fix (a fragment this actor cannot send, an observation that
+        does not fit its space): stop, and say why where the job's driver reads it (the task's
+        published `error`); with no one to tell, fail the worker."""
         self.error = f"{self.spec.name}: {exc}"
         log.error("%s", self.error)
         if self.publication.update(error=self.error[:MAX_ERROR_CHARS]):
@@ -348,8 +344,8 @@ class RolloutActor(Actor):
             await self._loop(collector)
         except asyncio.CancelledError:
             raise
-        except FragmentTooLarge as exc:
-            self._unsendable(exc)
+        except (FragmentTooLarge, PackingError) as exc:
+            self._give_up(exc)
         except Exception as exc:
             log.exception("rollout actor %s failed", self.spec.name)
             if self._failed is not None and not self._failed.done():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import shoal.envs as envs
-from tests.support.signal_room import LAMPS, NAN_SIGNAL_ROOM, SIGNAL_ROOM
+from tests.support.signal_room import LAMPS, LATE_NAN_SIGNAL_ROOM, NAN_SIGNAL_ROOM, SIGNAL_ROOM
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,3 +76,21 @@ def test_a_plugin_whose_first_observation_is_hostile_is_refused_before_any_proce
         "shoal: error: observation part vector holds NaN or infinite values: fix the environment"
     ]
     assert not (tmp_path / "run").exists()  # the pre-flight's reset refused it
+
+
+@pytest.mark.timeout(300)
+def test_a_plugin_observation_that_turns_hostile_mid_run_ends_the_job_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """The workers' PackingError is published and ends the run (as an unsendable fragment
+    does), not a rollout task restarted again and again on the same bad observation."""
+    argv = [sys.executable, "-m", "shoal", "train", LATE_NAN_SIGNAL_ROOM, "--max-env-steps",
+            "20000", "--no-eval", "--quiet", "--embedded", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    out = subprocess.run(
+        argv, cwd=tmp_path, env=_environ(tmp_path), capture_output=True, text=True, timeout=280
+    )
+    assert out.returncode != 0, out.stdout[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr[-3000:]
+    assert "cannot go on" in lines[0]
+    assert "observation part vector holds NaN or infinite values" in lines[0]

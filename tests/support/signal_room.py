@@ -74,8 +74,24 @@ class NaNSignalRoom(SignalRoom):
         return {**super().observe(), "vector": np.array([np.nan, 0.0, 0.0], np.float32)}
 
 
+class LateNaNSignalRoom(SignalRoom):
+    """SignalRoom whose vector turns NaN from an episode's fourth step: the pre-flight's reset
+    passes, and the rollout workers meet the bad observation only once training runs."""
+
+    def observe(self) -> dict[str, Any]:
+        observation = super().observe()
+        if self._t >= 3:
+            observation["vector"] = np.array([np.nan, 0.0, 0.0], np.float32)
+        return observation
+
+
 NAN_SIGNAL_ROOM = "SignalRoomNaN-v1"
-for env_id, entry in ((SIGNAL_ROOM, "SignalRoom"), (NAN_SIGNAL_ROOM, "NaNSignalRoom")):
+LATE_NAN_SIGNAL_ROOM = "SignalRoomLateNaN-v1"
+for env_id, entry in (
+    (SIGNAL_ROOM, "SignalRoom"),
+    (NAN_SIGNAL_ROOM, "NaNSignalRoom"),
+    (LATE_NAN_SIGNAL_ROOM, "LateNaNSignalRoom"),
+):
     if env_id not in default_registry.list(include_gym=False):
         register(
             env_id,
