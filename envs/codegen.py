@@ -11,12 +11,24 @@ The completion is the body, e.g. ``    return x + 3\\n``; generation ends at EOS
 
 Ten FAMILIES, each a rule with one integer parameter k: eight are trained on, two (`max`,
 `list_mul`, neighbours of `min` and `list_add`) are held out as families. Within a train
-family the values in HELD_OUT_VALUES (12, 21, 25, 34) are never used in "train"; the
-"heldout" split asks for exactly those. Each is a new combination of digits that train uses
-in the same places (1x and x2, 2x and x1, ...), so a model that copies k from the statement
-digit by digit generalises, one that memorised (family, k) pairs does not; a byte a model never
-copied (a held-out single digit) would test something no training could reach. The string
-families (k up to 5 or 6) have no held-out values. Every task is drawn from the split's own
+family the parameter values fall into four disjoint sets (VALUE_SETS), one per use:
+
+- HELD_OUT_VALUES (12, 21, 25, 34): the "heldout" test split asks for exactly those;
+- VALIDATION_VALUES (11, 15, 23, 32): the "validation" split, which picks the RL checkpoint,
+  asks for exactly those, so it measures what the test measures (values never trained on);
+- RL_VALUES (10, 14, 19, 26, 28, 30, 33, 37): the "rl" split, the RL stage's prompts. RL needs
+  tests, not references, so it can draw on values supervised training never saw: there a
+  policy earns reward only by copying k from the statement, not by recalling a (family, k)
+  pair, which is what the held-out values test;
+- every other value: "train", the supervised (SFT and distillation) data.
+
+Each reserved value is a two-digit combination whose digits "train" uses in the same places
+(1x and x2, 2x and x1, ...), so a model that copies k from the statement digit by digit
+generalises, one that memorised (family, k) pairs does not; a byte a model never copied (a
+held-out single digit) would test something no training could reach. The string families (k up
+to 5 or 6) have no reserved values: they are in "train" only. "validation" and "rl" are pool
+splits (POOL_SPLITS): drawn like the others but not test splits, so the cluster's end-of-run
+evaluation (learner/text_job.py) never scores them. Every task is drawn from the split's own
 seeded stream: the same (split, count, seed) gives the same tasks.
 """
 
@@ -32,14 +44,31 @@ import numpy as np
 
 from shoal.envs.code_scoring import CodeScorer
 from shoal.envs.sandbox import TestCase
-from shoal.envs.text_tasks import Score, TextEnvError, TextEnvironment, TextTask
+from shoal.envs.text_tasks import MAX_TASKS, Score, TextEnvError, TextEnvironment, TextTask
 
-__all__ = ["FAMILIES", "HELD_OUT_VALUES", "CodeGenEnv", "Family", "render"]
+__all__ = [
+    "FAMILIES",
+    "HELD_OUT_VALUES",
+    "POOL_SPLITS",
+    "RL_VALUES",
+    "VALIDATION_VALUES",
+    "VALUE_SETS",
+    "CodeGenEnv",
+    "Family",
+    "render",
+]
 
 GENERATOR = "codegen"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
+"""2: the validation and rl value sets carved out of train (1: train was every other value)."""
 ENTRY = "f"
 HELD_OUT_VALUES = frozenset({12, 21, 25, 34})
+VALIDATION_VALUES = frozenset({11, 15, 23, 32})
+RL_VALUES = frozenset({10, 14, 19, 26, 28, 30, 33, 37})
+VALUE_SETS = {"heldout": HELD_OUT_VALUES, "validation": VALIDATION_VALUES, "rl": RL_VALUES}
+"""The reserved values of each split of train families; "train" has the rest."""
+POOL_SPLITS = ("validation", "rl")
+"""Splits a pipeline draws from that are not test splits (not in `CodeGenEnv.splits`)."""
 TESTS_PER_TASK = 5
 MAX_PROMPT_BYTES = 192
 
@@ -279,15 +308,28 @@ def _task(family: Family, k: int, rng: np.random.Generator) -> TextTask:
 
 
 def split_pools(split: str) -> list[tuple[Family, tuple[int, ...]]]:
-    """The (family, parameter values) a split draws from."""
+    """The (family, parameter values) a split draws from; a family with no value in the split's
+    set is not in it."""
     if split == "heldout_families":
         return [(f, f.values) for f in FAMILIES if f.heldout]
     train = [f for f in FAMILIES if not f.heldout]
-    if split == "heldout":
-        pools = [(f, tuple(v for v in f.values if v in HELD_OUT_VALUES)) for f in train]
+    if split in VALUE_SETS:
+        wanted = VALUE_SETS[split]
+        pools = [(f, tuple(v for v in f.values if v in wanted)) for f in train]
     else:
-        pools = [(f, tuple(v for v in f.values if v not in HELD_OUT_VALUES)) for f in train]
+        reserved = frozenset().union(*VALUE_SETS.values())
+        pools = [(f, tuple(v for v in f.values if v not in reserved)) for f in train]
     return [(f, values) for f, values in pools if values]
+
+
+def _checked(name: str, value: Any, low: int, high: int) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | np.integer)
+        or not low <= value <= high
+    ):
+        raise TextEnvError(f"{name}={value!r}: expected an integer from {low} to {high}")
+    return int(value)
 
 
 class CodeGenEnv(TextEnvironment):
@@ -313,9 +355,23 @@ class CodeGenEnv(TextEnvironment):
         return {
             "families": [family.describe() for family in FAMILIES],
             "held_out_values": sorted(HELD_OUT_VALUES),
+            "validation_values": sorted(VALIDATION_VALUES),
+            "rl_values": sorted(RL_VALUES),
             "tests_per_task": TESTS_PER_TASK,
             "entry": ENTRY,
         }
+
+    pool_splits = POOL_SPLITS
+
+    def tasks(self, split: str = "train", count: int = 64, seed: int = 0) -> list[TextTask]:
+        """As `TextEnvironment.tasks`; "validation" and "rl" (POOL_SPLITS) draw on streams of
+        their own, after the test splits' (whose tasks are unchanged by them)."""
+        if split not in POOL_SPLITS:
+            return super().tasks(split, count, seed)
+        count = _checked("count", count, 1, MAX_TASKS)
+        seed = _checked("seed", seed, 0, 2**63 - 1)
+        stream = len(self.splits) + POOL_SPLITS.index(split)
+        return self._generate(split, count, np.random.default_rng([seed, stream]))
 
     def _generate(self, split: str, count: int, rng: np.random.Generator) -> list[TextTask]:
         pools = split_pools(split)

@@ -47,9 +47,11 @@ class RLStageConfig:
     one distilled student (docs/pipeline.md), 120 updates at lr 3e-4 lowered held-out pass@1
     (0.24 -> 0.21), at 1e-3 collapsed the reward (0.47 -> 0.10), at 3e-5 raised it to 0.28,
     and at 1e-4 with 2 epochs of 2 minibatches to 0.30."""
-    val_tasks: int = 64
-    """Validation tasks (train distribution, own seed, no prompt shared with train or any
-    evaluation split; learner/lm_validation.py) the stage scores every `val_every` updates."""
+    val_tasks: int = 128
+    """Validation tasks (the environment's "validation" pool split where it has one, else the
+    train distribution; own seed, no prompt shared with train or any evaluation split;
+    learner/lm_validation.py) the stage scores every `val_every` updates. 128 × `val_samples`
+    4: one standard error of pass@1 about 0.02."""
     val_every: int = 20
     """Updates between validation scores; the checkpoint with the best score is kept (the
     student if none beats it)."""
@@ -79,8 +81,9 @@ class RLStageConfig:
 class EvalStageConfig:
     """Stage 4: pass@k of the teacher, the distilled student and the RL policy."""
 
-    tasks: int = 64
-    """Tasks per split (held-out tasks, held-out families, perturbed held-out tasks)."""
+    tasks: int = 128
+    """Tasks per split (held-out tasks, held-out families, perturbed held-out tasks, train
+    distribution); 128 × `samples` 4: one standard error of pass@1 about 0.02."""
     samples: int = 4
     """Samples per task: pass@k for k up to this, by the unbiased estimator."""
     ks: tuple[int, ...] = (1, 4)
@@ -112,7 +115,8 @@ class LMPipelineConfig:
     tokenizer: str = "bytes"
     """"bytes" or a local tokenizer directory (never downloaded)."""
     train_tasks: int = 2000
-    """Training tasks synthesised in stage 1 (SFT and distillation examples, RL prompts)."""
+    """Training tasks synthesised in stage 1: the SFT and distillation examples (RL draws its
+    prompts from the environment's "rl" pool split where it has one, else from train)."""
     torch_threads: int = 1
     """torch intra-op threads for the run (restored after). One: the RL stage already runs two
     busy threads (generation and learning), and on a shared 2-core machine two intra-op threads

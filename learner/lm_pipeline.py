@@ -8,7 +8,8 @@ evaluation, each stage's outputs hashed into pipeline.json.
 2. *Distillation*: a teacher LM learns the references by cross-entropy, then a smaller student
    learns the teacher's next-token distributions (forward KL on logits, learner/distill.py).
 3. *RL*: the student improves on sandbox rewards, asynchronously: a worker thread generates and
-   scores while the learner updates (learner/lm_rl.py); the checkpoint with the best validation
+   scores while the learner updates (learner/lm_rl.py), on prompts of the environment's "rl"
+   pool split where it has one (values SFT never saw); the checkpoint with the best validation
    pass@1 is kept, the student itself if no update beats it (learner/lm_validation.py).
 4. *Evaluation*: pass@1/pass@k of teacher, student and RL policy on the held-out splits, with
    the failure breakdown, as report.json + report.html (learner/lm_eval.py).

@@ -14,6 +14,10 @@ b - max_staleness, and it always adopts the newest weights before starting; so t
 learner consumes at version b was sampled by version >= b - max_staleness. With 0 the loop is
 synchronous (generate, then update); with 1 generation of the next batch overlaps the update.
 
+Prompts: the worker draws them from the environment's "rl" pool split where it has one
+(CodeGen-v1: parameter values supervised training never saw, so reward comes from copying k from
+the statement, not recalling it), else from "train" (`PromptPool`).
+
 Validation: given a `validate` function (policy -> validation pass@1), the learner scores the
 starting policy and then every `val_every` updates and the last, and leaves the policy holding
 the best-scoring weights, the starting ones unless an update beat them
@@ -36,7 +40,7 @@ import torch
 from shoal.learner.errors import PipelineError
 from shoal.learner.generation import SamplingConfig
 from shoal.learner.lm_config import RLStageConfig
-from shoal.learner.lm_validation import BestByValidation
+from shoal.learner.lm_validation import BestByValidation, pool_split
 from shoal.learner.models.causal_lm import CausalLMPolicy
 from shoal.learner.ppo import PPOConfig, PPOLearner
 from shoal.learner.sequence_collector import SequenceCollector
@@ -44,6 +48,22 @@ from shoal.learner.sequences import SequenceFragment
 
 WAIT_S = 0.05
 """How often a blocked thread looks whether the other one failed."""
+
+
+class PromptPool:
+    """The environment as the RL collector sees it: its "train" draws come from `split`, every
+    other attribute is the environment's. The collector (learner/sequence_collector.py) draws
+    its prompts from "train", the split the cluster's text jobs train on."""
+
+    def __init__(self, env: Any, split: str) -> None:
+        self.env = env
+        self.split = split
+
+    def tasks(self, split: str = "train", count: int = 64, seed: int = 0) -> list[Any]:
+        return self.env.tasks(self.split if split == "train" else split, count, seed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
 
 
 class _Versions:
@@ -148,7 +168,8 @@ def train_rl(
     sampling = SamplingConfig(temperature=token.temperature, max_new_tokens=cfg.max_new_tokens,
                               stop=tuple(env.stop), weight_arrival="finish")  # fmt: skip
     actor = copy.deepcopy(policy).eval()
-    collector = SequenceCollector("pipeline-rl", env, actor, sampling,
+    prompts = PromptPool(env, pool_split(env, "rl"))
+    collector = SequenceCollector("pipeline-rl", prompts, actor, sampling,
                                   rows=cfg.prompts_per_step * token.group_size,
                                   group_size=token.group_size, env_hash=env_hash, seed=seed)  # fmt: skip
     learner = PPOLearner(policy, PPOConfig(lr=token.lr, adam_eps=token.adam_eps))
@@ -190,6 +211,7 @@ def train_rl(
     keep = ("policy_loss", "approx_kl", "clipfrac", "entropy", "is_weight_mean", "value_loss")
     return {
         "updates": cfg.steps,
+        "prompt_split": prompts.split,
         "samples": cfg.steps * cfg.prompts_per_step * token.group_size,
         "reward_curve": _smooth(curve),
         "reward_first5": _mean(curve[:5]),

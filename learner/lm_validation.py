@@ -2,9 +2,12 @@
 
 RL on a weak student can raise the training reward while held-out pass@1 falls (it overfits the
 training families' prompts), so the stage keeps the checkpoint that does best on tasks it never
-trains on and the final evaluation never sees: the *validation* split, drawn from the training
-distribution (train families and values) on its own seed, with every task whose prompt is in
-train or in an evaluation split left out. The held-out test splits take no part in the choice.
+trains on and the final evaluation never sees: the *validation* split. Where the environment
+offers a "validation" pool split (CodeGen-v1: train families, parameter values that neither
+supervised training, RL nor the test uses; envs/codegen.py) the split is drawn from it, so it is
+distributed like the held-out test; elsewhere from the train distribution. Either way it is
+drawn on its own seed, with every task whose prompt is in train or in an evaluation split left
+out. The held-out test splits take no part in the choice.
 
 The distilled student is the starting point: step 0's validation score is the student's, and an
 RL checkpoint is kept only if it scores strictly higher; otherwise the stage keeps the student
@@ -32,12 +35,19 @@ def validation_seed(seed: int) -> int:
     return int.from_bytes(digest[:7], "big")
 
 
+def pool_split(env: Any, name: str) -> str:
+    """`name` where the environment offers it as a pool split (`pool_splits`), else "train"."""
+    return name if name in getattr(env, "pool_splits", ()) else "train"
+
+
 def validation_tasks(env: Any, count: int, seed: int, taken: Iterable[Sequence[Any]]) -> list[Any]:
-    """`count` train-distribution tasks on the validation seed, none of whose prompts appears in
-    `taken` (the train and evaluation splits) or twice among themselves."""
+    """`count` tasks of the validation split (`pool_split(env, "validation")`) on the validation
+    seed, none of whose prompts appears in `taken` (the train and evaluation splits) or twice
+    among themselves."""
     seen = {task.prompt for tasks in taken for task in tasks}
     chosen = []
-    for task in env.tasks("train", count * CANDIDATES_PER_TASK, validation_seed(seed)):
+    split = pool_split(env, "validation")
+    for task in env.tasks(split, count * CANDIDATES_PER_TASK, validation_seed(seed)):
         if task.prompt not in seen:
             seen.add(task.prompt)
             chosen.append(task)

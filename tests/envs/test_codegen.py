@@ -10,11 +10,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.envs.code_scoring import body_format_ok
-from shoal.envs.codegen import FAMILIES, HELD_OUT_VALUES, CodeGenEnv
+from shoal.envs.codegen import (
+    FAMILIES,
+    HELD_OUT_VALUES,
+    POOL_SPLITS,
+    RL_VALUES,
+    VALIDATION_VALUES,
+    VALUE_SETS,
+    CodeGenEnv,
+    split_pools,
+)
 from shoal.envs.sandbox import SandboxPool
 from shoal.envs.text_tasks import SPLITS, TextEnvError, TextTask, cut_at_stop, reward_of
 
 MAX_PROMPT_BYTES = 160
+ALL_SPLITS = (*SPLITS, *POOL_SPLITS)
+VALUE_SPLITS = ("train", "heldout", "validation", "rl")
+"""The splits of train families, each with its own parameter values."""
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +45,7 @@ def _run_reference(task: TextTask, body: str | None = None) -> list[object]:
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.sampled_from(SPLITS), st.integers(0, 2**32))
+@given(st.sampled_from(ALL_SPLITS), st.integers(0, 2**32))
 def test_generated_tasks_are_short_regular_and_their_references_are_right(split, seed):
     tasks = CodeGenEnv().tasks(split, 12, seed)
     for task in tasks:
@@ -78,9 +90,65 @@ def test_held_out_splits_share_nothing_with_train():
     assert sum(f.heldout for f in FAMILIES) == 2
 
 
+def test_the_value_sets_are_disjoint_and_the_test_and_validation_ask_the_same_families():
+    sets = list(VALUE_SETS.values())
+    assert sum(len(s) for s in sets) == len(frozenset().union(*sets))
+    assert tuple(sets) == (HELD_OUT_VALUES, VALIDATION_VALUES, RL_VALUES)
+    families = {split: [f.name for f, _ in split_pools(split)] for split in VALUE_SPLITS}
+    assert families["validation"] == families["heldout"]
+    assert set(families["rl"]) == set(families["heldout"])
+    assert set(families["heldout"]) < set(families["train"])
+    assert len(VALIDATION_VALUES) == len(HELD_OUT_VALUES)
+
+
+def _digits(values) -> set[tuple[int, str]]:
+    return {(place, digit) for v in values if v >= 10 for place, digit in enumerate(str(v))}
+
+
+def test_every_reserved_value_combines_digits_train_uses_in_the_same_places():
+    """A model that copies k digit by digit can reach each reserved value: every (place, digit)
+    of a held-out, validation or rl value is in some two-digit train value."""
+    train = set().union(*(values for _, values in split_pools("train")))
+    assert _digits(frozenset().union(*VALUE_SETS.values())) <= _digits(train)
+    assert all(v >= 10 for values in VALUE_SETS.values() for v in values)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.sampled_from(VALUE_SPLITS),
+    st.sampled_from(VALUE_SPLITS),
+    st.integers(0, 2**32),
+    st.integers(0, 2**32),
+)
+def test_two_value_splits_never_share_a_family_and_value_or_a_prompt(one, other, seed, seed2):
+    env = CodeGenEnv()
+    a, b = env.tasks(one, 200, seed), env.tasks(other, 200, seed2)
+    for split, tasks in ((one, a), (other, b)):
+        reserved = VALUE_SETS.get(split)
+        for task in tasks:
+            k = task.param("k")
+            if reserved is None:
+                assert all(k not in values for values in VALUE_SETS.values()), task.id
+            else:
+                assert k in reserved, task.id
+    if one != other:
+        assert not {(t.family, t.param("k")) for t in a} & {(t.family, t.param("k")) for t in b}
+        assert not {t.prompt for t in a} & {t.prompt for t in b}
+
+
+def test_pool_splits_are_not_test_splits_and_draw_on_their_own_streams():
+    env = CodeGenEnv()
+    assert not set(POOL_SPLITS) & set(env.splits)
+    assert env.tasks("rl", 20, 4) == env.tasks("rl", 20, 4) != env.tasks("rl", 20, 5)
+    assert env.tasks("validation", 20, 4) != env.tasks("rl", 20, 4)
+    for bad in ({"count": 0}, {"count": True}, {"seed": -1}, {"seed": 1.5}):
+        with pytest.raises(TextEnvError, match="expected an integer"):
+            env.tasks("rl", **{"count": 3, "seed": 0, **bad})
+
+
 @pytest.mark.timeout(120)
 def test_every_reference_scores_one_in_the_sandbox_in_every_split_and_family(env):
-    tasks = [t for split in SPLITS for t in env.tasks(split, 40, 3)]
+    tasks = [t for split in ALL_SPLITS for t in env.tasks(split, 40, 3)]
     rng = np.random.default_rng(0)
     tasks += [env.perturb(t, rng) for t in tasks[::4]]
     assert {t.family for t in tasks} == {f.name for f in FAMILIES}
@@ -203,7 +271,9 @@ def test_spaces_and_manifest_describe_a_causal_lm_environment():
     assert env.observation_space.dtype == np.int64
     assert env.action_space.n == 259
     manifest = env.manifest()
-    assert (manifest["generator"], manifest["version"]) == ("codegen", 1)
+    assert (manifest["generator"], manifest["version"]) == ("codegen", 2)
+    assert manifest["params"]["validation_values"] == sorted(VALIDATION_VALUES)
+    assert manifest["params"]["rl_values"] == sorted(RL_VALUES)
     assert len(manifest["params"]["families"]) == len(FAMILIES)
     assert env.digest() == CodeGenEnv(max_new_tokens=48).digest()
     assert env.digest() != CodeGenEnv(max_new_tokens=64).digest()

@@ -35,7 +35,11 @@ def tiny(**overrides: object) -> LMPipelineConfig:
         "sft": FitConfig(epochs=1, batch_size=16),
         "distill": FitConfig(epochs=1, batch_size=16),
         "rl": RLStageConfig(
-            steps=3, prompts_per_step=2, max_new_tokens=12, token=TokenRLConfig(group_size=2)
+            steps=3,
+            prompts_per_step=2,
+            max_new_tokens=12,
+            val_tasks=16,
+            token=TokenRLConfig(group_size=2),
         ),
         "eval": EvalStageConfig(tasks=3, samples=2, ks=(1, 2), max_new_tokens=12),
     }
@@ -108,7 +112,8 @@ def test_the_validation_curve_is_in_pipeline_json_and_the_report(finished):
     assert json.loads(report_path.read_text())["validation"] == record
     assert record["validation_curve"] == curve
     assert "RL validation" in (report_path.parent / "report.html").read_text()
-    assert len(read_tasks(run_dir / "tasks" / "validation.jsonl")) == 64
+    assert len(read_tasks(run_dir / "tasks" / "validation.jsonl")) == 16
+    assert rl["metrics"]["prompt_split"] == "rl"
 
 
 def test_the_kept_checkpoint_is_the_student_when_rl_never_beats_it(finished):

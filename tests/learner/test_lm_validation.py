@@ -11,14 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.envs.codegen import CodeGenEnv
+from shoal.envs.codegen import RL_VALUES, VALIDATION_VALUES, CodeGenEnv
 from shoal.learner.errors import PipelineError
 from shoal.learner.lm_config import EvalStageConfig, LMPipelineConfig, RLStageConfig
 from shoal.learner.lm_pipeline import EVAL_SPLITS, draw_splits, new_policy
-from shoal.learner.lm_rl import train_rl
+from shoal.learner.lm_rl import PromptPool, train_rl
 from shoal.learner.lm_validation import (
     BestByValidation,
     parse_record,
+    pool_split,
     validation_seed,
     validation_tasks,
 )
@@ -48,11 +49,25 @@ def test_the_validation_split_shares_no_prompt_with_train_or_evaluation(env, see
         assert not set(validation) & {t.prompt for t in splits[name]}, name
     train_families = {t.family for t in splits["train"]}
     assert {t.family for t in splits["validation"]} <= train_families
+    assert all(t.param("k") in VALIDATION_VALUES for t in splits["validation"])
     assert validation_seed(seed) not in (seed, seed + 1)
 
 
+def test_the_splits_come_from_the_pools_an_env_offers_and_train_elsewhere(env):
+    class TrainOnly:
+        splits = ("train",)
+
+    assert pool_split(env, "validation") == "validation"
+    assert pool_split(env, "rl") == "rl"
+    assert pool_split(TrainOnly(), "validation") == pool_split(TrainOnly(), "rl") == "train"
+    prompts = PromptPool(env, "rl")
+    assert all(t.param("k") in RL_VALUES for t in prompts.tasks("train", 50, 1))
+    assert prompts.tasks("heldout", 5, 1) == env.tasks("heldout", 5, 1)
+    assert prompts.tokenizer is env.tokenizer
+
+
 def test_too_few_new_prompts_is_named(env):
-    taken = [env.tasks("train", 2000, validation_seed(3))]
+    taken = [env.tasks("validation", 2000, validation_seed(3))]
     with pytest.raises(PipelineError, match=r"lower pipeline\.rl\.val_tasks"):
         validation_tasks(env, 500, 3, taken)
 
@@ -95,6 +110,7 @@ def test_rl_that_only_worsens_validation_keeps_the_student(env):
     policy = new_policy(TINY_LM, env.tokenizer)
     student = policy.get_weights()
     metrics = _train(env, policy, _closeness(student))
+    assert metrics["prompt_split"] == "rl"
     assert [step for step, _ in metrics["validation_curve"]] == [0, 2, 4, 5]
     assert metrics["validation_curve"][0][1] == 1.0
     assert all(score < 1.0 for _, score in metrics["validation_curve"][1:])
