@@ -85,6 +85,12 @@ class SplitResult:
     outcomes: dict[str, int]
     """passed / wrong_answer / each sandbox status -> samples."""
     family_pass_at_1: dict[str, float]
+    pass_at_1_se: float = float("nan")
+    """Standard error of pass@1 over the tasks (sample standard deviation of the per-task
+    pass@1 / sqrt(tasks)); NaN for one task."""
+    passes: list[int] = field(default_factory=list)
+    """Passing samples per task, in the split's task order: two policies evaluated on the same
+    tasks compare task by task (a paired difference and its standard error)."""
     examples: list[dict[str, str]] = field(default_factory=list)
     """A few failing samples (task id, outcome, completion), one per failure kind."""
     wall_s: float = 0.0
@@ -129,6 +135,8 @@ def evaluate_split(
         format_rate=_mean([float(bool(s.format_ok)) for s in scores]),
         outcomes=dict(Counter(outcomes).most_common()),
         family_pass_at_1={f: _mean(v) for f, v in sorted(by_family.items())},
+        pass_at_1_se=_standard_error([pass_at_k(n, c, 1) for c in passes]),
+        passes=passes,
         examples=_examples(flat_tasks, flat, outcomes),
         wall_s=time.perf_counter() - started,
     )
@@ -136,6 +144,14 @@ def evaluate_split(
 
 def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else float("nan")
+
+
+def _standard_error(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return float("nan")
+    mean = _mean(values)
+    variance = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(variance / len(values))
 
 
 def _examples(

@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -75,6 +76,8 @@ def test_a_split_scores_every_sample_and_breaks_failures_down(codegen, tmp_path)
     assert result.pass_at["1"] == pytest.approx(0.25)
     assert result.pass_at["4"] == pytest.approx(1.0)
     assert result.outcomes["passed"] == 4
+    assert result.passes == [1, 1, 1, 1]
+    assert result.pass_at_1_se == 0.0  # every task at 0.25
     assert result.outcomes["syntax_error"] == 4
     assert result.outcomes["timeout"] + result.outcomes.get("cpu_limit", 0) == 4
     assert sum(result.outcomes.values()) == 16
@@ -88,6 +91,18 @@ def test_a_split_scores_every_sample_and_breaks_failures_down(codegen, tmp_path)
     assert "pass@1" in page
     assert "syntax_error" in page
     assert "<script" not in page
+
+
+def test_the_standard_error_is_over_tasks_and_passes_are_in_task_order(codegen):
+    tasks = codegen.tasks("heldout", 3, seed=2)
+    good = {tasks[0].id, tasks[2].id}
+
+    def sample(batch, n):
+        return [[t.reference if t.id in good else "    return 0\n"] * n for t in batch]
+
+    result = evaluate_split(codegen, "heldout", tasks, sample, n=2, ks=(1,))
+    assert result.passes == [2, 0, 2]
+    assert result.pass_at_1_se == pytest.approx(np.std([1, 0, 1], ddof=1) / np.sqrt(3))
 
 
 def test_a_sampler_that_drops_samples_is_refused(codegen):
