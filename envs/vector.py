@@ -74,6 +74,30 @@ class VectorEnvironment:
         self.close()
 
 
+class SplitStepVector(VectorEnvironment):
+    """A vector whose copies form fixed groups that step split-phase, on the vector's own threads.
+
+    `groups` are contiguous slices of the copies, in order, covering all of them.
+    `step_async(g, actions)` starts group g's copies (actions for that group alone) and returns
+    at once; `step_wait(g)` blocks, without holding the GIL, until they are done and returns the
+    group's `VectorStep` (rows in the group's order, auto-reset as in `step`). While one group
+    steps, the caller can compute another group's actions: learner/collector.py pipelines the
+    groups so (the double-buffered sampling of Sample Factory). A group has at most one step in
+    flight; `step` steps every group together; `reset` and `close` first end any step still in
+    flight, so no emulator thread outlives the vector.
+    """
+
+    groups: tuple[slice, ...]
+
+    def step_async(self, group: int, actions: np.ndarray) -> None:
+        """Start one step of group `group` with its actions [len(group), *action_shape]."""
+        raise NotImplementedError
+
+    def step_wait(self, group: int) -> VectorStep:
+        """The step `step_async` started for `group`, once its copies are done."""
+        raise NotImplementedError
+
+
 def check_num_envs(num_envs: int) -> None:
     """Refuse a batch size that cannot be stepped, before anything is allocated."""
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:

@@ -6,17 +6,26 @@ allocated fresh per fragment because a finished fragment is handed to the transp
 sends its memory without copying while the next one is written. Given the transport's frame
 limit, the collector shortens its horizon so each fragment fits in one frame
 (learner/fragment_size.py), before the environments are even reset.
+
+Over a vector that steps groups of copies split-phase (`SplitStepVector`, e.g. the Atari C++
+vector's two halves) the collector pipelines them, as Sample Factory's double-buffered sampling
+does: while one half's emulators run on their own threads, the policy computes the other half's
+actions on the calling thread, so the emulator and the forward overlap on two cores instead of
+taking turns. Row t is still every copy's t-th step: with the same seeds and a deterministic
+policy the fragments are the sequential path's, bit for bit (tests/learner/
+test_collector_pipelined.py); a sampling policy draws its random numbers per group instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from shoal.envs.vector import VectorEnvironment
+from shoal.envs.vector import SplitStepVector, VectorEnvironment, VectorStep
 from shoal.learner.fragment import Fragment
 from shoal.learner.fragment_size import StepLayout, fitted_horizon
 from shoal.learner.models import PolicyModel
@@ -27,6 +36,12 @@ class Collector:
 
     With `max_frame_bytes`, `horizon` is the longest up to the one asked for (`wanted_horizon`)
     whose fragment fits in a frame of that size; FragmentTooLarge when not even one step does.
+
+    `pipeline` (the default) pipelines the groups of a `SplitStepVector` with two or more
+    groups; False, or any other vector, steps all copies then computes all actions, in turn.
+    Pipelined, the first group's next row is acted on and sent within `step(buf, t)` (for every
+    row but the buffer's last), so it is in flight between calls; nothing is in flight between
+    fragments. `pipelined` says which path runs.
     """
 
     def __init__(
@@ -38,6 +53,7 @@ class Collector:
         env_hash: str,
         seed: int | None = None,
         max_frame_bytes: int | None = None,
+        pipeline: bool = True,
     ) -> None:
         self.actor_id = actor_id
         self.env = env
@@ -60,19 +76,38 @@ class Collector:
             if max_frame_bytes is None
             else fitted_horizon(horizon, self.layout, max_frame_bytes)
         )
-        self._obs = env.reset(seed)
+        self._split = (
+            env if pipeline and isinstance(env, SplitStepVector) and len(env.groups) >= 2 else None
+        )
+        self._ahead: _Acted | None = None
+        """The first group's row `_ahead.row`: acted on and stepping (pipelined path only)."""
+        obs = env.reset(seed)
+        # Pipelined, each group's new observations are written into this array (its own copy).
+        self._obs = np.array(obs) if self._split is not None else obs
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether steps pipeline the vector's groups (see the class docstring)."""
+        return self._split is not None
 
     def set_weights(
         self, version: int, weights: Mapping[str, torch.Tensor], source: str = ""
     ) -> None:
         """Adopt a complete policy version of learner incarnation `source`; takes effect from
-        the next step."""
+        the next step. Pipelined, the first group's next row was already acted on by the
+        version before (it is stepping), so that group's rows change version one row later:
+        each group's row is always acted on by one version, and every row of a fragment by the
+        version it started with or a newer one, so `policy_version` (the version at the
+        fragment's start, the oldest) stays what the intake's staleness bound needs."""
         self.policy.set_weights(weights)
         self.policy_version = version
         self.policy_source = source
 
     def step(self, buf: _Buffers, t: int) -> None:
         """Act and step once, writing row `t` of the fragment being built."""
+        if self._split is not None:
+            self._step_pipelined(self._split, buf, t)
+            return
         obs = self._obs
         actions, logp, values = self.policy.act(obs)
         result = self.env.step(actions)
@@ -80,17 +115,62 @@ class Collector:
         buf.actions[t] = actions
         buf.logprobs[t] = logp
         buf.values[t] = values
-        buf.rewards[t] = result.reward
-        buf.dones[t] = result.done
-        buf.truncated[t] = result.truncated
-        if result.truncated.any():
-            rows = np.flatnonzero(result.truncated)
-            buf.final_values[t, rows] = self.policy.value(result.final_obs[rows])
-        if result.ended.any():  # a whole episode (an Atari game, not a life) ended there
-            rows = np.flatnonzero(result.ended)
-            buf.episode_returns.extend(result.episode_return[rows].tolist())
-            buf.episode_lengths.extend(result.episode_length[rows].tolist())
+        self._write_outcome(buf, t, slice(0, self.env.num_envs), result)
         self._obs = result.obs
+
+    def _step_pipelined(self, env: SplitStepVector, buf: _Buffers, t: int) -> None:
+        """Row `t` with the groups overlapped: each group is acted on while the one before it
+        steps, and sent as soon as it has actions; the first group's row t+1 is acted on while
+        the last group steps, unless row t is the buffer's last."""
+        ahead = self._ahead
+        self._ahead = None
+        if ahead is not None and ahead.row != t:  # an abandoned fragment's row: drop it
+            self._landed(env, 0)
+            ahead = None
+        acted = [ahead or self._launch(env, 0, t)]
+        last = len(env.groups) - 1
+        for g in range(1, last + 1):
+            acted.append(self._launch(env, g, t))
+            self._land(env, buf, acted[g - 1])
+        if t + 1 < len(buf.rewards):
+            self._ahead = self._launch(env, 0, t + 1)
+        self._land(env, buf, acted[last])
+
+    def _launch(self, env: SplitStepVector, group: int, row: int) -> _Acted:
+        """Act on group's current observations and start its step."""
+        actions, logp, values = self.policy.act(self._obs[env.groups[group]])
+        env.step_async(group, actions)
+        return _Acted(group, row, actions, logp, values)
+
+    def _landed(self, env: SplitStepVector, group: int) -> VectorStep:
+        """Wait for group's step; its new observations become the group's current ones."""
+        result = env.step_wait(group)
+        self._obs[env.groups[group]] = result.obs
+        return result
+
+    def _land(self, env: SplitStepVector, buf: _Buffers, acted: _Acted) -> None:
+        """Wait for a group's step and write its part of row `acted.row`."""
+        rows = env.groups[acted.group]
+        t = acted.row
+        buf.obs[t, rows] = self._obs[rows]
+        result = self._landed(env, acted.group)
+        buf.actions[t, rows] = acted.actions
+        buf.logprobs[t, rows] = acted.logp
+        buf.values[t, rows] = acted.values
+        self._write_outcome(buf, t, rows, result)
+
+    def _write_outcome(self, buf: _Buffers, t: int, rows: slice, result: VectorStep) -> None:
+        """Rewards, ends, time-limit values and finished episodes of copies `rows` at row `t`."""
+        buf.rewards[t, rows] = result.reward
+        buf.dones[t, rows] = result.done
+        buf.truncated[t, rows] = result.truncated
+        if result.truncated.any():
+            cut = np.flatnonzero(result.truncated)
+            buf.final_values[t, rows.start + cut] = self.policy.value(result.final_obs[cut])
+        if result.ended.any():  # a whole episode (an Atari game, not a life) ended there
+            ended = np.flatnonzero(result.ended)
+            buf.episode_returns.extend(result.episode_return[ended].tolist())
+            buf.episode_lengths.extend(result.episode_length[ended].tolist())
 
     def new_buffers(self) -> _Buffers:
         return _Buffers(
@@ -129,6 +209,17 @@ class Collector:
         for t in range(self.horizon):
             self.step(buf, t)
         return self.finish(buf, version)
+
+
+@dataclass
+class _Acted:
+    """One group's actions for one row, sent to its copies and not yet written."""
+
+    group: int
+    row: int
+    actions: np.ndarray
+    logp: np.ndarray
+    values: np.ndarray
 
 
 class _Buffers:

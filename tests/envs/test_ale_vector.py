@@ -1,6 +1,7 @@
 """ale-py's C++ vector behind the `atari` set (envs/ale_vector.py), on real games: what it is
 chosen for, the frames it gives, the learner's episodes (lives) against the reported ones
-(games, unclipped), seeding, the frame before a time-limit reset, refusals and cleanup."""
+(games, unclipped), seeding, the frame before a time-limit reset, refusals and cleanup, and its
+halves' split-phase steps (the same frames as the whole vector's)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from shoal.envs.ale_vector import (
     AleVectorError,
     check_frames,
     check_probability,
+    group_slices,
 )
-from shoal.envs.errors import EnvError
+from shoal.envs.atari import AtariOptions
+from shoal.envs.errors import EnvError, InvalidAction
 from shoal.envs.hashing import HashStore, env_hash
 from shoal.envs.vector import VectorRunner, VectorStep, make_vector
 from shoal.envs.wrappers import EnvConfig
@@ -197,6 +200,56 @@ def test_close_joins_the_emulator_threads_and_a_closed_vector_says_so() -> None:
     vec.close()  # twice is harmless
     with pytest.raises(EnvError, match="closed"):
         vec.reset()
+
+
+def test_groups_are_contiguous_near_equal_slices_and_a_bad_count_is_refused() -> None:
+    assert group_slices(8, 2) == (slice(0, 4), slice(4, 8))
+    assert group_slices(5, 3) == (slice(0, 2), slice(2, 4), slice(4, 5))
+    assert group_slices(1, 1) == (slice(0, 1),)
+    for bad in (0, 6, True, 2.0):
+        with pytest.raises(AleVectorError, match="groups"):
+            group_slices(5, bad)  # type: ignore[arg-type]
+    with make_vector("gym:ALE/Pong-v5", 1, seed=0, env=ATARI) as one:
+        assert isinstance(one, AleVector)
+        assert one.groups == (slice(0, 1),)
+
+
+def test_split_phase_steps_of_the_halves_are_the_whole_vectors_steps() -> None:
+    # Sticky actions on (v5): each copy's emulator depends on its own seed and actions alone.
+    whole = AleVector("ALE/Pong-v5", 4, AtariOptions(), {}, seed=3, groups=1)
+    halves = AleVector("ALE/Pong-v5", 4, AtariOptions(), {}, seed=3, groups=2)
+    try:
+        assert np.array_equal(whole.reset(), halves.reset())
+        rng = np.random.default_rng(0)
+        for _ in range(40):
+            actions = rng.integers(0, 6, 4)
+            expected = whole.step(actions)
+            halves.step_async(1, actions[2:])  # any order, both in flight at once
+            halves.step_async(0, actions[:2])
+            first, second = halves.step_wait(0), halves.step_wait(1)
+            for name in ("obs", "reward", "done", "truncated", "final_obs", "episode_return"):
+                got = np.concatenate([getattr(first, name), getattr(second, name)])
+                assert np.array_equal(getattr(expected, name), got), name
+    finally:
+        whole.close()
+        halves.close()
+
+
+def test_split_phase_misuse_is_refused_and_reset_ends_a_step_in_flight() -> None:
+    with AleVector("ALE/Pong-v5", 4, AtariOptions(), {}, seed=0) as vec:
+        assert isinstance(vec, AleVector)
+        vec.reset()
+        with pytest.raises(AleVectorError, match="not stepping"):
+            vec.step_wait(0)
+        with pytest.raises(InvalidAction, match="shape"):
+            vec.step_async(0, np.zeros(4, dtype=np.int64))  # a whole vector's actions
+        vec.step_async(0, np.zeros(2, dtype=np.int64))
+        with pytest.raises(AleVectorError, match="already stepping"):
+            vec.step_async(0, np.zeros(2, dtype=np.int64))
+        assert vec.reset().shape == (4, 4, 84, 84)  # the step in flight is received and dropped
+        with pytest.raises(AleVectorError, match="not stepping"):
+            vec.step_wait(0)
+        assert vec.step(np.zeros(4, dtype=np.int64)).obs.shape == (4, 4, 84, 84)
 
 
 @pytest.mark.timeout(300)
