@@ -6,11 +6,13 @@ EnvPool when it is importable. Actions are drawn before the clock starts, so the
 measure stepping only. Each loop runs for a fixed wall time and counts steps.
 
 With ale-py installed, Pong is measured three ways at the same environment count, interleaved:
-the `atari` set run by ale-py's C++ vector (what `make_vector` picks for the set alone), the
-same set per copy in numpy (`VectorRunner`, what any other wrapper list gets), and raw frames
-stored as float32 (the path before the set). Each is timed as the vector alone and through a
-real rollout collector (environment, policy and fragment buffer: the CNN `auto` picks for the
-uint8 [4, 84, 84] frames, an MLP for the raw ones), with the bytes of one fragment.
+the `atari` set run by ale-py's C++ vector as one vector, the same set per copy in numpy
+(`VectorRunner`, what any other wrapper list gets), and raw frames stored as float32 (the path
+before the set). Each is timed as the vector alone and through a real rollout collector
+(environment, policy and fragment buffer: the CNN `auto` picks for the uint8 [4, 84, 84]
+frames, an MLP for the raw ones), with the bytes of one fragment. A fourth collector runs the
+C++ vector as `make_vector` makes it, two halves the collector pipelines (one half's
+emulators step while the CNN acts on the other: learner/collector.py), in the same turns.
 """
 
 from __future__ import annotations
@@ -100,17 +102,21 @@ def _envpool(seconds: float) -> float | None:
         pool.close()
 
 
-def _interleaved(runs: list[Callable[[], int]], seconds: float) -> list[float]:
-    """Steps/s of each run, called in turn until `seconds` have passed: a shared machine's load
-    then weighs on every run alike, where one run after the other would each see another."""
-    steps, spent = [0] * len(runs), [0.0] * len(runs)
+def _interleaved(runs: list[Callable[[], int]], seconds: float) -> list[tuple[float, float]]:
+    """(steps/s, CPU seconds per step) of each run, called in turn until `seconds` have passed:
+    a shared machine's load then weighs on every run alike, where one run after the other would
+    each see another. The CPU time is the whole process's (emulator threads included; the other
+    runs are idle meanwhile): on a loaded machine, where a process gets a share of the cores
+    rather than idle ones to overlap into, it is what the steps/s follow."""
+    steps, spent, cpu = [0] * len(runs), [0.0] * len(runs), [0.0] * len(runs)
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         for i, run in enumerate(runs):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             steps[i] += run()
             spent[i] += time.perf_counter() - started
-    return [n / t for n, t in zip(steps, spent, strict=True)]
+            cpu[i] += time.process_time() - cpu_started
+    return [(n / t, c / n) for n, t, c in zip(steps, spent, cpu, strict=True)]
 
 
 def _pong_rows(seconds: float, horizon: int) -> list[Row]:
@@ -120,15 +126,19 @@ def _pong_rows(seconds: float, horizon: int) -> list[Row]:
         return []
     import torch
 
+    from shoal.envs.ale_vector import AleVector
+    from shoal.envs.atari import AtariOptions
     from shoal.envs.vector import VectorRunner
     from shoal.envs.wrappers import EnvConfig, make_wrapped
 
     torch.set_num_threads(1)
     atari = EnvConfig(wrappers=({"name": "atari", "kwargs": {}},))
+    gym_id = PONG.removeprefix("gym:")
     vectors = {
-        "native": make_vector(PONG, PONG_ENVS, seed=0, env=atari),
+        "native": AleVector(gym_id, PONG_ENVS, AtariOptions(), {}, seed=0, groups=1),
         "per-copy": VectorRunner(lambda: make_wrapped(PONG, atari, {}), PONG_ENVS, seed=0),
         "raw": make_vector(PONG, PONG_ENVS, seed=0),
+        "pipelined": make_vector(PONG, PONG_ENVS, seed=0, env=atari),
     }
     try:
         return _pong_measured(vectors, seconds, horizon)
@@ -138,7 +148,8 @@ def _pong_rows(seconds: float, horizon: int) -> list[Row]:
 
 
 def _pong_measured(vectors: dict[str, Any], seconds: float, horizon: int) -> list[Row]:
-    """The three Pong paths interleaved: the vector alone, then a real collector each."""
+    """The three Pong paths interleaved as vectors alone, then the four as real collectors
+    (the pipelined C++ vector's halves step as one vector in `step`, so it has no vector row)."""
     from shoal.learner.collector import Collector
     from shoal.learner.models import ModelConfig, build_model
 
@@ -163,17 +174,19 @@ def _pong_measured(vectors: dict[str, Any], seconds: float, horizon: int) -> lis
         )
         return Collector("bench", vector, model, horizon, "bench", seed=0)
 
+    alone = ("native", "per-copy", "raw")
     for vector in vectors.values():
         vector.reset()
-    env = dict(
-        zip(vectors, _interleaved([stepper(name) for name in vectors], seconds), strict=True)
-    )
+    turns = _interleaved([stepper(name) for name in alone], seconds)
+    env = {name: rate for name, (rate, _) in zip(alone, turns, strict=True)}
     collectors = {name: collector(name) for name in vectors}
     nbytes = {name: c.collect().obs.nbytes for name, c in collectors.items()}
-    runs = [_collect_steps(c) for c in collectors.values()]
-    col = dict(zip(vectors, _interleaved(runs, seconds), strict=True))
+    turns = _interleaved([_collect_steps(c) for c in collectors.values()], seconds)
+    col = {name: rate for name, (rate, _) in zip(vectors, turns, strict=True)}
+    per_cpu = {name: 1.0 / per_step for name, (_, per_step) in zip(vectors, turns, strict=True)}
     raw, raw_mlp = "raw frames as float32", "raw frames as float32 + MLP"
     native, per_copy = "atari set, ale-py C++ vector", "atari set per copy (numpy)"
+    halves = "atari set, C++ vector halves pipelined"
     x = f"x{PONG_ENVS}"
     return [
         Row(f"Pong env steps/s, vector {x}: {native}", "steps/s", env["native"], env["raw"], raw, True),
@@ -182,6 +195,11 @@ def _pong_measured(vectors: dict[str, Any], seconds: float, horizon: int) -> lis
         Row(f"Pong env steps/s, collector {x}: {native} + CNN", "steps/s", col["native"], col["raw"], raw_mlp, True),
         Row(f"Pong env steps/s, collector {x}: {per_copy} + CNN", "steps/s", col["per-copy"], col["raw"], raw_mlp, True),
         Row(f"Pong env steps/s, collector {x}: {native} + CNN", "steps/s", col["native"], col["per-copy"], f"{per_copy} + CNN", True),
+        Row(f"Pong env steps/s, collector {x}: {halves} + CNN", "steps/s", col["pipelined"], col["raw"], raw_mlp, True),
+        Row(f"Pong env steps/s, collector {x}: {halves} + CNN", "steps/s", col["pipelined"], col["native"], f"{native} + CNN", True),
+        Row(f"Pong env steps per CPU second, collector {x}: {native} + CNN", "steps/CPU s", per_cpu["native"], per_cpu["raw"], raw_mlp, True),
+        Row(f"Pong env steps per CPU second, collector {x}: {halves} + CNN", "steps/CPU s", per_cpu["pipelined"], per_cpu["raw"], raw_mlp, True),
+        Row(f"Pong env steps per CPU second, collector {x}: {halves} + CNN", "steps/CPU s", per_cpu["pipelined"], per_cpu["native"], f"{native} + CNN", True),
         Row(f"Pong fragment observations, {horizon} steps {x}: uint8", "bytes", nbytes["native"], nbytes["raw"], raw_mlp, False),
     ]  # fmt: skip
 
