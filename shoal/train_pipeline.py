@@ -36,7 +36,8 @@ SHOWN: dict[str, tuple[str, ...]] = {
 LM_SHOWN: dict[str, tuple[str, ...]] = {
     "synthesis": ("train_tasks", "heldout_tasks", "heldout_families_tasks"),
     "distillation": ("teacher.ce", "student.kl", "student.ce", "student.params"),
-    "rl": ("updates", "reward_first5", "reward_last5", "mean_staleness"),
+    "rl": ("updates", "reward_first5", "reward_last5", "mean_staleness",
+           "validation_student", "validation_selected", "selected_step"),
     "evaluation": ("teacher.heldout.pass_at.1", "student.heldout.pass_at.1",
                    "rl.heldout.pass_at.1"),
 }  # fmt: skip
@@ -117,7 +118,7 @@ def stage_line(stage: Mapping[str, Any]) -> str:
     if stage.get("reused"):
         return f"stage {number}/{len(names)} {name:<14} reused (outputs checked)"
     wall = float(stage.get("wall_s") or 0.0)
-    return f"stage {number}/{len(STAGES)} {name:<14} {wall:7.2f}s  {shown}".rstrip()
+    return f"stage {number}/{len(names)} {name:<14} {wall:7.2f}s  {shown}".rstrip()
 
 
 def finite(value: Any) -> Any:

@@ -109,6 +109,14 @@ def test_a_stage_line_shows_its_number_time_and_headline_metrics() -> None:
     )
 
 
+def test_the_rl_stage_line_shows_which_checkpoint_validation_kept() -> None:
+    metrics = {"updates": 120, "reward_first5": 0.4, "reward_last5": 0.5, "mean_staleness": 0.9,
+               "validation_student": 0.25, "validation_selected": 0.3125, "selected_step": 60}  # fmt: skip
+    line = stage_line({"name": "rl", "wall_s": 80.0, "metrics": metrics})
+    assert line.startswith("stage 3/4 rl ")
+    assert line.endswith("validation_student 0.25, validation_selected 0.3125, selected_step 60")
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner),
