@@ -111,11 +111,13 @@ def _game_kwargs(gym_id: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {**registered, **ale_make_kwargs(gym_id, dict(kwargs))}
 
 
-def default_threads(num_envs: int) -> int:
-    """One emulator thread per core this process may run on, never more than copies: the policy
-    runs while the threads wait, so a rollout worker's copies use the cores between forwards.
-    No pinning (other workers share the cores)."""
-    return max(1, min(num_envs, len(os.sched_getaffinity(0))))
+def default_threads(num_envs: int, groups: int = 1) -> int:
+    """Emulator threads for one group of `num_envs` copies: the cores this process may run on,
+    shared among the `groups`, never more than its copies, at least one. The policy runs while
+    the threads wait (or, pipelined, while the other group's run), so a rollout worker's copies
+    use the cores between forwards; split among two halves on 2 cores, one thread each measured
+    faster than two (docs/benchmarks.md, Pong). No pinning (other workers share the cores)."""
+    return max(1, min(num_envs, len(os.sched_getaffinity(0)) // groups))
 
 
 def default_groups(num_envs: int) -> int:
@@ -324,7 +326,7 @@ def _make_groups(
     try:
         for rows in groups:
             size = rows.stop - rows.start
-            threads = num_threads or default_threads(size)
+            threads = num_threads or default_threads(size, len(groups))
             vecs.append(AtariVectorEnv(rom, size, num_threads=threads, **settings))
     except BaseException:
         for vec in vecs:
