@@ -172,7 +172,8 @@ def _pong_measured(vectors: dict[str, Any], seconds: float, horizon: int) -> lis
         model = build_model(
             ModelConfig(family=family), vector.single_observation_space, vector.single_action_space
         )
-        return Collector("bench", vector, model, horizon, "bench", seed=0)
+        pipeline = name == "pipelined"
+        return Collector("bench", vector, model, horizon, "bench", seed=0, pipeline=pipeline)
 
     alone = ("native", "per-copy", "raw")
     for vector in vectors.values():

@@ -37,8 +37,9 @@ class Collector:
     With `max_frame_bytes`, `horizon` is the longest up to the one asked for (`wanted_horizon`)
     whose fragment fits in a frame of that size; FragmentTooLarge when not even one step does.
 
-    `pipeline` (the default) pipelines the groups of a `SplitStepVector` with two or more
-    groups; False, or any other vector, steps all copies then computes all actions, in turn.
+    `pipeline` (the job's `rollout.pipeline`) pipelines the groups of a `SplitStepVector` with
+    two or more groups; without it, or for any other vector, the collector steps all copies
+    then computes all actions, in turn.
     Pipelined, the first group's next row is acted on and sent within `step(buf, t)` (for every
     row but the buffer's last), so it is in flight between calls; nothing is in flight between
     fragments. `pipelined` says which path runs.
@@ -53,7 +54,7 @@ class Collector:
         env_hash: str,
         seed: int | None = None,
         max_frame_bytes: int | None = None,
-        pipeline: bool = True,
+        pipeline: bool = False,
     ) -> None:
         self.actor_id = actor_id
         self.env = env

@@ -84,6 +84,12 @@ class RolloutConfig:
     cpus_per_worker: float = 0.0
     """CPUs each worker process reserves on its node (0: none); the leader spreads workers
     over the nodes by free capacity."""
+    pipeline: bool = False
+    """Step a split vector's halves in turn, one half's emulators running while the policy acts
+    on the other (ale-py's C++ vector for the `atari` set; learner/collector.py). It pays only
+    with a core to spare or the policy on a GPU: on 2 shared cores it measured 0.88-1.13x the
+    sequential path at 16 % more CPU per step (docs/benchmarks.md, Pong), so it is off unless
+    asked for."""
 
     def __post_init__(self) -> None:
         check_int("rollout.workers", self.workers, 1, MAX_WORKERS)

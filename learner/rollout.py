@@ -116,6 +116,8 @@ class RolloutSpec:
     """The job's `[env]` section (envs/wrappers.py `EnvConfig`): wrappers and normalisation."""
     token: dict[str, Any] = field(default_factory=dict)
     """A text environment's `[token]` section (its group size and temperature sample here)."""
+    pipeline: bool = False
+    """Pipeline a split vector's halves (learner/config.py `RolloutConfig.pipeline`)."""
 
 
 class Pacer:
@@ -549,7 +551,8 @@ def _collector(
         raise
     digest = env_hash(spec.env_id, dict(spec.env_kwargs), spec.seed, wrappers=wrappers)
     try:
-        return Collector(actor_id, env, policy, spec.horizon, digest, spec.seed, max_frame_bytes)
+        return Collector(actor_id, env, policy, spec.horizon, digest, spec.seed, max_frame_bytes,
+                         pipeline=spec.pipeline)  # fmt: skip
     except FragmentTooLarge:
         env.close()
         raise

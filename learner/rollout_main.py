@@ -35,6 +35,7 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
             env_id=str(value["env_id"]),
             num_envs=int(value["num_envs"]),
             horizon=int(value["horizon"]),
+            pipeline=value.get("pipeline", False) is True,
             seed=int(value["seed"]),
             learner_path=str(value.get("learner_path", "")),
             learner_rank=int(value.get("learner_rank", 0)),

@@ -169,10 +169,35 @@ def test_closing_mid_fragment_ends_the_step_in_flight_and_joins_every_thread() -
     assert isinstance(vec, AleVector)
     assert len(vec.groups) == 2
     policy = FramePolicy(vec.single_observation_space, vec.single_action_space)
-    collector = Collector("t", vec, policy, 16, "hash", seed=0)
+    collector = Collector("t", vec, policy, 16, "hash", seed=0, pipeline=True)
     assert collector.pipelined
     buf = collector.new_buffers()
     collector.step(buf, 0)  # leaves the first group's row 1 in flight
     assert threads() > before
     vec.close()
     assert threads() == before
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_the_jobs_rollout_pipeline_reaches_the_actors_collector(pipeline: bool) -> None:
+    """`rollout.pipeline` travels job config -> job.json spec -> the actor's collector; off by
+    default, since it pays only with a spare core (docs/envs.md)."""
+    from dataclasses import replace
+
+    from shoal.learner.config import RolloutConfig, TrainConfig
+    from shoal.learner.job import rollout_specs
+    from shoal.learner.models import ModelConfig
+    from shoal.learner.rollout import _close, _collector
+    from shoal.learner.rollout_main import spec_from_json
+
+    assert RolloutConfig().pipeline is False
+    cfg = replace(TrainConfig(), env=ATARI, rollout=RolloutConfig(num_envs=2, pipeline=pipeline))
+    (entry,) = rollout_specs(cfg, f"gym:{GAME}", 0)
+    spec = spec_from_json(entry)
+    assert spec.pipeline is pipeline
+    collector = _collector(spec, "t", ModelConfig(), 1 << 28)
+    try:
+        assert isinstance(collector, Collector)
+        assert collector.pipelined is pipeline
+    finally:
+        _close(collector)
