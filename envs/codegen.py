@@ -340,6 +340,8 @@ class CodeGenEnv(TextEnvironment):
     version = GENERATOR_VERSION
     stop = ("\n\n",)
     max_prompt_tokens = MAX_PROMPT_BYTES
+    pool_splits: tuple[str, ...] = POOL_SPLITS
+    """Splits beside `splits` that `tasks` draws (learner/lm_validation.py's `pool_split`)."""
 
     def __init__(
         self,
@@ -360,8 +362,6 @@ class CodeGenEnv(TextEnvironment):
             "tests_per_task": TESTS_PER_TASK,
             "entry": ENTRY,
         }
-
-    pool_splits = POOL_SPLITS
 
     def tasks(self, split: str = "train", count: int = 64, seed: int = 0) -> list[TextTask]:
         """As `TextEnvironment.tasks`; "validation" and "rl" (POOL_SPLITS) draw on streams of
