@@ -16,11 +16,18 @@ import pytest
 from shoal.chaos.errors import FaultError
 from shoal.chaos.job_process import ClusterJob, JobConfig
 from shoal.errors import ConfigError
+from tests.support.waiting import eventually
 
 
 def sleeper(*argv: str) -> subprocess.Popen[bytes]:
-    """A process whose command line carries `argv` (as a task process's would)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv])
+    """A process whose command line carries `argv` (as a task process's would), returned once
+    it does: between fork and exec a child's /proc cmdline is still its parent's, and a loaded
+    machine can leave it there long enough for a lookup to find pytest instead."""
+    script = "import time; time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", script, *argv])
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    eventually(lambda: script.encode() in cmdline.read_bytes(), f"pid {proc.pid} exec'd")
+    return proc
 
 
 @pytest.fixture
@@ -46,7 +53,7 @@ def write_events(job: ClusterJob, events: list[dict[str, object]]) -> None:
     (job.run_dir / "events.jsonl").write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_pids_come_from_start_events_and_command_lines(
     job: ClusterJob, procs: list[subprocess.Popen[bytes]]
 ) -> None:
