@@ -52,24 +52,26 @@ def test_a_babyai_level_steps_in_a_vector_under_the_multi_policy() -> None:
         assert ended >= 3  # GoToRedBall's time limit is 64 steps: every copy ended at least once
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_shoal_train_learns_doorkey_with_no_plugin(tmp_path: Path) -> None:
     baseline = _random_return(40)
-    argv = [sys.executable, "-m", "shoal", "train", DOORKEY, "--max-env-steps", "40000",
+    argv = [sys.executable, "-m", "shoal", "train", DOORKEY, "--max-env-steps", "100000",
             "--seed", "1", "--no-eval", "--quiet", "--json", "--run-dir", str(tmp_path / "run")]  # fmt: skip
     out = subprocess.run(
         argv,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
-        timeout=380,
+        timeout=880,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.splitlines()[-1])
-    assert summary["env_steps"] >= 40000
+    assert summary["env_steps"] >= 100000
     assert summary["intake"]["trained"] >= 10
-    # Random actions open the door and reach the goal about once in 30 episodes (~0.03); the
-    # policy after 40k steps gets there in most of its last 20 episodes.
+    # Random actions open the door and reach the goal about once in 30 episodes (~0.03). At 40k
+    # steps this seed learned on an idle machine but not under CI's load (0.01: how far it gets
+    # depends on the asynchrony); docs/benchmarks.md's table has 100k steps as the budget where
+    # learning is under way and 150k where all three seeds solve it.
     assert summary["final_return"] > baseline + 0.1, (summary["final_return"], baseline)
     trainer = json.loads(Path(summary["checkpoint"], "trainer.json").read_text())
     assert trainer["policy_spec"]["family"] == "multi"
