@@ -44,7 +44,7 @@ import numpy as np
 
 from shoal.envs.code_scoring import CodeScorer
 from shoal.envs.sandbox import TestCase
-from shoal.envs.text_tasks import MAX_TASKS, Score, TextEnvError, TextEnvironment, TextTask
+from shoal.envs.text_tasks import Score, TextEnvError, TextEnvironment, TextTask
 
 __all__ = [
     "FAMILIES",
@@ -322,16 +322,6 @@ def split_pools(split: str) -> list[tuple[Family, tuple[int, ...]]]:
     return [(f, values) for f, values in pools if values]
 
 
-def _checked(name: str, value: Any, low: int, high: int) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | np.integer)
-        or not low <= value <= high
-    ):
-        raise TextEnvError(f"{name}={value!r}: expected an integer from {low} to {high}")
-    return int(value)
-
-
 class CodeGenEnv(TextEnvironment):
     """CodeGen-v1 (see the module docstring); scoring runs in a lazily started sandbox pool."""
 
@@ -362,16 +352,6 @@ class CodeGenEnv(TextEnvironment):
             "tests_per_task": TESTS_PER_TASK,
             "entry": ENTRY,
         }
-
-    def tasks(self, split: str = "train", count: int = 64, seed: int = 0) -> list[TextTask]:
-        """As `TextEnvironment.tasks`; "validation" and "rl" (POOL_SPLITS) draw on streams of
-        their own, after the test splits' (whose tasks are unchanged by them)."""
-        if split not in POOL_SPLITS:
-            return super().tasks(split, count, seed)
-        count = _checked("count", count, 1, MAX_TASKS)
-        seed = _checked("seed", seed, 0, 2**63 - 1)
-        stream = len(self.splits) + POOL_SPLITS.index(split)
-        return self._generate(split, count, np.random.default_rng([seed, stream]))
 
     def _generate(self, split: str, count: int, rng: np.random.Generator) -> list[TextTask]:
         pools = split_pools(split)

@@ -213,6 +213,10 @@ class TextEnvironment(ABC):
     generator: str
     version: int
     splits: tuple[str, ...] = SPLITS
+    pool_splits: tuple[str, ...] = ()
+    """Splits that only this environment's own pipeline stages draw on (validation, RL prompts),
+    never a test split a text job's evaluation scores; their streams come after `splits`', so
+    adding one leaves every test split's tasks unchanged."""
     stop: tuple[str, ...] = ()
     """Generation ends at any of these (and at EOS); scoring cuts a completion after the first."""
     max_prompt_tokens: int
@@ -249,11 +253,12 @@ class TextEnvironment(ABC):
 
     def tasks(self, split: str = "train", count: int = 64, seed: int = 0) -> list[TextTask]:
         """`count` tasks of `split`, the same for the same seed (a split's own random stream)."""
-        if split not in self.splits:
-            raise TextEnvError(f"{self.name} has no split {split!r}; choose one of {self.splits}")
+        streams = (*self.splits, *self.pool_splits)
+        if split not in streams:
+            raise TextEnvError(f"{self.name} has no split {split!r}; choose one of {streams}")
         count = _check_int("count", count, 1, MAX_TASKS)
         seed = _check_int("seed", seed, 0, 2**63 - 1)
-        rng = np.random.default_rng([seed, self.splits.index(split)])
+        rng = np.random.default_rng([seed, streams.index(split)])
         return self._generate(split, count, rng)
 
     @abstractmethod
