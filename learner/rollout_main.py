@@ -35,7 +35,7 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
             env_id=str(value["env_id"]),
             num_envs=int(value["num_envs"]),
             horizon=int(value["horizon"]),
-            pipeline=value.get("pipeline", False) is True,
+            pipeline=_flag(value, "pipeline"),
             seed=int(value["seed"]),
             learner_path=str(value.get("learner_path", "")),
             learner_rank=int(value.get("learner_rank", 0)),
@@ -49,6 +49,14 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise LearnerError(f"malformed rollout spec {value!r}: {exc}") from exc
+
+
+def _flag(value: dict[str, Any], key: str) -> bool:
+    """A boolean field of the spec (absent: False); anything else is malformed, not False."""
+    flag = value.get(key, False)
+    if not isinstance(flag, bool):
+        raise TypeError(f"{key} must be true or false, got {flag!r}")
+    return flag
 
 
 def locator(spec: RolloutSpec) -> Callable[[], str | None]:
