@@ -54,9 +54,16 @@ def test_a_babyai_level_steps_in_a_vector_under_the_multi_policy() -> None:
 
 @pytest.mark.timeout(900)
 def test_shoal_train_learns_doorkey_with_no_plugin(tmp_path: Path) -> None:
+    # Trained to a target, not for a fixed budget: how far a budget gets depends on the asynchrony
+    # (seed 1's last 20 episodes averaged 0.09 at 100k steps under CI's load, though it had
+    # learned on an idle machine), while the target is reached far inside the 400k cap either way
+    # (28k-41k steps beside three busy loops; docs/benchmarks.md: all three seeds are at
+    # 0.75-0.96 by 150k). Random actions score about 0.03 (`_random_return`); 0.5 is a policy
+    # that opens the door and reaches the goal in most episodes.
     baseline = _random_return(40)
-    argv = [sys.executable, "-m", "shoal", "train", DOORKEY, "--max-env-steps", "100000",
-            "--seed", "1", "--no-eval", "--quiet", "--json", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    argv = [sys.executable, "-m", "shoal", "train", DOORKEY, "--target-return", "0.5",
+            "--max-env-steps", "400000", "--time-limit", "840", "--seed", "1", "--no-eval",
+            "--quiet", "--json", "--run-dir", str(tmp_path / "run")]  # fmt: skip
     out = subprocess.run(
         argv,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -66,13 +73,10 @@ def test_shoal_train_learns_doorkey_with_no_plugin(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.splitlines()[-1])
-    assert summary["env_steps"] >= 100000
-    assert summary["intake"]["trained"] >= 10
-    # Random actions open the door and reach the goal about once in 30 episodes (~0.03). At 40k
-    # steps this seed learned on an idle machine but not under CI's load (0.01: how far it gets
-    # depends on the asynchrony); docs/benchmarks.md's table has 100k steps as the budget where
-    # learning is under way and 150k where all three seeds solve it.
-    assert summary["final_return"] > baseline + 0.1, (summary["final_return"], baseline)
+    assert baseline < 0.1
+    assert summary["solved"], summary
+    assert summary["final_return"] >= 0.5
+    assert summary["intake"]["trained"] >= 5  # 13-19 updates when measured
     trainer = json.loads(Path(summary["checkpoint"], "trainer.json").read_text())
     assert trainer["policy_spec"]["family"] == "multi"
     assert isinstance(model_from_spec(trainer["policy_spec"]), MultiPolicy)
