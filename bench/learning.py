@@ -6,9 +6,11 @@ family's preset, no early stop at a target) in a subprocess; the final return is
 the last 20 training episodes, as CleanRL reports its episodic return. Beside it: CleanRL's
 published figure (its own, longer budget; cited per row) and, for the classic-control and MuJoCo
 rows, the CleanRL-style loop of bench/cleanrl_ppo.py (ppo.py's or ppo_continuous_action.py's
-settings) run here at the same budget and seeds. `python -m shoal.bench.learning --seeds 3`
-prints the markdown table docs/benchmarks.md records; `--steps` changes the budget and
-`--trainer` runs one side only, so two processes can run both sides at the same time.
+settings) run here at the same budget and seeds, and with `--cleanrl DIR`, for the
+classic-control rows, CleanRL's own cleanrl/ppo.py from a checkout (bench/cleanrl_script.py).
+`python -m shoal.bench.learning --seeds 3` prints the markdown table docs/benchmarks.md records;
+`--steps` changes the budget and `--trainer` runs one side only, so several processes can run
+the sides at the same time.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from shoal.bench import cleanrl_ppo
+from shoal.bench import cleanrl_ppo, cleanrl_script
 from shoal.bench.report import Row
 
 CLEANRL = "CleanRL-style PPO"
@@ -47,6 +50,11 @@ class Task:
     """Whether bench/cleanrl_ppo.py (vector observations) runs it here too."""
     continuous: bool = False
     """Whether the baseline takes ppo_continuous_action.py's settings instead of ppo.py's."""
+
+    @property
+    def runs_ppo_py(self) -> bool:
+        """Whether CleanRL's own ppo.py (discrete actions, vector observations) can run it."""
+        return self.baseline and not self.continuous
 
 
 TASKS = (
@@ -137,6 +145,22 @@ def baseline_args(task: Task) -> cleanrl_ppo.Args:
     return cleanrl_ppo.Args(env_id=gym_id, total_timesteps=task.budget)
 
 
+def train_cleanrl(
+    task: Task, seed: int, checkout: cleanrl_script.Checkout, root: Path
+) -> tuple[float, float]:
+    """Final training return and wall seconds of one run of CleanRL's own ppo.py."""
+    episodes, wall = cleanrl_script.train(
+        checkout, task.env_id, task.budget, seed, cwd=root, time_limit_s=7200.0
+    )
+    print(
+        f"CleanRL ppo.py {task.env_id} seed {seed}: {episodes.count:,} episodes to step "
+        f"{episodes.last_step:,}, return {episodes.final_return:.2f}, {wall:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return episodes.final_return, wall
+
+
 def _progress(task: Task, seed: int) -> Callable[[cleanrl_ppo.Point], None]:
     """Prints the loop's return to stderr at each tenth of the budget: a long run shows how far
     it got if it has to be stopped."""
@@ -157,28 +181,45 @@ def _progress(task: Task, seed: int) -> Callable[[cleanrl_ppo.Point], None]:
     return show
 
 
-Result = tuple[Task, Cell | None, Cell | None]
-TRAINERS = ("both", "shoal", "baseline")
+class Result(NamedTuple):
+    """One row's cells: shoal's, the CleanRL-style loop's and CleanRL's own (None: not run)."""
+
+    task: Task
+    ours: Cell | None
+    base: Cell | None
+    cleanrl: Cell | None = None
+
+
+TRAINERS = ("both", "shoal", "baseline", "cleanrl")
 
 
 def measure(
-    tasks: tuple[Task, ...], seeds: tuple[int, ...], trainer: str = "both"
+    tasks: tuple[Task, ...],
+    seeds: tuple[int, ...],
+    trainer: str = "both",
+    cleanrl: cleanrl_script.Checkout | None = None,
 ) -> Iterator[Result]:
     """Each task's cells as soon as its runs are done (a long table shows its rows as it goes);
-    `trainer` runs one side only (the other cell is None)."""
+    `trainer` runs one side only ("both": every side there is), and CleanRL's own ppo.py runs
+    only with a `cleanrl` checkout, on the rows it can run."""
     with tempfile.TemporaryDirectory(prefix="shoal-bench-learning-") as tmp:
         for task in tasks:
             ours = (
                 _cell([train_shoal(task, seed, Path(tmp)) for seed in seeds])
-                if trainer != "baseline"
+                if trainer in ("both", "shoal")
                 else None
             )
             base = (
                 _cell([train_baseline(task, seed) for seed in seeds])
-                if task.baseline and trainer != "shoal"
+                if task.baseline and trainer in ("both", "baseline")
                 else None
             )
-            yield task, ours, base
+            theirs = (
+                _cell([train_cleanrl(task, seed, cleanrl, Path(tmp)) for seed in seeds])
+                if cleanrl is not None and task.runs_ppo_py and trainer in ("both", "cleanrl")
+                else None
+            )
+            yield Result(task, ours, base, theirs)
 
 
 def run(quick: bool) -> list[Row]:
@@ -193,21 +234,22 @@ def run(quick: bool) -> list[Row]:
             CLEANRL if base is not None else f"CleanRL published: {task.published}",
             higher_is_better=True,
         )
-        for task, ours, base in measure(tasks, seeds)
+        for task, ours, base, _ in measure(tasks, seeds)
     ]
 
 
 HEADER = (
     "| environment | steps | shoal return | shoal wall s | CleanRL-style loop here | "
-    "its wall s | CleanRL published |\n|---|---|---|---|---|---|---|"
+    "its wall s | CleanRL ppo.py here | its wall s | CleanRL published |\n"
+    "|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def markdown_row(result: Result) -> str:
-    task, ours, base = result
+    task, ours, base, theirs = Result(*result)  # a plain (task, ours, base) tuple as well
     return (
         f"| {task.env_id} {' '.join(task.args)} | {task.budget:,} | {_columns(ours)} | "
-        f"{_columns(base)} | {task.published} |"
+        f"{_columns(base)} | {_columns(theirs)} | {task.published} |"
     )
 
 
@@ -234,8 +276,34 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed's number")
     parser.add_argument("--only", nargs="*", help="env ids to run (default: every task)")
     parser.add_argument("--steps", type=int, help="step budget for every task (default: its own)")
-    parser.add_argument("--trainer", choices=TRAINERS, default="both", help="which side to run")
+    parser.add_argument(
+        "--trainer",
+        choices=TRAINERS,
+        default="both",
+        help="which side to run (both: shoal, the CleanRL-style loop and, given --cleanrl, CleanRL)",
+    )
+    parser.add_argument(
+        "--cleanrl",
+        type=Path,
+        metavar="DIR",
+        help="a checkout of CleanRL: its cleanrl/ppo.py runs the classic-control rows too "
+        "(--env-id, --total-timesteps, --seed, --no-cuda), in a scratch folder",
+    )
+    parser.add_argument(
+        "--cleanrl-python",
+        default=sys.executable,
+        metavar="PY",
+        help="the interpreter with CleanRL's dependencies, gymnasium 0.29 among them "
+        "(default: this one)",
+    )
     args = parser.parse_args()
+    checkout = None
+    if args.cleanrl is not None:
+        checkout = cleanrl_script.Checkout(args.cleanrl, args.cleanrl_python)
+        if not checkout.script.is_file():
+            parser.error(f"--cleanrl {args.cleanrl}: no {cleanrl_script.SCRIPT} there")
+    elif args.trainer == "cleanrl":
+        parser.error("--trainer cleanrl needs --cleanrl DIR, a checkout of CleanRL")
     tasks = tuple(t for t in TASKS if not args.only or t.env_id in args.only)
     if args.steps is not None:
         if args.steps < 1:
@@ -243,8 +311,11 @@ def main() -> None:
         tasks = tuple(dataclasses.replace(t, budget=args.steps) for t in tasks)
     seeds = tuple(range(args.first_seed, args.first_seed + args.seeds))
     print(HEADER, flush=True)
-    for result in measure(tasks, seeds, args.trainer):
-        print(markdown_row(result), flush=True)
+    try:
+        for result in measure(tasks, seeds, args.trainer, checkout):
+            print(markdown_row(result), flush=True)
+    except cleanrl_script.CleanRLError as err:
+        sys.exit(f"CleanRL's ppo.py: {err}")
 
 
 if __name__ == "__main__":
