@@ -164,6 +164,10 @@ def _quote(line: bytes) -> str:
 
 
 def _tail(stderr: IO[bytes]) -> str:
-    stderr.seek(0, 2)
-    stderr.seek(max(0, stderr.tell() - STDERR_TAIL))
-    return stderr.read().decode("utf-8", errors="replace").strip()
+    """The last `STDERR_TAIL` bytes of `stderr`, from the start of a line."""
+    start = max(0, stderr.seek(0, 2) - STDERR_TAIL)
+    stderr.seek(start)
+    tail = stderr.read()
+    if start > 0 and b"\n" in tail[:-1]:
+        tail = tail[tail.index(b"\n") + 1 :]
+    return tail.decode("utf-8", errors="replace").strip()

@@ -92,8 +92,12 @@ class Cell:
 
     returns: tuple[float, ...]
     wall_s: tuple[float, ...]
+    failed: str = ""
+    """Why the trainer did not finish its seeds (one line), or "" if it did."""
 
     def mean_std(self) -> str:
+        if self.failed:
+            return f"failed: {self.failed}"
         finite = [r for r in self.returns if math.isfinite(r)]
         if not finite:
             return "no episode ended"
@@ -215,7 +219,7 @@ def measure(
                 else None
             )
             theirs = (
-                _cell([train_cleanrl(task, seed, cleanrl, Path(tmp)) for seed in seeds])
+                _cleanrl_cell(task, seeds, cleanrl, Path(tmp))
                 if cleanrl is not None and task.runs_ppo_py and trainer in ("both", "cleanrl")
                 else None
             )
@@ -262,8 +266,25 @@ def _cell(runs: list[tuple[float, float]]) -> Cell:
     return Cell(tuple(r for r, _ in runs), tuple(w for _, w in runs))
 
 
+def _cleanrl_cell(
+    task: Task, seeds: tuple[int, ...], checkout: cleanrl_script.Checkout, root: Path
+) -> Cell:
+    """CleanRL's cell, or, if one of its runs fails, a cell that says why (the whole error goes
+    to stderr): the other trainers' cells in the row and the rows after it still count."""
+    runs: list[tuple[float, float]] = []
+    try:
+        for seed in seeds:
+            runs.append(train_cleanrl(task, seed, checkout, root))
+    except cleanrl_script.CleanRLError as err:
+        print(f"CleanRL ppo.py {task.env_id}: {err}", file=sys.stderr, flush=True)
+        lines = str(err).strip().splitlines() or ["no reason given"]
+        why = lines[-1][:120].replace("|", "\\|")
+        return Cell((), (), failed=f"seed {seeds[len(runs)]}: {why}")
+    return _cell(runs)
+
+
 def _wall(cell: Cell) -> str:
-    return f"{statistics.fmean(cell.wall_s):.0f}"
+    return f"{statistics.fmean(cell.wall_s):.0f}" if cell.wall_s else "—"
 
 
 def _slug(task: Task) -> str:
@@ -311,11 +332,12 @@ def main() -> None:
         tasks = tuple(dataclasses.replace(t, budget=args.steps) for t in tasks)
     seeds = tuple(range(args.first_seed, args.first_seed + args.seeds))
     print(HEADER, flush=True)
-    try:
-        for result in measure(tasks, seeds, args.trainer, checkout):
-            print(markdown_row(result), flush=True)
-    except cleanrl_script.CleanRLError as err:
-        sys.exit(f"CleanRL's ppo.py: {err}")
+    failed = False
+    for result in measure(tasks, seeds, args.trainer, checkout):
+        print(markdown_row(result), flush=True)
+        failed = failed or bool(result.cleanrl and result.cleanrl.failed)
+    if failed:
+        sys.exit("CleanRL's ppo.py failed: its error is above, its cell says why")
 
 
 if __name__ == "__main__":

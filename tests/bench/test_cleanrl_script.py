@@ -292,13 +292,27 @@ def test_the_cleanrl_flags_are_checked_before_anything_runs(tmp_path, monkeypatc
     assert f"--cleanrl {tmp_path}: no cleanrl/ppo.py there" in err
 
 
-def test_a_failed_cleanrl_run_ends_the_bench_with_its_reason(tmp_path, monkeypatch, capsys):
-    checkout = fake_checkout(tmp_path, 'print("global_step=8, episodic_return=[]")')
-    code, out, _ = run_main(
+FAILS_ON_SEED_1 = """
+    if sys.argv[sys.argv.index("--seed") + 1] == "1":
+        for i in range(200):
+            print(f'  File "gymnasium/envs/classic_control/acrobot.py", line {i}', file=sys.stderr)
+        sys.exit("AttributeError: `np.float_` was removed | use np.float64")
+    print("global_step=8, episodic_return=[-500.]")
+"""
+
+
+def test_a_failed_cleanrl_run_fails_its_cell_not_the_table(tmp_path, monkeypatch, capsys):
+    checkout = fake_checkout(tmp_path, FAILS_ON_SEED_1)
+    code, out, err = run_main(
         monkeypatch, capsys, "--trainer", "cleanrl", "--cleanrl", str(checkout.root),
-        "--only", "Acrobot-v1", "--seeds", "1", "--steps", "100",
+        "--only", "CartPole-v1", "Acrobot-v1", "--seeds", "2", "--steps", "100",
     )  # fmt: skip
-    assert code == (
-        "CleanRL's ppo.py: line 1 is not an episode's return: b'global_step=8, episodic_return=[]'"
-    )
-    assert out.splitlines() == HEADER.splitlines()
+    assert code == "CleanRL's ppo.py failed: its error is above, its cell says why"
+    rows = out.splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == ["| CartPole-v1 ", "| Acrobot-v1 "]
+    failed = "failed: seed 1: AttributeError: `np.float_` was removed \\| use np.float64 | — |"
+    assert all(f"| — | — | — | — | {failed} " in row for row in rows)
+    # the whole error, from a line's start, on stderr
+    assert 'CleanRL ppo.py Acrobot-v1: Acrobot-v1 seed 1 exited 1: File "gymnasium/' in err
+    assert "line 199\nAttributeError: `np.float_` was removed | use np.float64\n" in err
+    assert "CleanRL ppo.py CartPole-v1 seed 0: 1 episodes to step 8, return -500.00" in err
