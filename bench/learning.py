@@ -153,8 +153,9 @@ def train_cleanrl(
     task: Task, seed: int, checkout: cleanrl_script.Checkout, root: Path
 ) -> tuple[float, float]:
     """Final training return and wall seconds of one run of CleanRL's own ppo.py."""
+    gym_id = task.env_id.removeprefix("gym:")
     episodes, wall = cleanrl_script.train(
-        checkout, task.env_id, task.budget, seed, cwd=root, time_limit_s=7200.0
+        checkout, gym_id, task.budget, seed, cwd=root, time_limit_s=7200.0
     )
     print(
         f"CleanRL ppo.py {task.env_id} seed {seed}: {episodes.count:,} episodes to step "
