@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.envs.text_tasks import TextEnvironment, TextTask
 from shoal.learner.errors import PipelineError
 
 CANDIDATES_PER_TASK = 4
@@ -35,12 +36,14 @@ def validation_seed(seed: int) -> int:
     return int.from_bytes(digest[:7], "big")
 
 
-def pool_split(env: Any, name: str) -> str:
+def pool_split(env: TextEnvironment, name: str) -> str:
     """`name` where the environment offers it as a pool split (`pool_splits`), else "train"."""
-    return name if name in getattr(env, "pool_splits", ()) else "train"
+    return name if name in env.pool_splits else "train"
 
 
-def validation_tasks(env: Any, count: int, seed: int, taken: Iterable[Sequence[Any]]) -> list[Any]:
+def validation_tasks(
+    env: TextEnvironment, count: int, seed: int, taken: Iterable[Sequence[TextTask]]
+) -> list[TextTask]:
     """`count` tasks of the validation split (`pool_split(env, "validation")`) on the validation
     seed, none of whose prompts appears in `taken` (the train and evaluation splits) or twice
     among themselves."""
