@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,7 @@ from shoal.envs.errors import EnvError, InvalidAction
 from shoal.envs.hashing import HashStore, env_hash
 from shoal.envs.vector import VectorRunner, VectorStep, make_vector
 from shoal.envs.wrappers import EnvConfig
+from tests.support.train_cli import run_train
 
 pytest.importorskip("ale_py.vector_env", reason="ale-py 0.10+ (the envs extra) is not installed")
 
@@ -254,18 +253,11 @@ def test_split_phase_misuse_is_refused_and_reset_ends_a_step_in_flight() -> None
 
 @pytest.mark.timeout(300)
 def test_shoal_train_steps_breakout_through_the_native_vector(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "shoal", "train", "gym:ALE/Breakout-v5", "--wrapper", "atari",
-            "--max-env-steps", "2048", "--seed", "1", "--no-eval", "--quiet", "--json",
-            "--run-dir", str(tmp_path / "run")]  # fmt: skip
-    out = subprocess.run(
-        argv,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert out.returncode in (0, 1), out.stderr[-2000:]  # 1: ran, target not reached
-    summary = json.loads(out.stdout.splitlines()[-1])
+    summary = run_train(
+        "gym:ALE/Breakout-v5", "--wrapper", "atari", "--max-env-steps", "2048", "--seed", "1",
+        "--no-eval", "--quiet", run_dir=tmp_path / "run", timeout=280,
+        codes=(0, 1),  # 1: ran, target not reached
+    )  # fmt: skip
     assert summary["env_steps"] >= 2048
     assert summary["intake"]["trained"] >= 2
     trainer = json.loads(Path(summary["checkpoint"], "trainer.json").read_text())

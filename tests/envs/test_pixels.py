@@ -6,9 +6,6 @@ trains through `shoal train`."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +18,7 @@ from shoal.envs.wrappers import EnvConfig
 from shoal.learner.collector import Collector
 from shoal.learner.models import ModelConfig, build_model
 from shoal.learner.models.cnn import CNNPolicy
+from tests.support.train_cli import run_train
 
 pytest.importorskip("ale_py", reason="ale-py (the envs extra) is not installed")
 
@@ -97,18 +95,11 @@ def test_minatar_frames_are_uint8_images_for_the_small_image_cnn() -> None:
 @pytest.mark.timeout(300)
 def test_shoal_train_steps_minatar_breakout(tmp_path: Path) -> None:
     pytest.importorskip("minatar", reason="MinAtar (the envs extra) is not installed")
-    argv = [sys.executable, "-m", "shoal", "train", "gym:MinAtar/Breakout-v1",
-            "--max-env-steps", "8192", "--seed", "1", "--no-eval", "--quiet", "--json",
-            "--run-dir", str(tmp_path / "run")]  # fmt: skip
-    out = subprocess.run(
-        argv,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert out.returncode in (0, 1), out.stderr[-2000:]  # 1: ran, target not reached
-    summary = json.loads(out.stdout.splitlines()[-1])
+    summary = run_train(
+        "gym:MinAtar/Breakout-v1", "--max-env-steps", "8192", "--seed", "1", "--no-eval",
+        "--quiet", run_dir=tmp_path / "run", timeout=280,
+        codes=(0, 1),  # 1: ran, target not reached
+    )  # fmt: skip
     assert summary["env_steps"] >= 8192
     assert summary["intake"]["trained"] >= 2
     trainer = json.loads(Path(summary["checkpoint"], "trainer.json").read_text())

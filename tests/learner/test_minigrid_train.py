@@ -5,9 +5,6 @@ from `shoal train gym:MiniGrid-DoorKey-5x5-v0` (a real cluster in child processe
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +14,7 @@ import shoal.envs as envs
 from shoal.envs.packed_obs import PackedBox
 from shoal.learner.models import ModelConfig, build_model, model_from_spec
 from shoal.learner.models.multi import MultiPolicy
+from tests.support.train_cli import run_train
 
 DOORKEY = "gym:MiniGrid-DoorKey-5x5-v0"
 
@@ -61,18 +59,10 @@ def test_shoal_train_learns_doorkey_with_no_plugin(tmp_path: Path) -> None:
     # 0.75-0.96 by 150k). Random actions score about 0.03 (`_random_return`); 0.5 is a policy
     # that opens the door and reaches the goal in most episodes.
     baseline = _random_return(40)
-    argv = [sys.executable, "-m", "shoal", "train", DOORKEY, "--target-return", "0.5",
-            "--max-env-steps", "400000", "--time-limit", "840", "--seed", "1", "--no-eval",
-            "--quiet", "--json", "--run-dir", str(tmp_path / "run")]  # fmt: skip
-    out = subprocess.run(
-        argv,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=880,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout.splitlines()[-1])
+    summary = run_train(
+        DOORKEY, "--target-return", "0.5", "--max-env-steps", "400000", "--time-limit", "840",
+        "--seed", "1", "--no-eval", "--quiet", run_dir=tmp_path / "run", timeout=880,
+    )  # fmt: skip
     assert baseline < 0.1
     assert summary["solved"], summary
     assert summary["final_return"] >= 0.5

@@ -5,9 +5,6 @@ picks the multi model, and a real cluster in child processes trains it above ran
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +12,7 @@ import pytest
 
 import shoal.envs as envs
 from tests.support.signal_room import LAMPS, LATE_NAN_SIGNAL_ROOM, NAN_SIGNAL_ROOM, SIGNAL_ROOM
+from tests.support.train_cli import run_train, train_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,27 +30,22 @@ def _random_return(episodes: int) -> float:
 
 
 def _environ(tmp_path: Path) -> dict[str, str]:
+    """The plugin importable in the child and a SHOAL_HOME of the test's own, over the
+    environment train_process gives it."""
     return {
-        **os.environ,
         "PYTHONPATH": str(ROOT),
         "SHOAL_ENV_MODULES": "tests.support.signal_room",
         "SHOAL_HOME": str(tmp_path / "home"),
-        "OMP_NUM_THREADS": "1",
     }
 
 
 @pytest.mark.timeout(300)
 def test_shoal_train_learns_a_dict_observation_plugin(tmp_path: Path) -> None:
     baseline = _random_return(40)
-    environ = _environ(tmp_path)
-    argv = [sys.executable, "-m", "shoal", "train", SIGNAL_ROOM, "--max-env-steps", "20000",
-            "--seed", "1", "--no-eval", "--quiet", "--json", "--embedded",
-            "--run-dir", str(tmp_path / "run")]  # fmt: skip
-    out = subprocess.run(
-        argv, cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=280
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout.splitlines()[-1])
+    summary = run_train(
+        SIGNAL_ROOM, "--max-env-steps", "20000", "--seed", "1", "--no-eval", "--quiet",
+        "--embedded", run_dir=tmp_path / "run", timeout=280, env=_environ(tmp_path), cwd=tmp_path,
+    )  # fmt: skip
     assert summary["env_steps"] >= 20000
     assert summary["intake"]["trained"] >= 10
     # Random actions light the right lamp one step in three (about 5.3 of 16); reading the grid
@@ -66,11 +59,10 @@ def test_shoal_train_learns_a_dict_observation_plugin(tmp_path: Path) -> None:
 def test_a_plugin_whose_first_observation_is_hostile_is_refused_before_any_process(
     tmp_path: Path,
 ) -> None:
-    argv = [sys.executable, "-m", "shoal", "train", NAN_SIGNAL_ROOM, "--quiet", "--embedded",
-            "--run-dir", str(tmp_path / "run")]  # fmt: skip
-    out = subprocess.run(
-        argv, cwd=tmp_path, env=_environ(tmp_path), capture_output=True, text=True, timeout=100
-    )
+    out = train_process(
+        NAN_SIGNAL_ROOM, "--quiet", "--embedded", run_dir=tmp_path / "run", timeout=100,
+        env=_environ(tmp_path), cwd=tmp_path,
+    )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [
         "shoal: error: observation part vector holds NaN or infinite values: fix the environment"
@@ -84,11 +76,10 @@ def test_a_plugin_observation_that_turns_hostile_mid_run_ends_the_job_with_the_r
 ) -> None:
     """The workers' PackingError is published and ends the run (as an unsendable fragment
     does), not a rollout task restarted again and again on the same bad observation."""
-    argv = [sys.executable, "-m", "shoal", "train", LATE_NAN_SIGNAL_ROOM, "--max-env-steps",
-            "20000", "--no-eval", "--quiet", "--embedded", "--run-dir", str(tmp_path / "run")]  # fmt: skip
-    out = subprocess.run(
-        argv, cwd=tmp_path, env=_environ(tmp_path), capture_output=True, text=True, timeout=280
-    )
+    out = train_process(
+        LATE_NAN_SIGNAL_ROOM, "--max-env-steps", "20000", "--no-eval", "--quiet", "--embedded",
+        run_dir=tmp_path / "run", timeout=280, env=_environ(tmp_path), cwd=tmp_path,
+    )  # fmt: skip
     assert out.returncode != 0, out.stdout[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr[-3000:]
