@@ -5,4 +5,8 @@
   /proc probes that prove a process gone; worker_child is the peer process they start;
 - admin: a JSON POST to the admin API from a blocking test body;
 - serving: proof that a server still serves after hostile input;
-- netns: a cluster whose nodes are hosts of their own (network namespaces)."""
+- netns: a cluster whose nodes are hosts of their own (network namespaces);
+- train_cli: `shoal train` in a child process, its JSON summary read back;
+- signal_room, odd_envs, hostile_lm, sequences: environments, models and fragments that tests
+  train on or attack with;
+- chaos_report: what a failed `shoal chaos run --json` is shown as."""
