@@ -251,7 +251,7 @@ HEADER = (
 
 
 def markdown_row(result: Result) -> str:
-    task, ours, base, theirs = Result(*result)  # a plain (task, ours, base) tuple as well
+    task, ours, base, theirs = result
     return (
         f"| {task.env_id} {' '.join(task.args)} | {task.budget:,} | {_columns(ours)} | "
         f"{_columns(base)} | {_columns(theirs)} | {task.published} |"

@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from shoal.bench import cleanrl_ppo
-from shoal.bench.learning import HEADER, TASKS, Cell, Task, baseline_args, markdown_row
+from shoal.bench.learning import (
+    HEADER,
+    TASKS,
+    Cell,
+    Result,
+    Task,
+    baseline_args,
+    markdown_row,
+)
 from shoal.cli import main as cli_main
 
 
@@ -32,15 +40,15 @@ def test_the_table_shows_mean_std_and_the_published_figure():
     task = Task("CartPole-v1", 1000, "490.04 ± 6.12 (ppo.py, 500k)", baseline=True)
     ours = Cell((100.0, 200.0, math.nan), (10.0, 20.0, 30.0))
     base = Cell((math.nan,), (5.0,))
-    row = markdown_row((task, ours, base))
+    row = markdown_row(Result(task, ours, base))
     assert row.startswith("| CartPole-v1  | 1,000 | 150.00 ± 70.71 | 20 | no episode ended | 5 |")
     assert row.endswith("490.04 ± 6.12 (ppo.py, 500k) |")
     assert HEADER.count("\n") == 1
     assert HEADER.splitlines()[0].count("|") == row.count("|")
     assert len({t.env_id for t in TASKS}) == len(TASKS) == 7
-    shoal_only = markdown_row((task, ours, None))
+    shoal_only = markdown_row(Result(task, ours, None))
     assert "| 150.00 ± 70.71 | 20 | — | — |" in shoal_only
-    assert markdown_row((task, None, base)).startswith(
+    assert markdown_row(Result(task, None, base)).startswith(
         "| CartPole-v1  | 1,000 | — | — | no episode"
     )
 
