@@ -201,13 +201,3 @@ def test_the_jobs_rollout_pipeline_reaches_the_actors_collector(pipeline: bool) 
         assert collector.pipelined is pipeline
     finally:
         _close(collector)
-
-
-def test_a_rollout_spec_whose_pipeline_is_not_a_bool_is_malformed() -> None:
-    from shoal.learner.errors import LearnerError
-    from shoal.learner.rollout_main import spec_from_json
-
-    entry = {"name": "r", "env_id": "CartPole-v1", "num_envs": 2, "horizon": 8, "seed": 0}
-    assert spec_from_json(entry).pipeline is False
-    with pytest.raises(LearnerError, match="pipeline must be true or false, got 'yes'"):
-        spec_from_json({**entry, "pipeline": "yes"})

@@ -1,4 +1,4 @@
-"""The rollout collector (fragments from a vector of environments) and the actor's pacing rule."""
+"""The rollout collector (fragments from a vector of environments), pacing, and the spec."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.envs.vector import make_vector
+from shoal.learner.errors import LearnerError
 from shoal.learner.models import ModelConfig, build_model
 from shoal.learner.rollout import Collector, Pacer
+from shoal.learner.rollout_main import spec_from_json
 
 
 def _collector(num_envs: int = 4, horizon: int = 8, **env_kwargs: object) -> Collector:
@@ -102,3 +104,10 @@ def test_fragments_carry_observations_in_the_model_obs_dtype() -> None:
     fragment = Collector("lm", env, policy, 4, "hash", seed=1).collect()
     assert fragment.obs.dtype == np.int64
     assert fragment.obs.shape == (4, 2, *env.single_observation_space.shape)
+
+
+def test_a_rollout_spec_whose_pipeline_is_not_a_bool_is_malformed() -> None:
+    entry = {"name": "r", "env_id": "CartPole-v1", "num_envs": 2, "horizon": 8, "seed": 0}
+    assert spec_from_json(entry).pipeline is False
+    with pytest.raises(LearnerError, match="pipeline must be true or false, got 'yes'"):
+        spec_from_json({**entry, "pipeline": "yes"})
