@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shoal.config import check_int, check_number
+from shoal.envs.tokenizer import BYTES
+from shoal.envs.tokenizer_training import MAX_VOCAB, MIN_VOCAB
 from shoal.errors import ConfigError
 from shoal.learner.config import SEED_MAX
 from shoal.learner.distill import FitConfig
@@ -17,6 +19,8 @@ from shoal.learner.models import ModelConfig
 from shoal.learner.token_ppo import TokenRLConfig
 
 STAGES = ("synthesis", "distillation", "rl", "evaluation")
+BPE = "bpe"
+"""`tokenizer` value: learn a BPE from the synthesised train split in stage 1."""
 
 
 def _lm(hidden: int, layers: int, heads: int, intermediate: int) -> ModelConfig:
@@ -112,8 +116,12 @@ class LMPipelineConfig:
     env_id: str = "CodeGen-v1"
     seed: int = 0
     """Seeds stage 1's tasks and every model's initialisation and sampling."""
-    tokenizer: str = "bytes"
-    """"bytes" or a local tokenizer directory (never downloaded)."""
+    tokenizer: str = BYTES
+    """"bytes", "bpe" (a byte-level BPE learnt in stage 1 from the train split, at most
+    `bpe_vocab` tokens, digits one token each: envs/tokenizer_training.py) or a local tokenizer
+    directory (never downloaded)."""
+    bpe_vocab: int = 512
+    """The learnt BPE's vocabulary at most; CodeGen-v1's train split fills 512."""
     train_tasks: int = 2000
     """Training tasks synthesised in stage 1: the SFT and distillation examples (RL draws its
     prompts from the environment's "rl" pool split where it has one, else from train)."""
@@ -143,6 +151,7 @@ class LMPipelineConfig:
             raise ConfigError(
                 f"pipeline.tokenizer = {self.tokenizer!r} is invalid: use bytes or a directory"
             )
+        check_int("pipeline.bpe_vocab", self.bpe_vocab, MIN_VOCAB, MAX_VOCAB)
         check_int("pipeline.train_tasks", self.train_tasks, 1, 1_000_000)
         check_int("pipeline.torch_threads", self.torch_threads, 1, 1024)
         for name in ("teacher", "student"):

@@ -35,7 +35,7 @@ from gymnasium import spaces
 
 from shoal.learner.distill import fit
 from shoal.learner.errors import PipelineError
-from shoal.learner.lm_config import STAGES, LMPipelineConfig
+from shoal.learner.lm_config import BPE, BYTES, STAGES, LMPipelineConfig
 from shoal.learner.lm_validation import RECORD_KEYS, parse_record, validation_tasks
 from shoal.learner.models import build_model
 from shoal.learner.models.causal_lm import CausalLMPolicy, export_pretrained
@@ -232,12 +232,20 @@ def _params(policy: CausalLMPolicy) -> int:
 # -- the stages --------------------------------------------------------------------------------
 
 
-def _make_env(cfg: LMPipelineConfig) -> Any:
+def _make_env(cfg: LMPipelineConfig, tokenizer: str) -> Any:
     """The text environment, its completions as long as the longest any stage samples."""
     from shoal.envs.text_registry import make_text_env
 
     longest = max(cfg.rl.max_new_tokens, cfg.eval.max_new_tokens)
-    return make_text_env(cfg.env_id, tokenizer=cfg.tokenizer, max_new_tokens=longest)
+    return make_text_env(cfg.env_id, tokenizer=tokenizer, max_new_tokens=longest)
+
+
+def _stage_env(cfg: LMPipelineConfig, rec: Recorder) -> Any:
+    """The environment of a stage after synthesis: with the tokenizer stage 1 learnt and
+    recorded when the config asks for one, else with the configured one."""
+    if cfg.tokenizer != BPE:
+        return _make_env(cfg, cfg.tokenizer)
+    return _make_env(cfg, str(_input(rec, "synthesis", "tokenizer")))
 
 
 def _env_hash(env: Any) -> str:
@@ -262,7 +270,7 @@ def draw_splits(env: Any, cfg: LMPipelineConfig) -> dict[str, list[Any]]:
 
 def _stage_synthesis(cfg: LMPipelineConfig, rec: Recorder) -> None:
     started = time.perf_counter()
-    env = _make_env(cfg)
+    env = _make_env(cfg, BYTES if cfg.tokenizer == BPE else cfg.tokenizer)
     try:
         splits = draw_splits(env, cfg)
         every = [t for tasks in splits.values() for t in tasks]
@@ -284,12 +292,38 @@ def _stage_synthesis(cfg: LMPipelineConfig, rec: Recorder) -> None:
     families = {name: sorted({t.family for t in tasks}) for name, tasks in splits.items()}
     metrics: dict[str, Any] = {f"{name}_tasks": len(tasks) for name, tasks in splits.items()}
     metrics |= {"families": families, "reference_pass_rate": 1.0}
+    if cfg.tokenizer == BPE:
+        digest_, outputs["tokenizer"], metrics["tokenizer"] = _learn_tokenizer(cfg, rec, splits)
     rec.stage("synthesis", started, digest_, outputs, metrics)
+
+
+def _learn_tokenizer(
+    cfg: LMPipelineConfig, rec: Recorder, splits: Mapping[str, Sequence[Any]]
+) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """Learn the BPE from the train split's prompts and references only (no held-out text
+    shapes the vocabulary); returns the environment hash with it, its output and its sizes."""
+    from shoal.envs.tokenizer_training import train_bpe
+
+    train = splits["train"]
+    path = train_bpe([t.prompt for t in train] + [t.reference for t in train],
+                     rec.run_dir / "tokenizer", cfg.bpe_vocab)  # fmt: skip
+    env = _make_env(cfg, str(path))
+    try:
+        prompts, completions = examples(train, env)
+        sizes = {
+            "vocab_size": int(env.tokenizer.vocab_size),
+            "fingerprint": env.tokenizer.fingerprint(),
+            "mean_prompt_tokens": float(np.mean([len(p) for p in prompts])),
+            "mean_completion_tokens": float(np.mean([len(c) for c in completions])),
+        }
+        return _env_hash(env), _output(rec, path), sizes
+    finally:
+        env.close()
 
 
 def _stage_distillation(cfg: LMPipelineConfig, rec: Recorder) -> None:
     started = time.perf_counter()
-    env = _make_env(cfg)
+    env = _stage_env(cfg, rec)
     env.close()  # only its tokenizer and prompt encoding are needed here
     tokenizer = env.tokenizer
     tasks = read_tasks(_input(rec, "synthesis", "train"))
@@ -318,7 +352,7 @@ def _stage_rl(cfg: LMPipelineConfig, rec: Recorder) -> None:
     from shoal.learner.lm_rl import train_rl
 
     started = time.perf_counter()
-    env = _make_env(cfg)
+    env = _stage_env(cfg, rec)
     student = load_policy(_input(rec, "distillation", "student"), env.tokenizer)
     tasks = read_tasks(_input(rec, "synthesis", "validation"))
     try:
@@ -360,7 +394,7 @@ def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder) -> None:
     started = time.perf_counter()
     splits = {name: read_tasks(_input(rec, "synthesis", name)) for name in EVAL_SPLITS}
     stage_of = {"teacher": "distillation", "student": "distillation", "rl": "rl"}
-    env = _make_env(cfg)
+    env = _stage_env(cfg, rec)
     results = {}
     try:
         digest_ = _env_hash(env)

@@ -165,10 +165,41 @@ def test_a_changed_earlier_output_stops_the_rerun(finished, tmp_path):
         run_lm_pipeline(tiny(), tmp_path / "nowhere", from_stage="evaluation")
 
 
+def test_a_learnt_bpe_is_a_recorded_output_every_later_stage_uses(tmp_path):
+    run_dir = tmp_path / "run"
+    manifest = run_lm_pipeline(tiny(tokenizer="bpe", bpe_vocab=300), run_dir)
+    stages = {s["name"]: s for s in manifest["stages"]}
+    check_hashes(run_dir, manifest)
+    learnt = stages["synthesis"]["metrics"]["tokenizer"]
+    assert stages["synthesis"]["outputs"]["tokenizer"]["path"] == "tokenizer"
+    assert 259 < learnt["vocab_size"] <= 300
+    assert learnt["mean_prompt_tokens"] < 60  # the byte tokenizer's prompts average about 73
+    assert stages["distillation"]["metrics"]["tokenizer"] == learnt["fingerprint"]
+    config = json.loads((run_dir / "models" / "rl" / "config.json").read_text())
+    assert config["vocab_size"] == learnt["vocab_size"]
+    assert stages["synthesis"]["env_hash"] == stages["rl"]["env_hash"]
+    assert stages["rl"]["env_hash"] != finished_hash_with_bytes()
+    (run_dir / "tokenizer" / "tokenizer.json").write_text("{}")
+    with pytest.raises(PipelineError, match=r"tokenizer.*changed since it was recorded"):
+        run_lm_pipeline(tiny(tokenizer="bpe", bpe_vocab=300), run_dir, from_stage="evaluation")
+
+
+def finished_hash_with_bytes() -> str:
+    from shoal.envs.text_registry import make_text_env, text_env_hash
+
+    cfg = tiny()
+    longest = max(cfg.rl.max_new_tokens, cfg.eval.max_new_tokens)
+    env = make_text_env(cfg.env_id, tokenizer="bytes", max_new_tokens=longest)
+    try:
+        return text_env_hash(env)
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize(
     ("section", "key", "value"),
     [(None, "train_tasks", 0), (None, "env_id", ""), ("rl", "max_staleness", -1),
-     ("eval", "ks", (1, 9)), ("teacher", "family", "mlp")],
+     ("eval", "ks", (1, 9)), ("teacher", "family", "mlp"), (None, "bpe_vocab", 100)],
 )  # fmt: skip
 def test_bad_config_names_the_key(section, key, value):
     from dataclasses import replace
