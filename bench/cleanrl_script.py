@@ -1,10 +1,12 @@
-"""CleanRL's own `cleanrl/ppo.py`, run from a checkout of CleanRL as a subprocess, for the learning
-bench's third trainer column: the argv for one seed and step budget, and a bounded parser of the
-`global_step=…, episodic_return=[…]` lines it prints (outside bytes: each line and the number of
+"""CleanRL's own `cleanrl/ppo.py` (discrete actions) and `cleanrl/ppo_continuous_action.py`, run
+unmodified from a checkout of CleanRL as a subprocess, for the learning bench's third trainer
+column: the argv for one seed and step budget, and a bounded parser of the
+`global_step=…, episodic_return=[…]` lines both print (outside bytes: each line and the number of
 lines are capped, a malformed episode line is a `MalformedOutput`, never a crash).
 
 CleanRL is not a pip package and pins gymnasium 0.29 (its `final_info` handling predates 1.x), so
-it runs under its own interpreter (`Checkout.python`), in a scratch folder (it writes `runs/`).
+it runs under its own interpreter (`Checkout.python`), in a scratch folder (both write their
+TensorBoard log to `runs/`; neither saves its model unless given `--save-model`).
 """
 
 from __future__ import annotations
@@ -22,14 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-SCRIPT = Path("cleanrl") / "ppo.py"
+PPO = Path("cleanrl") / "ppo.py"
+PPO_CONTINUOUS = Path("cleanrl") / "ppo_continuous_action.py"
+"""The scripts, relative to a checkout; both take `--env-id`, `--total-timesteps`, `--seed` and
+`--no-cuda` and print one `global_step=N, episodic_return=[R]` line per finished episode."""
 WINDOW = 20
 """Episodes in the final return: the last 20, as shoal's cells and the CleanRL-style loop."""
 MAX_LINE = 4096
-"""Bytes in one stdout line, newline excluded; ppo.py's lines are under 60."""
+"""Bytes in one stdout line, newline excluded; the scripts' lines are under 60."""
 MAX_LINES = 1_000_000
 """Stdout lines in one run; ppo.py prints one per episode (CartPole's shortest is about 8 steps)
-and one per 512-step iteration, so 1M lines covers budgets up to about 8M steps."""
+and one per 512-step iteration, so 1M lines covers budgets up to about 8M steps;
+ppo_continuous_action.py prints one per episode (Hopper's shortest are about 10 steps) and one
+per 2048-step iteration."""
 STDERR_TAIL = 2000
 """Bytes of a failed run's stderr quoted in its error."""
 
@@ -50,14 +57,14 @@ class MalformedOutput(CleanRLError):
 @dataclass(frozen=True)
 class Checkout:
     """Where CleanRL's source is (the folder holding `cleanrl/ppo.py`) and the interpreter with
-    its dependencies (gymnasium 0.29, torch, tyro, tensorboard)."""
+    its dependencies (gymnasium 0.29, torch, tyro, tensorboard; mujoco for the MuJoCo rows)."""
 
     root: Path
     python: str
 
-    @property
-    def script(self) -> Path:
-        return self.root / SCRIPT
+    def path(self, script: Path) -> Path:
+        """`script` (`PPO` or `PPO_CONTINUOUS`) in this checkout."""
+        return self.root / script
 
 
 @dataclass(frozen=True)
@@ -75,19 +82,20 @@ class Episodes:
         return statistics.fmean(self.last) if self.last else math.nan
 
 
-def ppo_argv(checkout: Checkout, env_id: str, budget: int, seed: int) -> list[str]:
-    """ppo.py on the CPU with its own defaults but for the env, the step budget and the seed
-    (it runs `budget // 512` iterations of 4 envs × 128 steps)."""
+def ppo_argv(checkout: Checkout, script: Path, env_id: str, budget: int, seed: int) -> list[str]:
+    """`script` on the CPU with its own defaults but for the env, the step budget and the seed
+    (ppo.py runs `budget // 512` iterations of 4 envs × 128 steps, ppo_continuous_action.py
+    `budget // 2048` of 1 env × 2048 steps)."""
     return [
-        checkout.python, str(checkout.script), "--env-id", env_id,
+        checkout.python, str(checkout.path(script)), "--env-id", env_id,
         "--total-timesteps", str(budget), "--seed", str(seed), "--no-cuda",
     ]  # fmt: skip
 
 
 def parse_episodes(lines: Iterable[bytes]) -> Episodes:
-    """The episodes in ppo.py's stdout, one line per item (a trailing newline is allowed).
+    """The episodes in a script's stdout, one line per item (a trailing newline is allowed).
 
-    Lines that do not start with `global_step=` (its `SPS: …` lines) are skipped; one that does
+    Lines that do not start with `global_step=` (their `SPS: …` lines) are skipped; one that does
     must be `global_step=N, episodic_return=[R]` with N not below the line before's and R finite.
     Raises `MalformedOutput` for such a line that is not, a line over `MAX_LINE` bytes, or more
     than `MAX_LINES` lines."""
@@ -119,14 +127,21 @@ def parse_episodes(lines: Iterable[bytes]) -> Episodes:
 
 
 def train(
-    checkout: Checkout, env_id: str, budget: int, seed: int, *, cwd: Path, time_limit_s: float
+    checkout: Checkout,
+    script: Path,
+    env_id: str,
+    budget: int,
+    seed: int,
+    *,
+    cwd: Path,
+    time_limit_s: float,
 ) -> tuple[Episodes, float]:
-    """Runs ppo.py once in `cwd` and returns its episodes and wall seconds (start-up included).
+    """Runs `script` once in `cwd` and returns its episodes and wall seconds (start-up included).
     Raises `CleanRLError` if it cannot start, exits non-zero, runs past `time_limit_s` or prints
     malformed output (then it is killed)."""
-    if not checkout.script.is_file():
-        raise CleanRLError(f"no {SCRIPT} under {checkout.root}: give a checkout of CleanRL")
-    argv = ppo_argv(checkout, env_id, budget, seed)
+    if not checkout.path(script).is_file():
+        raise CleanRLError(f"no {script} under {checkout.root}: give a checkout of CleanRL")
+    argv = ppo_argv(checkout, script, env_id, budget, seed)
     with tempfile.TemporaryFile() as stderr:
         started = time.perf_counter()
         try:

@@ -6,8 +6,9 @@ family's preset, no early stop at a target) in a subprocess; the final return is
 the last 20 training episodes, as CleanRL reports its episodic return. Beside it: CleanRL's
 published figure (its own, longer budget; cited per row) and, for the classic-control and MuJoCo
 rows, the CleanRL-style loop of bench/cleanrl_ppo.py (ppo.py's or ppo_continuous_action.py's
-settings) run here at the same budget and seeds, and with `--cleanrl DIR`, for the
-classic-control rows, CleanRL's own cleanrl/ppo.py from a checkout (bench/cleanrl_script.py).
+settings) run here at the same budget and seeds, and with `--cleanrl DIR`, CleanRL's own
+scripts from a checkout (bench/cleanrl_script.py): cleanrl/ppo.py for the classic-control rows,
+cleanrl/ppo_continuous_action.py for the MuJoCo rows (at v4: its gymnasium 0.29 has no v5).
 `python -m shoal.bench.learning --seeds 3` prints the markdown table docs/benchmarks.md records;
 `--steps` changes the budget and `--trainer` runs one side only, so several processes can run
 the sides at the same time.
@@ -50,22 +51,42 @@ class Task:
     """Whether bench/cleanrl_ppo.py (vector observations) runs it here too."""
     continuous: bool = False
     """Whether the baseline takes ppo_continuous_action.py's settings instead of ppo.py's."""
+    cleanrl_env_id: str = ""
+    """The id CleanRL's own script gets for this row ("": it does not run the row). Its pinned
+    gymnasium 0.29.1 has the MuJoCo tasks at v4 only, so a v5 row runs v4 there: the same robot
+    and reward, though not the same id, and the table says so."""
 
     @property
-    def runs_ppo_py(self) -> bool:
-        """Whether CleanRL's own ppo.py (discrete actions, vector observations) can run it."""
-        return self.baseline and not self.continuous
+    def cleanrl_py(self) -> Path | None:
+        """Which of CleanRL's own scripts runs the row (None: neither does): ppo.py takes
+        discrete actions, ppo_continuous_action.py continuous ones."""
+        if not self.cleanrl_env_id:
+            return None
+        return cleanrl_script.PPO_CONTINUOUS if self.continuous else cleanrl_script.PPO
 
 
 TASKS = (
-    Task("CartPole-v1", 100_000, "490.04 ± 6.12 (ppo.py, 500k)", baseline=True),
-    Task("Acrobot-v1", 100_000, "-86.36 ± 1.32 (ppo.py, 500k)", baseline=True),
+    Task(
+        "CartPole-v1",
+        100_000,
+        "490.04 ± 6.12 (ppo.py, 500k)",
+        baseline=True,
+        cleanrl_env_id="CartPole-v1",
+    ),
+    Task(
+        "Acrobot-v1",
+        100_000,
+        "-86.36 ± 1.32 (ppo.py, 500k)",
+        baseline=True,
+        cleanrl_env_id="Acrobot-v1",
+    ),
     Task(
         "gym:HalfCheetah-v5",
         200_000,
         "1442.64 ± 46.03 (v4, ppo_continuous_action.py, 1M)",
         baseline=True,
         continuous=True,
+        cleanrl_env_id="HalfCheetah-v4",
     ),
     Task(
         "gym:Hopper-v5",
@@ -73,6 +94,7 @@ TASKS = (
         "2382.86 ± 271.74 (v4, ppo_continuous_action.py, 1M)",
         baseline=True,
         continuous=True,
+        cleanrl_env_id="Hopper-v4",
     ),
     Task("gym:MinAtar/Breakout-v1", 200_000, "not published for PPO"),
     Task("gym:MiniGrid-DoorKey-5x5-v0", 100_000, "not published"),
@@ -83,7 +105,15 @@ TASKS = (
         args=("--wrapper", "atari"),
     ),
 )
-QUICK = (Task("CartPole-v1", 4_096, "490.04 ± 6.12 (ppo.py, 500k)", baseline=True),)
+QUICK = (
+    Task(
+        "CartPole-v1",
+        4_096,
+        "490.04 ± 6.12 (ppo.py, 500k)",
+        baseline=True,
+        cleanrl_env_id="CartPole-v1",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -150,16 +180,16 @@ def baseline_args(task: Task) -> cleanrl_ppo.Args:
 
 
 def train_cleanrl(
-    task: Task, seed: int, checkout: cleanrl_script.Checkout, root: Path
+    task: Task, script: Path, seed: int, checkout: cleanrl_script.Checkout, root: Path
 ) -> tuple[float, float]:
-    """Final training return and wall seconds of one run of CleanRL's own ppo.py."""
-    gym_id = task.env_id.removeprefix("gym:")
+    """Final training return and wall seconds of one run of CleanRL's own `script` on the
+    task's `cleanrl_env_id`."""
     episodes, wall = cleanrl_script.train(
-        checkout, gym_id, task.budget, seed, cwd=root, time_limit_s=7200.0
+        checkout, script, task.cleanrl_env_id, task.budget, seed, cwd=root, time_limit_s=7200.0
     )
     print(
-        f"CleanRL ppo.py {task.env_id} seed {seed}: {episodes.count:,} episodes to step "
-        f"{episodes.last_step:,}, return {episodes.final_return:.2f}, {wall:.0f} s",
+        f"CleanRL {script.name} {task.cleanrl_env_id} seed {seed}: {episodes.count:,} episodes "
+        f"to step {episodes.last_step:,}, return {episodes.final_return:.2f}, {wall:.0f} s",
         file=sys.stderr,
         flush=True,
     )
@@ -187,7 +217,8 @@ def _progress(task: Task, seed: int) -> Callable[[cleanrl_ppo.Point], None]:
 
 
 class Result(NamedTuple):
-    """One row's cells: shoal's, the CleanRL-style loop's and CleanRL's own (None: not run)."""
+    """One row's cells: shoal's, the CleanRL-style loop's and CleanRL's own script's (None: not
+    run)."""
 
     task: Task
     ours: Cell | None
@@ -205,8 +236,8 @@ def measure(
     cleanrl: cleanrl_script.Checkout | None = None,
 ) -> Iterator[Result]:
     """Each task's cells as soon as its runs are done (a long table shows its rows as it goes);
-    `trainer` runs one side only ("both": every side there is), and CleanRL's own ppo.py runs
-    only with a `cleanrl` checkout, on the rows it can run."""
+    `trainer` runs one side only ("both": every side there is), and CleanRL's own scripts run
+    only with a `cleanrl` checkout, on the rows they can run."""
     with tempfile.TemporaryDirectory(prefix="shoal-bench-learning-") as tmp:
         for task in tasks:
             ours = (
@@ -219,9 +250,10 @@ def measure(
                 if task.baseline and trainer in ("both", "baseline")
                 else None
             )
+            script = task.cleanrl_py
             theirs = (
-                _cleanrl_cell(task, seeds, cleanrl, Path(tmp))
-                if cleanrl is not None and task.runs_ppo_py and trainer in ("both", "cleanrl")
+                _cleanrl_cell(task, script, seeds, cleanrl, Path(tmp))
+                if cleanrl is not None and script is not None and trainer in ("both", "cleanrl")
                 else None
             )
             yield Result(task, ours, base, theirs)
@@ -245,7 +277,7 @@ def run(quick: bool) -> list[Row]:
 
 HEADER = (
     "| environment | steps | shoal return | shoal wall s | CleanRL-style loop here | "
-    "its wall s | CleanRL ppo.py here | its wall s | CleanRL published |\n"
+    "its wall s | CleanRL's own script here | its wall s | CleanRL published |\n"
     "|---|---|---|---|---|---|---|---|---|"
 )
 
@@ -254,8 +286,18 @@ def markdown_row(result: Result) -> str:
     task, ours, base, theirs = result
     return (
         f"| {task.env_id} {' '.join(task.args)} | {task.budget:,} | {_columns(ours)} | "
-        f"{_columns(base)} | {_columns(theirs)} | {task.published} |"
+        f"{_columns(base)} | {_cleanrl_columns(task, theirs)} | {task.published} |"
     )
+
+
+def _cleanrl_columns(task: Task, cell: Cell | None) -> str:
+    """CleanRL's columns, its return naming the env id it ran where that is not the row's (the
+    MuJoCo rows' v4 beside shoal's v5), so the table never passes one off as the other."""
+    columns = _columns(cell)
+    if cell is None or cell.failed or task.cleanrl_env_id == task.env_id.removeprefix("gym:"):
+        return columns
+    ret, wall = columns.split(" | ")
+    return f"{ret} ({task.cleanrl_env_id}) | {wall}"
 
 
 def _columns(cell: Cell | None) -> str:
@@ -268,16 +310,20 @@ def _cell(runs: list[tuple[float, float]]) -> Cell:
 
 
 def _cleanrl_cell(
-    task: Task, seeds: tuple[int, ...], checkout: cleanrl_script.Checkout, root: Path
+    task: Task,
+    script: Path,
+    seeds: tuple[int, ...],
+    checkout: cleanrl_script.Checkout,
+    root: Path,
 ) -> Cell:
     """CleanRL's cell, or, if one of its runs fails, a cell that says why (the whole error goes
     to stderr): the other trainers' cells in the row and the rows after it still count."""
     runs: list[tuple[float, float]] = []
     try:
         for seed in seeds:
-            runs.append(train_cleanrl(task, seed, checkout, root))
+            runs.append(train_cleanrl(task, script, seed, checkout, root))
     except cleanrl_script.CleanRLError as err:
-        print(f"CleanRL ppo.py {task.env_id}: {err}", file=sys.stderr, flush=True)
+        print(f"CleanRL {script.name} {task.env_id}: {err}", file=sys.stderr, flush=True)
         lines = str(err).strip().splitlines() or ["no reason given"]
         why = lines[-1][:120].replace("|", "\\|")
         return Cell((), (), failed=f"seed {seeds[len(runs)]}: {why}")
@@ -308,8 +354,9 @@ def main() -> None:
         "--cleanrl",
         type=Path,
         metavar="DIR",
-        help="a checkout of CleanRL: its cleanrl/ppo.py runs the classic-control rows too "
-        "(--env-id, --total-timesteps, --seed, --no-cuda), in a scratch folder",
+        help="a checkout of CleanRL: its cleanrl/ppo.py runs the classic-control rows too and "
+        "cleanrl/ppo_continuous_action.py the MuJoCo rows, at v4 (--env-id, --total-timesteps, "
+        "--seed, --no-cuda), in a scratch folder",
     )
     parser.add_argument(
         "--cleanrl-python",
@@ -319,14 +366,15 @@ def main() -> None:
         "(default: this one)",
     )
     args = parser.parse_args()
+    tasks = tuple(t for t in TASKS if not args.only or t.env_id in args.only)
     checkout = None
     if args.cleanrl is not None:
         checkout = cleanrl_script.Checkout(args.cleanrl, args.cleanrl_python)
-        if not checkout.script.is_file():
-            parser.error(f"--cleanrl {args.cleanrl}: no {cleanrl_script.SCRIPT} there")
+        missing = _missing_scripts(checkout, tasks)
+        if missing:
+            parser.error(f"--cleanrl {args.cleanrl}: no {', '.join(missing)} there")
     elif args.trainer == "cleanrl":
         parser.error("--trainer cleanrl needs --cleanrl DIR, a checkout of CleanRL")
-    tasks = tuple(t for t in TASKS if not args.only or t.env_id in args.only)
     if args.steps is not None:
         if args.steps < 1:
             parser.error(f"--steps {args.steps} is invalid: give a positive step budget")
@@ -338,7 +386,14 @@ def main() -> None:
         print(markdown_row(result), flush=True)
         failed = failed or bool(result.cleanrl and result.cleanrl.failed)
     if failed:
-        sys.exit("CleanRL's ppo.py failed: its error is above, its cell says why")
+        sys.exit("CleanRL's own script failed: its error is above, its cell says why")
+
+
+def _missing_scripts(checkout: cleanrl_script.Checkout, tasks: tuple[Task, ...]) -> list[str]:
+    """The scripts the chosen rows need that the checkout lacks: checked before anything runs,
+    so a wrong folder fails in a second, not after hours of shoal's runs."""
+    needed = sorted({t.cleanrl_py for t in tasks if t.cleanrl_py is not None})
+    return [str(script) for script in needed if not checkout.path(script).is_file()]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""CleanRL's own ppo.py as the learning bench's third trainer: the argv it gets, the bounded parser
-of its stdout (pinned messages, and hypothesis over hostile bytes), and the subprocess path run
-with a fake ppo.py under this interpreter — no CleanRL checkout or venv needed."""
+"""CleanRL's own ppo.py and ppo_continuous_action.py as the learning bench's third trainer: the
+argv they get, which row runs which with which env id, the bounded parser of their stdout (pinned
+messages, and hypothesis over hostile bytes), and the subprocess path run with fake scripts under
+this interpreter — no CleanRL checkout or venv needed."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 
 from shoal.bench import cleanrl_script, learning
 from shoal.bench.cleanrl_script import (
+    PPO,
+    PPO_CONTINUOUS,
     Checkout,
     CleanRLError,
     Episodes,
@@ -149,28 +152,37 @@ def test_well_formed_episodes_among_other_lines_round_trip(episodes, other, rnd)
 # ---- the argv and the subprocess path --------------------------------------------------------
 
 
-def test_ppo_py_gets_the_env_the_budget_the_seed_and_no_cuda():
+@pytest.mark.parametrize(
+    ("script", "env_id", "path"),
+    [
+        (PPO, "Acrobot-v1", "/src/cleanrl-checkout/cleanrl/ppo.py"),
+        (PPO_CONTINUOUS, "Hopper-v4", "/src/cleanrl-checkout/cleanrl/ppo_continuous_action.py"),
+    ],
+)
+def test_each_script_gets_the_env_the_budget_the_seed_and_no_cuda(script, env_id, path):
     checkout = Checkout(Path("/src/cleanrl-checkout"), "/venv/bin/python")
-    assert ppo_argv(checkout, "Acrobot-v1", 100_000, 2) == [
-        "/venv/bin/python", "/src/cleanrl-checkout/cleanrl/ppo.py", "--env-id", "Acrobot-v1",
+    assert ppo_argv(checkout, script, env_id, 100_000, 2) == [
+        "/venv/bin/python", path, "--env-id", env_id,
         "--total-timesteps", "100000", "--seed", "2", "--no-cuda",
     ]  # fmt: skip
 
 
-def fake_checkout(root: Path, body: str) -> Checkout:
-    """A folder with a cleanrl/ppo.py that runs `body` under this interpreter."""
+def fake_checkout(root: Path, body: str, scripts: tuple[Path, ...] = (PPO,)) -> Checkout:
+    """A folder whose `scripts` each run `body` under this interpreter."""
     (root / "cleanrl").mkdir(parents=True)
-    (root / "cleanrl" / "ppo.py").write_text(
-        "import json, sys, time\n" + textwrap.dedent(body), encoding="utf-8"
-    )
+    for script in scripts:
+        (root / script).write_text(
+            "import json, sys, time\n" + textwrap.dedent(body), encoding="utf-8"
+        )
     return Checkout(root, sys.executable)
 
 
 PRINTS_EPISODES = """
     json.dump(sys.argv[1:], open("argv.json", "w"))  # in the scratch folder, not the checkout
     seed = int(sys.argv[sys.argv.index("--seed") + 1])
+    bonus = 100 if sys.argv[0].endswith("ppo_continuous_action.py") else 0
     for i in range(1, 26):
-        print(f"global_step={8 * i}, episodic_return=[{float(i + seed)}]")
+        print(f"global_step={8 * i}, episodic_return=[{float(i + seed + bonus)}]")
     print("SPS: 1234")
     print("a warning", file=sys.stderr)
 """
@@ -181,7 +193,7 @@ def test_a_fake_ppo_py_runs_through_the_real_subprocess_path(tmp_path):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     got, wall = cleanrl_script.train(
-        checkout, "CartPole-v1", 200, 3, cwd=scratch, time_limit_s=60.0
+        checkout, PPO, "CartPole-v1", 200, 3, cwd=scratch, time_limit_s=60.0
     )
     assert got == Episodes(25, 200, tuple(float(i + 3) for i in range(6, 26)))
     assert 0 < wall < 60
@@ -196,7 +208,7 @@ def test_a_failing_run_quotes_the_tail_of_its_stderr(tmp_path):
         tmp_path, 'sys.stderr.write("x" * 5000 + "final_info KeyError\\n"); sys.exit(3)'
     )
     with pytest.raises(CleanRLError) as caught:
-        cleanrl_script.train(checkout, "CartPole-v1", 100, 0, cwd=tmp_path, time_limit_s=60.0)
+        cleanrl_script.train(checkout, PPO, "CartPole-v1", 100, 0, cwd=tmp_path, time_limit_s=60.0)
     message = str(caught.value)
     assert message.startswith("CartPole-v1 seed 0 exited 3: xxx")
     assert message.endswith("final_info KeyError")
@@ -214,26 +226,30 @@ def test_malformed_output_kills_the_run_at_once(tmp_path, body):
     checkout = fake_checkout(tmp_path, body)
     started = time.monotonic()
     with pytest.raises(MalformedOutput, match=r"^line 1 is "):
-        cleanrl_script.train(checkout, "CartPole-v1", 100, 0, cwd=tmp_path, time_limit_s=60.0)
+        cleanrl_script.train(checkout, PPO, "CartPole-v1", 100, 0, cwd=tmp_path, time_limit_s=60.0)
     assert time.monotonic() - started < 30
 
 
 def test_a_run_past_its_time_limit_is_killed(tmp_path):
     checkout = fake_checkout(tmp_path, "time.sleep(60)")
     with pytest.raises(CleanRLError, match=r"^Acrobot-v1 seed 1 ran past 1 s$"):
-        cleanrl_script.train(checkout, "Acrobot-v1", 100, 1, cwd=tmp_path, time_limit_s=1.0)
+        cleanrl_script.train(checkout, PPO, "Acrobot-v1", 100, 1, cwd=tmp_path, time_limit_s=1.0)
 
 
 def test_a_missing_script_or_interpreter_is_a_cleanrl_error(tmp_path):
     with pytest.raises(CleanRLError, match=r"^no cleanrl/ppo.py under "):
         cleanrl_script.train(
-            Checkout(tmp_path, sys.executable), "CartPole-v1", 100, 0, cwd=tmp_path,
+            Checkout(tmp_path, sys.executable), PPO, "CartPole-v1", 100, 0, cwd=tmp_path,
             time_limit_s=60.0,
         )  # fmt: skip
     checkout = fake_checkout(tmp_path, "pass")
+    with pytest.raises(CleanRLError, match=r"^no cleanrl/ppo_continuous_action.py under "):
+        cleanrl_script.train(
+            checkout, PPO_CONTINUOUS, "Hopper-v4", 100, 0, cwd=tmp_path, time_limit_s=60.0
+        )
     with pytest.raises(CleanRLError, match=r"^cannot start /nonexistent/python: "):
         cleanrl_script.train(
-            Checkout(checkout.root, "/nonexistent/python"), "CartPole-v1", 100, 0,
+            Checkout(checkout.root, "/nonexistent/python"), PPO, "CartPole-v1", 100, 0,
             cwd=tmp_path, time_limit_s=60.0,
         )  # fmt: skip
 
@@ -241,19 +257,41 @@ def test_a_missing_script_or_interpreter_is_a_cleanrl_error(tmp_path):
 # ---- the learning bench's third column -------------------------------------------------------
 
 
-def test_ppo_py_runs_the_classic_control_rows_only():
-    assert [t.env_id for t in TASKS if t.runs_ppo_py] == ["CartPole-v1", "Acrobot-v1"]
+def test_each_row_picks_its_cleanrl_script_and_the_env_id_cleanrls_gymnasium_has():
+    assert {t.env_id: (t.cleanrl_py, t.cleanrl_env_id) for t in TASKS} == {
+        "CartPole-v1": (PPO, "CartPole-v1"),
+        "Acrobot-v1": (PPO, "Acrobot-v1"),
+        # gymnasium 0.29.1, CleanRL's pin, has the MuJoCo tasks at v4 only
+        "gym:HalfCheetah-v5": (PPO_CONTINUOUS, "HalfCheetah-v4"),
+        "gym:Hopper-v5": (PPO_CONTINUOUS, "Hopper-v4"),
+        "gym:MinAtar/Breakout-v1": (None, ""),
+        "gym:MiniGrid-DoorKey-5x5-v0": (None, ""),
+        "gym:ALE/Breakout-v5": (None, ""),
+    }
+    assert all(t.baseline for t in TASKS if t.cleanrl_py is not None)
+    assert all(t.continuous == (t.cleanrl_py == PPO_CONTINUOUS) for t in TASKS if t.cleanrl_py)
 
 
 def test_the_table_has_a_column_pair_for_cleanrl_itself():
-    task = Task("CartPole-v1", 1000, "490.04 ± 6.12 (ppo.py, 500k)", baseline=True)
+    task = Task("CartPole-v1", 1000, "490.04 ± 6.12 (ppo.py, 500k)", cleanrl_env_id="CartPole-v1")
     row = markdown_row(Result(task, None, None, Cell((100.0, 300.0), (4.0, 6.0))))
     assert row == (
         "| CartPole-v1  | 1,000 | — | — | — | — | 200.00 ± 141.42 | 5 | "
         "490.04 ± 6.12 (ppo.py, 500k) |"
     )
     assert HEADER.splitlines()[0].count("|") == row.count("|") == 10
-    assert "| CleanRL ppo.py here | its wall s | CleanRL published |" in HEADER
+    assert "| CleanRL's own script here | its wall s | CleanRL published |" in HEADER
+
+
+def test_cleanrls_return_names_its_v4_env_beside_shoals_v5():
+    task = Task("gym:Hopper-v5", 1000, "2382.86", continuous=True, cleanrl_env_id="Hopper-v4")
+    row = markdown_row(Result(task, None, None, Cell((100.0,), (4.0,))))
+    assert (
+        row
+        == "| gym:Hopper-v5  | 1,000 | — | — | — | — | 100.00 ± 0.00 (Hopper-v4) | 4 | 2382.86 |"
+    )
+    failed = markdown_row(Result(task, None, None, Cell((), (), failed="seed 0: boom")))
+    assert "| failed: seed 0: boom | — |" in failed
 
 
 def run_main(monkeypatch, capsys, *argv: str) -> tuple[int | str | None, str, str]:
@@ -267,20 +305,29 @@ def run_main(monkeypatch, capsys, *argv: str) -> tuple[int | str | None, str, st
     return code, out, err
 
 
-def test_trainer_cleanrl_runs_the_fake_ppo_py_for_each_seed_and_nothing_else(
+def test_trainer_cleanrl_runs_the_fake_scripts_for_each_seed_and_nothing_else(
     tmp_path, monkeypatch, capsys
 ):
-    checkout = fake_checkout(tmp_path, PRINTS_EPISODES)
+    checkout = fake_checkout(tmp_path, PRINTS_EPISODES, (PPO, PPO_CONTINUOUS))
     code, out, err = run_main(
         monkeypatch, capsys, "--trainer", "cleanrl", "--cleanrl", str(checkout.root),
-        "--only", "CartPole-v1", "gym:Hopper-v5", "--seeds", "2", "--steps", "200",
+        "--only", "CartPole-v1", "gym:Hopper-v5", "gym:MinAtar/Breakout-v1", "--seeds", "2",
+        "--steps", "200",
     )  # fmt: skip
     assert code == 0, err
-    *_, cartpole, hopper = out.splitlines()  # after the header and its rule
-    # seeds 0 and 1: the last 20 returns are 6..25 plus the seed, means 15.5 and 16.5
+    *_, cartpole, hopper, minatar = out.splitlines()  # after the header and its rule
+    # seeds 0 and 1: the last 20 returns are 6..25 plus the seed, means 15.5 and 16.5, and the
+    # fake ppo_continuous_action.py adds 100
     assert cartpole.startswith("| CartPole-v1  | 200 | — | — | — | — | 16.00 ± 0.71 | ")
-    assert hopper.startswith("| gym:Hopper-v5  | 200 | — | — | — | — | — | — | ")
+    assert hopper.startswith(
+        "| gym:Hopper-v5  | 200 | — | — | — | — | 116.00 ± 0.71 (Hopper-v4) | "
+    )
+    assert minatar.startswith("| gym:MinAtar/Breakout-v1  | 200 | — | — | — | — | — | — | ")
     assert "CleanRL ppo.py CartPole-v1 seed 1: 25 episodes to step 200, return 16.50" in err
+    assert (
+        "CleanRL ppo_continuous_action.py Hopper-v4 seed 1: 25 episodes to step 200, "
+        "return 116.50" in err
+    )
 
 
 def test_the_cleanrl_flags_are_checked_before_anything_runs(tmp_path, monkeypatch, capsys):
@@ -289,7 +336,20 @@ def test_the_cleanrl_flags_are_checked_before_anything_runs(tmp_path, monkeypatc
     assert "--trainer cleanrl needs --cleanrl DIR, a checkout of CleanRL" in err
     code, _, err = run_main(monkeypatch, capsys, "--cleanrl", str(tmp_path))
     assert code == 2
-    assert f"--cleanrl {tmp_path}: no cleanrl/ppo.py there" in err
+    assert f"--cleanrl {tmp_path}: no cleanrl/ppo.py, cleanrl/ppo_continuous_action.py there" in err
+
+
+def test_the_checkout_needs_only_the_scripts_of_the_chosen_rows(tmp_path, monkeypatch, capsys):
+    checkout = fake_checkout(tmp_path, PRINTS_EPISODES)  # ppo.py only
+    cleanrl = (
+        "--trainer", "cleanrl", "--cleanrl", str(checkout.root), "--steps", "200", "--seeds", "1",
+    )  # fmt: skip
+    code, _, err = run_main(monkeypatch, capsys, *cleanrl, "--only", "gym:HalfCheetah-v5")
+    assert code == 2
+    assert f"--cleanrl {tmp_path}: no cleanrl/ppo_continuous_action.py there" in err
+    code, out, err = run_main(monkeypatch, capsys, *cleanrl, "--only", "Acrobot-v1")
+    assert code == 0, err
+    assert out.splitlines()[-1].startswith("| Acrobot-v1  | 200 | — | — | — | — | 15.50 ± 0.00 | ")
 
 
 FAILS_ON_SEED_1 = """
@@ -307,7 +367,7 @@ def test_a_failed_cleanrl_run_fails_its_cell_not_the_table(tmp_path, monkeypatch
         monkeypatch, capsys, "--trainer", "cleanrl", "--cleanrl", str(checkout.root),
         "--only", "CartPole-v1", "Acrobot-v1", "--seeds", "2", "--steps", "100",
     )  # fmt: skip
-    assert code == "CleanRL's ppo.py failed: its error is above, its cell says why"
+    assert code == "CleanRL's own script failed: its error is above, its cell says why"
     rows = out.splitlines()[2:]
     assert [row.split(" | ")[0] for row in rows] == ["| CartPole-v1 ", "| Acrobot-v1 "]
     failed = "failed: seed 1: AttributeError: `np.float_` was removed \\| use np.float64 | — |"
