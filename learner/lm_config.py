@@ -126,9 +126,14 @@ class LMPipelineConfig:
     """Training tasks synthesised in stage 1: the SFT and distillation examples (RL draws its
     prompts from the environment's "rl" pool split where it has one, else from train)."""
     torch_threads: int = 1
-    """torch intra-op threads for the run (restored after). One: the RL stage already runs two
-    busy threads (generation and learning), and on a shared 2-core machine two intra-op threads
-    per process spin against each other (a 0.5M-parameter SFT step took 9x longer with 2)."""
+    """torch intra-op threads for synthesis, RL and evaluation (restored after). One: the RL
+    stage already runs two busy threads (generation and learning), and on a shared 2-core
+    machine two intra-op threads per process spin against each other."""
+    fit_threads: int = 2
+    """torch intra-op threads for stage 2 (SFT and distillation), one thread of work whose
+    matrix products split well: on 2 idle cores a 3M-parameter SFT step took 197 ms with 2
+    against 352 ms with 1. On a machine other work keeps busy, set 1 (a 0.5M-parameter step
+    took 9x longer with 2 there: the threads spin waiting for each other)."""
     teacher: ModelConfig = field(default_factory=lambda: _lm(128, 2, 4, 336))
     """0.39M parameters: past the copying plateau in 625 steps on one CPU core."""
     student: ModelConfig = field(default_factory=lambda: _lm(96, 2, 4, 256))
@@ -154,6 +159,7 @@ class LMPipelineConfig:
         check_int("pipeline.bpe_vocab", self.bpe_vocab, MIN_VOCAB, MAX_VOCAB)
         check_int("pipeline.train_tasks", self.train_tasks, 1, 1_000_000)
         check_int("pipeline.torch_threads", self.torch_threads, 1, 1024)
+        check_int("pipeline.fit_threads", self.fit_threads, 1, 1024)
         for name in ("teacher", "student"):
             if getattr(self, name).family != "causal-lm":
                 raise ConfigError(

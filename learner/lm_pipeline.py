@@ -78,8 +78,9 @@ def run_lm_pipeline(
     rec.manifest["kind"] = "lm"
     rec.manifest["stages"] = previous
     rec.flush()
-    with _torch_threads(cfg.torch_threads):
-        for name in STAGES[start:]:
+    for name in STAGES[start:]:
+        threads = cfg.fit_threads if name == "distillation" else cfg.torch_threads
+        with _torch_threads(threads):
             torch.manual_seed(cfg.seed + STAGES.index(name))
             _RUNNERS[name](cfg, rec)
     return rec.manifest

@@ -30,6 +30,7 @@ def tiny(**overrides: object) -> LMPipelineConfig:
     values: dict[str, object] = {
         "train_tasks": 32,
         "torch_threads": 1,
+        "fit_threads": 1,
         "teacher": TINY_LM,
         "student": TINY_LM,
         "sft": FitConfig(epochs=1, batch_size=16),
@@ -222,6 +223,7 @@ JOB = """
 env_id = "CodeGen-v1"
 train_tasks = 16
 torch_threads = 1
+fit_threads = 1
 [pipeline.teacher]
 hidden_size = 32
 num_layers = 1
