@@ -131,9 +131,11 @@ class LMPipelineConfig:
     machine two intra-op threads per process spin against each other."""
     fit_threads: int = 2
     """torch intra-op threads for stage 2 (SFT and distillation), one thread of work whose
-    matrix products split well: on 2 idle cores a 3M-parameter SFT step took 197 ms with 2
-    against 352 ms with 1. On a machine other work keeps busy, set 1 (a 0.5M-parameter step
-    took 9x longer with 2 there: the threads spin waiting for each other)."""
+    matrix products split well: on 2 idle cores the default teacher's SFT step of 32 CodeGen-v1
+    examples took 117-121 ms with 2 against 197-227 ms with 1, and stage 2 of the default run
+    283 s against 464 s, with the same results (docs/pipeline.md). On a machine other work keeps
+    busy, set 1 (a 0.5M-parameter step took 9x longer with 2 there: the threads spin waiting for
+    each other)."""
     teacher: ModelConfig = field(default_factory=lambda: _lm(128, 2, 4, 336))
     """0.39M parameters: past the copying plateau in 625 steps on one CPU core."""
     student: ModelConfig = field(default_factory=lambda: _lm(96, 2, 4, 256))
