@@ -139,6 +139,7 @@ def _pong_rows(seconds: float, horizon: int) -> list[Row]:
         "per-copy": VectorRunner(lambda: make_wrapped(PONG, atari, {}), PONG_ENVS, seed=0),
         "raw": make_vector(PONG, PONG_ENVS, seed=0),
         "pipelined": make_vector(PONG, PONG_ENVS, seed=0, env=atari),
+        "pipelined-bf16": make_vector(PONG, PONG_ENVS, seed=0, env=atari),
     }
     try:
         return _pong_measured(vectors, seconds, horizon)
@@ -148,8 +149,9 @@ def _pong_rows(seconds: float, horizon: int) -> list[Row]:
 
 
 def _pong_measured(vectors: dict[str, Any], seconds: float, horizon: int) -> list[Row]:
-    """The three Pong paths interleaved as vectors alone, then the four as real collectors
-    (the pipelined C++ vector's halves step as one vector in `step`, so it has no vector row)."""
+    """The three Pong paths interleaved as vectors alone, then the five as real collectors
+    (the pipelined C++ vector's halves step as one vector in `step`, so it has no vector row;
+    the fifth is the same with the CNN sampling in bfloat16, `rollout.precision`)."""
     from shoal.learner.collector import Collector
     from shoal.learner.models import ModelConfig, build_model
 
@@ -172,7 +174,9 @@ def _pong_measured(vectors: dict[str, Any], seconds: float, horizon: int) -> lis
         model = build_model(
             ModelConfig(family=family), vector.single_observation_space, vector.single_action_space
         )
-        pipeline = name == "pipelined"
+        if name.endswith("-bf16"):
+            model.run_in("bfloat16")
+        pipeline = name.startswith("pipelined")
         return Collector("bench", vector, model, horizon, "bench", seed=0, pipeline=pipeline)
 
     alone = ("native", "per-copy", "raw")
@@ -198,9 +202,12 @@ def _pong_measured(vectors: dict[str, Any], seconds: float, horizon: int) -> lis
         Row(f"Pong env steps/s, collector {x}: {native} + CNN", "steps/s", col["native"], col["per-copy"], f"{per_copy} + CNN", True),
         Row(f"Pong env steps/s, collector {x}: {halves} + CNN", "steps/s", col["pipelined"], col["raw"], raw_mlp, True),
         Row(f"Pong env steps/s, collector {x}: {halves} + CNN", "steps/s", col["pipelined"], col["native"], f"{native} + CNN", True),
+        Row(f"Pong env steps/s, collector {x}: {halves} + CNN in bfloat16", "steps/s", col["pipelined-bf16"], col["raw"], raw_mlp, True),
+        Row(f"Pong env steps/s, collector {x}: {halves} + CNN in bfloat16", "steps/s", col["pipelined-bf16"], col["pipelined"], f"{halves} + CNN", True),
         Row(f"Pong env steps per CPU second, collector {x}: {native} + CNN", "steps/CPU s", per_cpu["native"], per_cpu["raw"], raw_mlp, True),
         Row(f"Pong env steps per CPU second, collector {x}: {halves} + CNN", "steps/CPU s", per_cpu["pipelined"], per_cpu["raw"], raw_mlp, True),
         Row(f"Pong env steps per CPU second, collector {x}: {halves} + CNN", "steps/CPU s", per_cpu["pipelined"], per_cpu["native"], f"{native} + CNN", True),
+        Row(f"Pong env steps per CPU second, collector {x}: {halves} + CNN in bfloat16", "steps/CPU s", per_cpu["pipelined-bf16"], per_cpu["pipelined"], f"{halves} + CNN", True),
         Row(f"Pong fragment observations, {horizon} steps {x}: uint8", "bytes", nbytes["native"], nbytes["raw"], raw_mlp, False),
     ]  # fmt: skip
 

@@ -90,6 +90,10 @@ class RolloutConfig:
     with a core to spare or the policy on a GPU: on 2 shared cores it measured 0.88-1.13x the
     sequential path at 16 % more CPU per step (docs/benchmarks.md, Pong), so it is off unless
     asked for."""
+    precision: Literal["float32", "bfloat16"] = "float32"
+    """The dtype rollout workers sample in (learner/models/base.py `PolicyModel.run_in`);
+    learners train in float32 and the importance weight corrects the difference. bfloat16
+    pays on GPUs and on CPUs with AVX512-BF16 or AMX; elsewhere it is emulated and slower."""
 
     def __post_init__(self) -> None:
         check_int("rollout.workers", self.workers, 1, MAX_WORKERS)

@@ -118,6 +118,8 @@ class RolloutSpec:
     """A text environment's `[token]` section (its group size and temperature sample here)."""
     pipeline: bool = False
     """Pipeline a split vector's halves (learner/config.py `RolloutConfig.pipeline`)."""
+    precision: str = "float32"
+    """The dtype the policy samples in (learner/config.py `RolloutConfig.precision`)."""
 
 
 class Pacer:
@@ -541,11 +543,14 @@ def _collector(
     from shoal.learner.text_job import is_text_job, text_collector
 
     if is_text_job(spec.env_id):
-        return text_collector(spec, actor_id, lambda obs, act: build_model(model, obs, act))
+        return text_collector(
+            spec, actor_id, lambda obs, act: build_model(model, obs, act).run_in(spec.precision)
+        )
     wrappers = EnvConfig.from_json(spec.env, source=f"{actor_id}'s [env]")
     env = make_vector(spec.env_id, spec.num_envs, seed=spec.seed, env=wrappers, **spec.env_kwargs)
     try:
         policy = build_model(model, env.single_observation_space, env.single_action_space)
+        policy.run_in(spec.precision)
     except (ConfigError, PolicyError):
         env.close()
         raise

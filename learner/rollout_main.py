@@ -36,6 +36,7 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
             num_envs=int(value["num_envs"]),
             horizon=int(value["horizon"]),
             pipeline=_flag(value, "pipeline"),
+            precision=str(value.get("precision", "float32")),
             seed=int(value["seed"]),
             learner_path=str(value.get("learner_path", "")),
             learner_rank=int(value.get("learner_rank", 0)),

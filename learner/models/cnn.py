@@ -92,7 +92,7 @@ class CNNPolicy(PolicyModel):
         self.critic = _init(nn.Linear(size, 1), 1.0)
 
     def prepare(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.to(torch.float32) / 255.0
+        x = obs.to(self.compute_dtype) / 255.0
         return x.permute(0, 3, 1, 2) if self.channels_last else x
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

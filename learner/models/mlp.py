@@ -65,7 +65,7 @@ class MLPPolicy(PolicyModel):
         return obs_shape in (self.obs_shape, (self.obs_dim,))
 
     def prepare(self, obs: torch.Tensor) -> torch.Tensor:
-        return obs.to(torch.float32).reshape(obs.shape[0], self.obs_dim)
+        return obs.to(self.compute_dtype).reshape(obs.shape[0], self.obs_dim)
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.actor(x), self.critic(x).squeeze(-1)

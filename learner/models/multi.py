@@ -103,6 +103,8 @@ class PartEncoder(nn.Module):
     """Encodes one part's slice [B, part.size] of the packed array into [B, out_features]."""
 
     out_features: int
+    compute_dtype: torch.dtype = torch.float32
+    """The dtype of the encoding (PolicyModel.run_in sets it with the weights')."""
 
 
 def _encoder(part: Part) -> PartEncoder:
@@ -116,14 +118,14 @@ def _encoder(part: Part) -> PartEncoder:
 
 
 class VectorEncoder(PartEncoder):
-    """A Box or MultiBinary part as its float32 values."""
+    """A Box or MultiBinary part as its values, in the compute dtype (float32 to train)."""
 
     def __init__(self, part: Part) -> None:
         super().__init__()
         self.out_features = part.size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(torch.float32)
+        return x.to(self.compute_dtype)
 
 
 class OneHotEncoder(PartEncoder):
@@ -150,7 +152,7 @@ class OneHotEncoder(PartEncoder):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         index = torch.minimum(x.long().clamp(min=0), self.highest) + self.offsets
-        out = torch.zeros(x.shape[0], self.out_features, device=x.device)
+        out = torch.zeros(x.shape[0], self.out_features, device=x.device, dtype=self.compute_dtype)
         return out.scatter_(1, index, 1.0)
 
 
@@ -189,7 +191,7 @@ class ImageEncoder(PartEncoder):
             codes = image.long().clamp(0, 255) + self.code_offsets.view(1, -1, 1, 1)
             image = self.embed(codes).sum(1).permute(0, 3, 1, 2)
         else:
-            image = image.to(torch.float32) * self.scale
+            image = image.to(self.compute_dtype) * self.scale
         return self.torso(image)
 
 
@@ -229,7 +231,7 @@ class TextEncoder(PartEncoder):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 0:
-            return torch.zeros(0, TEXT_HIDDEN, device=x.device)
+            return torch.zeros(0, TEXT_HIDDEN, device=x.device, dtype=self.compute_dtype)
         texts, which = torch.unique(x.long().clamp(0, 255), dim=0, return_inverse=True)
         lengths = (texts != 0).sum(1)
         outputs, _ = self.gru(self.embed(texts[:, : max(int(lengths.max()), 1)]))
