@@ -148,7 +148,8 @@ class LearnerConfig:
     and replicates across islands; `auto` replicates what fits a quarter of a rank's memory and
     shards the rest, HSDP where the placement allows."""
     mixed_precision: bool = True
-    """On GPUs: bf16 parameters and compute, fp32 gradient reductions (ignored on CPUs)."""
+    """bf16 compute, fp32 gradient reductions: on GPUs; on CPUs with bf16 instructions for
+    the families it speeds up (the CNN; learner/parallel.py), unsharded models only."""
     cpu_offload: bool = False
     """Sharded models: keep parameters, gradients and optimiser state in host memory."""
     activation_checkpointing: bool = False

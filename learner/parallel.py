@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from shoal.learner.cpu_features import native_bf16
 from shoal.learner.errors import LearnerError
 from shoal.learner.models.base import PolicyModel
 
@@ -108,7 +109,8 @@ class ShardingOptions:
     """How a sharded model is held beyond the strategy (learner.* keys)."""
 
     mixed_precision: bool = False
-    """bf16 parameters and compute, fp32 gradient reductions (GPUs only)."""
+    """bf16 compute with fp32 gradient reductions: on GPUs; on a CPU only where it is faster
+    (`_cpu_autocast`)."""
     cpu_offload: bool = False
     """Keep sharded parameters, gradients and optimiser state in host memory (FSDP2)."""
     activation_checkpointing: bool = False
@@ -120,17 +122,19 @@ class Parallelized:
     (the DDP or FSDP2 wrapper), `policy` the model itself (its spec, its checks)."""
 
     def __init__(
-        self, module: nn.Module, policy: PolicyModel, plan: ParallelPlan, autocast: bool
+        self, module: nn.Module, policy: PolicyModel, plan: ParallelPlan, autocast: str | None
     ) -> None:
         self.module = module
         self.policy = policy
         self.plan = plan
-        self._autocast = autocast
+        self.autocast = autocast
+        """The device type whose bf16 autocast wraps every forward ("cuda", "cpu"), or None
+        (float32, or FSDP2, which casts itself)."""
 
     def forward_context(self) -> contextlib.AbstractContextManager[object]:
-        """bf16 autocast for a replicated model with mixed precision (FSDP2 casts itself)."""
-        if self._autocast:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        """bf16 autocast for an unsharded model with mixed precision."""
+        if self.autocast is not None:
+            return torch.autocast(self.autocast, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
 
@@ -146,17 +150,27 @@ def parallelize(
 ) -> Parallelized:
     """Wrap `policy` (already on `device`, identically initialised on every rank) per `plan`."""
     mixed = options.mixed_precision and device.type == "cuda"
+    autocast = "cuda" if mixed else "cpu" if _cpu_autocast(policy, device, options) else None
     if options.activation_checkpointing:
         policy.enable_activation_checkpointing()
     if plan.strategy == "single":
-        return Parallelized(policy, policy, plan, autocast=mixed)
+        return Parallelized(policy, policy, plan, autocast)
     if plan.strategy == "replicate":
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device.index] if device.type == "cuda" else None
-        return Parallelized(DistributedDataParallel(policy, device_ids=ids), policy, plan, mixed)
+        return Parallelized(DistributedDataParallel(policy, device_ids=ids), policy, plan, autocast)
     _fully_shard(policy, plan, device, mixed, options.cpu_offload)
-    return Parallelized(policy, policy, plan, autocast=False)
+    return Parallelized(policy, policy, plan, autocast=None)
+
+
+def _cpu_autocast(policy: PolicyModel, device: torch.device, options: ShardingOptions) -> bool:
+    """Mixed precision on a CPU: only for a family whose step it speeds up (`cpu_autocast`:
+    the CNN's is 2x faster, an MLP's 1.5x slower, docs/benchmarks.md) on a CPU with bf16
+    instructions (emulated, every family is slower). Sharded CPU models stay float32."""
+    return (
+        options.mixed_precision and device.type == "cpu" and policy.cpu_autocast and native_bf16()
+    )
 
 
 def _fully_shard(

@@ -131,6 +131,10 @@ class LearnerCore:
             activation_checkpointing=learner.activation_checkpointing,
         )
         self.parallel = parallelize(self.policy, plan, self.device, options)
+        if self.parallel.autocast is not None:
+            log.info(
+                "rank %d computes in bf16 (%s autocast)", self.group.rank, self.parallel.autocast
+            )
         self._ppo = PPOLearner(
             self.parallel.module, self.cfg.ppo, self.policy, self.parallel.forward_context
         )

@@ -73,6 +73,9 @@ class PolicyModel(nn.Module):
     """
 
     family: ClassVar[str] = ""
+    cpu_autocast: ClassVar[bool] = False
+    """Whether a CPU learner's step gets faster under bf16 autocast (`learner.mixed_precision`
+    on a CPU with bf16 instructions): measured per family, docs/benchmarks.md."""
     compute_dtype: torch.dtype = torch.float32
     """The dtype `prepare` gives floating inputs: the weights' dtype, which `run_in` sets."""
     obs_dtype: np.dtype[Any]

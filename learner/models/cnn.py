@@ -47,6 +47,7 @@ class CNNPolicy(PolicyModel):
 
     family = "cnn"
     spec_keys = ("channels", "hidden")
+    cpu_autocast = True
 
     def __init__(
         self,
