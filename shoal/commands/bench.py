@@ -16,6 +16,7 @@ SUITES: dict[str, str] = {
     "hosts": "hosts",
     "learning": "learning",
     "learner": "learner",
+    "precision": "precision",
     "raft": "raft",
     "runtime": "runtime",
     "sandbox": "sandbox",
