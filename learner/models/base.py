@@ -186,8 +186,8 @@ class PolicyModel(nn.Module):
         """Cast every weight to `precision` (a `PRECISIONS` key) for sampling; returns self.
 
         Why bfloat16 on a rollout worker: the forward reads half the weight bytes, so on a
-        GPU or a CPU with AVX512-BF16 it costs about 40 % less (the Nature CNN on Pong,
-        docs/benchmarks.md) while the learner keeps training in float32. The two policies
+        GPU or a CPU with AVX512-BF16 a conv net's costs about a quarter less (the Nature CNN
+        on Pong, `shoal bench precision`) while the learner keeps training in float32. The two policies
         then differ by rounding; the learner recomputes π_prox in float32 and the decoupled
         importance weight π_prox/μ (capped) corrects for it as it does for staleness. Logits,
         log-probs and values leave `act` as float32. A family that ignores `compute_dtype`
@@ -206,7 +206,7 @@ class PolicyModel(nn.Module):
                 cast(Any, module).compute_dtype = dtype
         probe = np.zeros((1, *self.obs_shape), self.obs_dtype)
         try:
-            self.act(probe)
+            self.act(probe, deterministic=True)
         except (RuntimeError, TypeError) as exc:
             raise PolicyError(
                 f"the {self.family or 'custom'} policy does not run in {precision} ({exc}); "
