@@ -143,8 +143,11 @@ class XidStorm:
                 await asyncio.shield(write)
             finally:
                 # Stopped mid-write, the write still lands in its thread: wait for it, so
-                # `raised` counts every XID the GPU's state file holds.
-                await asyncio.wait([write])
+                # `raised` counts every XID the GPU's state file holds. A write that is done
+                # is counted without awaiting: a stop arriving at that await would skip the
+                # count of an XID already written.
+                if not write.done():
+                    await asyncio.wait([write])
                 if write.exception() is None:
                     self.raised += 1
 

@@ -219,6 +219,24 @@ def test_xid_storm_raises_until_stopped(tmp_path: Path) -> None:
     assert f"{raised} XIDs raised" in line
 
 
+def test_a_storm_stopped_at_any_moment_counts_every_xid_it_wrote(tmp_path: Path) -> None:
+    """A stop may land while a write is in flight or just after it finished; either way the
+    count matches the state file (a stop between the write and its count once lost one)."""
+
+    async def storm_for(state: Path, seconds: float) -> int:
+        storm = XidStorm(GpuXid(state, gpu=0, xid=79), period=0.0)
+        await storm.start()
+        await asyncio.sleep(seconds)
+        await storm.stop()
+        return storm.raised
+
+    for i in range(150):
+        state = tmp_path / f"gpus-{i}.json"
+        SimGpuBackend(1, state_file=state)
+        raised = asyncio.run(storm_for(state, i / 10_000))
+        assert len(json.loads(state.read_text())["xids"]) == raised, i
+
+
 def _replicated_offset_ms(cluster: LocalCluster) -> float | None:
     """n1's clock offset as the coordinator replicated it (None until it has one)."""
     try:
