@@ -2,8 +2,9 @@
 
 torch runs bfloat16 matmuls and convolutions on any x86 CPU, but without these instructions
 oneDNN emulates them and a bf16 step is slower than a float32 one; with them the Nature CNN's
-PPO step takes half the time (docs/benchmarks.md, "bfloat16 on the CPU"). So the learner's CPU
-autocast and the advice for `rollout.precision` hang on this, read once from /proc/cpuinfo.
+PPO epoch takes half the time (docs/benchmarks.md, "bfloat16 on the collector's thread and
+on the CPU learner"). So the learner's CPU autocast and the advice for `rollout.precision`
+hang on this, read once from /proc/cpuinfo.
 """
 
 from __future__ import annotations

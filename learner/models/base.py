@@ -187,8 +187,8 @@ class PolicyModel(nn.Module):
 
         Why bfloat16 on a rollout worker: the forward reads half the weight bytes, so on a
         GPU or a CPU with AVX512-BF16 a conv net's costs about a quarter less (the Nature CNN
-        on Pong, `shoal bench precision`) while the learner keeps training in float32. The two policies
-        then differ by rounding; the learner recomputes π_prox in float32 and the decoupled
+        on Pong, `shoal bench precision`) while the learner keeps training in float32. The two
+        policies then differ by rounding; the learner recomputes π_prox in float32 and the decoupled
         importance weight π_prox/μ (capped) corrects for it as it does for staleness. Logits,
         log-probs and values leave `act` as float32. A family that ignores `compute_dtype`
         fails here, on a probe batch, with a PolicyError, not in the first fragment.
