@@ -23,6 +23,7 @@ import torch
 
 from shoal.learner.errors import LearnerError
 from shoal.learner.events import append_event
+from shoal.learner.models.base import PRECISIONS
 from shoal.learner.rollout import RolloutActor, RolloutSpec
 from shoal.rundir import RunDir
 
@@ -36,7 +37,7 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
             num_envs=int(value["num_envs"]),
             horizon=int(value["horizon"]),
             pipeline=_flag(value, "pipeline"),
-            precision=str(value.get("precision", "float32")),
+            precision=_precision(value),
             seed=int(value["seed"]),
             learner_path=str(value.get("learner_path", "")),
             learner_rank=int(value.get("learner_rank", 0)),
@@ -50,6 +51,14 @@ def spec_from_json(value: dict[str, Any]) -> RolloutSpec:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise LearnerError(f"malformed rollout spec {value!r}: {exc}") from exc
+
+
+def _precision(value: dict[str, Any]) -> str:
+    """The spec's sampling dtype (absent: float32); an unknown one is malformed."""
+    precision = value.get("precision", "float32")
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
 
 
 def _flag(value: dict[str, Any], key: str) -> bool:

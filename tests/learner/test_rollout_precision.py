@@ -21,7 +21,7 @@ from shoal.envs.packed_obs import PackObservation
 from shoal.errors import ConfigError
 from shoal.learner.collector import Collector
 from shoal.learner.config import RolloutConfig
-from shoal.learner.errors import PolicyError
+from shoal.learner.errors import LearnerError, PolicyError
 from shoal.learner.models import ModelConfig, build_model
 from shoal.learner.models.base import PolicyModel
 from shoal.learner.rollout import _collector as rollout_collector
@@ -127,6 +127,9 @@ def test_the_setting_travels_from_the_job_toml_to_the_rollout_spec() -> None:
     base = {"name": "r", "env_id": "CartPole-v1", "num_envs": 2, "horizon": 4, "seed": 0}
     assert spec_from_json(base).precision == "float32"
     assert spec_from_json({**base, "precision": "bfloat16"}).precision == "bfloat16"
+    for bad in ("fp8", 16, ["bfloat16"]):
+        with pytest.raises(LearnerError, match="precision must be one of float32, bfloat16"):
+            spec_from_json({**base, "precision": bad})
 
 
 @pytest.mark.parametrize(
