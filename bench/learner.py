@@ -28,7 +28,7 @@ from typing import Any
 from shoal.bench.learner_child import PORT_ENV, RANK_ENV, WORLD_ENV, lm_shape
 from shoal.bench.report import Row
 from shoal.errors import ShoalError
-from shoal.local import free_port
+from shoal.ports import free_port
 
 MIB = 1024 * 1024
 MB = 1e6

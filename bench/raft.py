@@ -30,7 +30,8 @@ import aiohttp
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
 from shoal.bench.report import Row
-from shoal.local import LocalCluster, coordinator_specs, free_port
+from shoal.local import LocalCluster, coordinator_specs
+from shoal.ports import free_port
 from shoal.raft.batcher import CommandBatcher
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.pysyncobj_seam import is_leader

@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from typing import Any
 from shoal import hosts
 from shoal.boundedjson import JsonRefused, loads
 from shoal.errors import ShoalError
+from shoal.ports import free_port
 from shoal.process import signal_on_parent_death
 from shoal.runtime.tls import CA_FILE, TLS_DIR_ENV, TlsFiles
 from shoal.scheduler.health.presence import read_states, read_util_source
@@ -56,12 +56,6 @@ class LocalClusterError(ShoalError):
 
 def default_run_dir() -> Path:
     return Path(os.environ.get("SHOAL_RUN_DIR", Path.home() / ".shoal" / "run"))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

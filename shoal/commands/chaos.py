@@ -139,7 +139,8 @@ def _lay_out(cluster: Any, scenario: Any, hosts: int | None) -> tuple[Any, ...]:
     Returns the rest of run_scenario's arguments: clock port, node links, relay port, hosts."""
     from shoal.chaos.harness import clock_file
     from shoal.chaos.node_mesh import plan_links
-    from shoal.local import coordinator_specs, free_port
+    from shoal.local import coordinator_specs
+    from shoal.ports import free_port
 
     liveness = ("--suspect-after", str(SUSPECT_AFTER_S), "--dead-after", str(DEAD_AFTER_S))
     made = None
@@ -156,7 +157,7 @@ def _lay_out(cluster: Any, scenario: Any, hosts: int | None) -> tuple[Any, ...]:
         api_host=listen,
         tls_dir=cluster.tls_dir,
     )
-    clock = _free_udp_port(listen)
+    clock = free_port(listen, udp=True)
     names = [f"n{i + 1}" for i in range(scenario.nodes)]
     links = plan_links(names, [s.name for s in specs], lambda: free_port(listen))
     relay = _relay_port(scenario, lambda: free_port(listen))
@@ -173,14 +174,6 @@ def _chaos_line(name: str, elapsed: float, expected: float, message: str) -> tup
     before the report: invariant checks after the workload take a while too)."""
     short = message if len(message) <= MESSAGE_WIDTH else message[: MESSAGE_WIDTH - 3] + "..."
     return f"chaos {name} {elapsed:.0f}/{expected:.0f} s  {short}", min(0.99, elapsed / expected)
-
-
-def _free_udp_port(host: str = "127.0.0.1") -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _relay_port(scenario: Any, free_port: Callable[[], int]) -> int | None:

@@ -24,7 +24,7 @@ from shoal.learner.checkpoint import CheckpointManager
 from shoal.learner.checkpoint_files import MAX_MANIFEST_BYTES, parse_manifest
 from shoal.learner.errors import CheckpointError
 from shoal.learner.train_state import model_optimizer_state, restore_model_optimizer
-from shoal.local import free_port
+from shoal.ports import free_port
 
 RANKS = Path(__file__).with_name("checkpoint_ranks.py")
 sys.path.insert(0, str(RANKS.parent))

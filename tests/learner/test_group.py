@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
 from shoal.learner.group import GroupError, GroupSpec, LearnerGroup, assign, resolve_backend
-from shoal.local import free_port
+from shoal.ports import free_port
 
 # One learner rank: join, gather every rank's value, agree on a flag, leave.
 _RANK_SCRIPT = textwrap.dedent(

@@ -18,7 +18,7 @@ import pytest
 from shoal.learner.errors import LearnerError
 from shoal.learner.group import GroupSpec
 from shoal.learner.learner_main import listen
-from shoal.local import free_port
+from shoal.ports import free_port
 from shoal.runtime.actor import Actor
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import TransportConfig

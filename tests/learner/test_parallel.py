@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from shoal.learner.group import GroupSpec
-from shoal.local import free_port
+from shoal.ports import free_port
 
 _RANK_SCRIPT = textwrap.dedent(
     """

@@ -30,7 +30,7 @@ from shoal.learner.errors import PolicyError
 from shoal.learner.group import GroupSpec
 from shoal.learner.token_config import TokenRLConfig
 from shoal.learner.token_ppo import TokenPPO, normalise_loss
-from shoal.local import free_port
+from shoal.ports import free_port
 from tests.learner.token_ppo_ranks import (
     GROUP,
     TOKEN_CFG,

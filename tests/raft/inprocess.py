@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shoal.local import free_port
+from shoal.ports import free_port
 from shoal.raft.config import CoordinatorConfig
 from shoal.raft.coordinator import Coordinator
 from tests.support.waiting import DEFAULT_TIMEOUT_S, eventually

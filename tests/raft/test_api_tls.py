@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from shoal.local import free_port
+from shoal.ports import free_port
 from shoal.raft.client import CoordinatorClient
 from shoal.runtime.local_ca import make_local_ca
 from shoal.runtime.tls import TLS_DIR_ENV

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from shoal.local import LocalCluster, free_port
+from shoal.local import LocalCluster
+from shoal.ports import free_port
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from shoal.commands.coordinator import load_settings, with_flags
 from shoal.errors import ConfigError
-from shoal.local import LocalCluster, coordinator_specs, free_port, node_specs
+from shoal.local import LocalCluster, coordinator_specs, node_specs
+from shoal.ports import free_port
 from shoal.raft.config import CoordinatorSettings
 from tests.support.waiting import eventually
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoal.local import free_port
+from shoal.ports import free_port
 from shoal.raft import commands as cmd
 from shoal.raft.bridge import RaftBridge
 from shoal.raft.config import CoordinatorConfig, RaftTimings

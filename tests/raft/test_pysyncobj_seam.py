@@ -26,7 +26,7 @@ from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import TCPTransport
 
-from shoal.local import free_port
+from shoal.ports import free_port
 from shoal.raft import pysyncobj_seam as seam
 
 from .inprocess import SECRET

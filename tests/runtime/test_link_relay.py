@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from shoal.chaos.relay import LinkRelay
 from shoal.errors import ConfigError
-from shoal.local import free_port
+from shoal.ports import free_port
 from shoal.runtime import tunnel
 from shoal.runtime.errors import LinkClosed
 from shoal.runtime.loop import run

@@ -305,7 +305,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def _daemon_argv(verb: str, data_dir: Path, secret: Path) -> list[str]:
-    from shoal.local import free_port
+    from shoal.ports import free_port
 
     if verb == "node":
         return ["node", "--coordinators", "http://127.0.0.1:1", "--data-dir", str(data_dir)]

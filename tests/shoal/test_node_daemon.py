@@ -16,7 +16,7 @@ from subprocess import CompletedProcess
 
 import pytest
 
-from shoal.local import free_port
+from shoal.ports import free_port
 from tests.support.processes import logged_process
 from tests.support.waiting import eventually
 

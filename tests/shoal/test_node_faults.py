@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.local import free_port
 from shoal.node_faults import MAX_OUTCOMES, FaultOrder, FaultOutcomes, NodeFaults, to_execute
+from shoal.ports import free_port
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.config import ChaosSection
 from shoal.scheduler.health.clock import OffsetClock

@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from shoal.local import LocalCluster, coordinator_specs, free_port
+from shoal.local import LocalCluster, coordinator_specs
 from shoal.node import gpu_health, health_summary
 from shoal.node_metrics import add_xids, node_gauges
+from shoal.ports import free_port
 from shoal.raft.client import CoordinatorClient
 from shoal.raft.dashboard import node_gpus
 from shoal.raft.metrics import Metrics

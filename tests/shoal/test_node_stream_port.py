@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shoal.chaos.sockets import holds_socket, listening_inode, tcp_table
-from shoal.local import free_port
+from shoal.ports import free_port
 from tests.shoal.test_node_daemon import node_argv, node_env, run_node, wait_for_lines
 from tests.support.processes import logged_process
 
