@@ -119,7 +119,8 @@ class LMPipelineConfig:
     tokenizer: str = BYTES
     """"bytes", "bpe" (a byte-level BPE learnt in stage 1 from the train split, at most
     `bpe_vocab` tokens, digits one token each: envs/tokenizer_training.py) or a local tokenizer
-    directory (never downloaded)."""
+    directory (never downloaded; the two words are keywords, so a directory named bpe is
+    "./bpe")."""
     bpe_vocab: int = 512
     """The learnt BPE's vocabulary at most; CodeGen-v1's train split fills 512."""
     train_tasks: int = 2000
