@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
 from shoal.envs.base import BaseEnvironment
 from shoal.envs.engine_warnings import route_mujoco_warnings
 from shoal.envs.errors import EnvError
+from shoal.envs.keywords import keyword_error
 
 if TYPE_CHECKING:
     from shoal.envs.registry import EnvSpec
@@ -112,6 +114,20 @@ def make_gymnasium(gym_id: str, kwargs: dict[str, Any]) -> gymnasium.Env[Any, An
         return gymnasium.make(gym_id, **kwargs)
     except gymnasium.error.Error as exc:
         raise EnvError(f"Gymnasium cannot make {gym_id}: {exc}") from exc
+    except TypeError as exc:
+        raise keyword_error(
+            f"gym:{gym_id}", _creator(gym_id), kwargs, exc, extra=["max_episode_steps"]
+        ) from exc
+
+
+def _creator(gym_id: str) -> Callable[..., Any]:
+    """The class or function Gymnasium makes `gym_id` with, whose signature names the keywords
+    it takes; a catch-all where it cannot be loaded (the error then keeps Gymnasium's words)."""
+    try:
+        entry = gymnasium.spec(gym_id).entry_point
+        return entry if callable(entry) else load_env_creator(str(entry))
+    except Exception:  # any failure here only loses the list of keywords
+        return lambda **_: None
 
 
 class GymEnvironment(BaseEnvironment[Any, Any]):

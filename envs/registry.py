@@ -27,6 +27,7 @@ from shoal.envs.errors import (
     RegistrationError,
     UnknownEnvironment,
 )
+from shoal.envs.keywords import keyword_error
 from shoal.envs.time_limit import TimeLimit
 from shoal.envs.vector import VectorEnvironment, VectorRunner, check_num_envs
 
@@ -34,6 +35,8 @@ ID_RE = re.compile(
     r"^(?:(?P<namespace>[a-z][a-z0-9_]*):)?(?P<name>[A-Za-z0-9][\w./-]*?)(?:-v(?P<version>\d+))?$"
 )
 GYM_NAMESPACE = "gym"
+LIMIT = "max_episode_steps"
+"""The keyword every id takes: its time limit, applied by the registry."""
 
 EntryPoint = str | Callable[..., Any]
 
@@ -153,12 +156,12 @@ class Registry:
     def make(self, env_id: str, **kwargs: Any) -> BaseEnvironment[Any, Any]:
         """A new environment; kwargs override the registered ones, `max_episode_steps` the limit."""
         spec = self.spec(env_id)
-        limit = kwargs.pop("max_episode_steps", spec.max_episode_steps)
+        limit = kwargs.pop(LIMIT, spec.max_episode_steps)
         factory = self._resolve(spec.entry_point)
         try:
             env: BaseEnvironment[Any, Any] = factory(**{**spec.kwargs, **kwargs})
         except TypeError as exc:
-            raise EnvError(f"{spec.id} cannot be made with {sorted(kwargs)}: {exc}") from exc
+            raise keyword_error(spec.id, factory, kwargs, exc, extra=[LIMIT]) from exc
         if limit is not None:
             env = TimeLimit(env, limit)
         return env
@@ -172,12 +175,12 @@ class Registry:
         if spec.vector_entry_point is None:
             return VectorRunner(lambda: self.make(spec.id, **kwargs), num_envs, seed)
         merged = {**spec.kwargs, **kwargs}
-        merged.setdefault("max_episode_steps", spec.max_episode_steps)
+        merged.setdefault(LIMIT, spec.max_episode_steps)
         factory = self._resolve(spec.vector_entry_point)
         try:
             vector: VectorEnvironment = factory(num_envs=num_envs, seed=seed, **merged)
         except TypeError as exc:
-            raise EnvError(f"{spec.id} cannot be made with {sorted(kwargs)}: {exc}") from exc
+            raise keyword_error(spec.id, factory, kwargs, exc, ["num_envs", "seed"]) from exc
         return vector
 
     def list(self, include_gym: bool = True) -> builtins.list[str]:

@@ -14,6 +14,7 @@ import importlib
 from typing import Any
 
 from shoal.envs.errors import EnvError
+from shoal.envs.keywords import keyword_error
 from shoal.envs.text_tasks import TextEnvironment
 
 __all__ = ["TEXT_ENVS", "is_text_env", "make_text_env", "text_env_hash", "text_manifest"]
@@ -57,7 +58,7 @@ def make_text_env(env_id: str, **kwargs: Any) -> TextEnvironment:
     try:
         env: TextEnvironment = factory(**kwargs)
     except TypeError as exc:
-        raise EnvError(f"{canonical} cannot be made with {sorted(kwargs)}: {exc}") from exc
+        raise keyword_error(canonical, factory, kwargs, exc) from exc
     return env
 
 

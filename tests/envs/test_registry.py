@@ -14,6 +14,7 @@ from shoal.envs import (
     Registry,
     UnknownEnvironment,
     make,
+    make_vector,
     spec,
 )
 from shoal.envs.registry import parse_id
@@ -122,9 +123,32 @@ def test_unloadable_entry_point():
         registry.make("Ghost-v1")
 
 
-def test_unknown_kwarg_is_an_env_error():
-    with pytest.raises(EnvError, match=r"CartPole-v1 cannot be made with \['gravity'\]"):
+def test_unknown_kwarg_is_an_env_error_naming_the_keywords_it_takes():
+    refusal = "CartPole-v1 takes no keyword 'gravity'; its keywords are: max_episode_steps, sutton_barto_reward"
+    with pytest.raises(EnvError, match=re.escape(refusal)):
         make("CartPole-v1", gravity=3.0)
+    with pytest.raises(EnvError, match=re.escape(refusal)):
+        make_vector("CartPole-v1", 2, gravity=3.0)
+
+
+def test_a_type_error_inside_a_constructor_keeps_its_own_message():
+    def build(size: int = 3) -> None:
+        raise TypeError("size must be an int")
+
+    registry = Registry()
+    registry.register("Odd-v1", build)
+    with pytest.raises(EnvError, match=r"Odd-v1 cannot be made with \['size'\]: size must be"):
+        registry.make("Odd-v1", size="x")
+
+
+@given(st.dictionaries(st.text(max_size=12), st.integers(1, 1000), max_size=4))
+def test_any_unknown_keyword_is_named_and_known_ones_make_the_environment(kwargs):
+    unknown = sorted(set(kwargs) - {"max_episode_steps", "sutton_barto_reward"})
+    if unknown:
+        with pytest.raises(EnvError, match=re.escape(f"takes no keyword {unknown[0]!r}")):
+            make("CartPole-v1", **kwargs)
+    else:
+        make("CartPole-v1", **kwargs).close()
 
 
 def test_kwargs_and_time_limit_override():
@@ -157,3 +181,9 @@ def test_list_contains_builtins_and_gym_ids():
     ids = __import__("shoal.envs", fromlist=["list"]).list()
     assert "CartPole-v1" in ids
     assert "gym:CartPole-v1" in ids
+
+
+def test_a_gymnasium_id_names_the_keywords_its_class_takes():
+    refusal = "gym:CartPole-v1 takes no keyword 'gravity'; its keywords are: max_episode_steps, "
+    with pytest.raises(EnvError, match=re.escape(refusal + "render_mode, sutton_barto_reward")):
+        make("gym:CartPole-v1", gravity=3.0)
