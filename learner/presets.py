@@ -140,7 +140,10 @@ MINIGRID = Preset(
     "CleanRL ppo.py's update at rl-starter-files' MiniGrid batch",
     {
         # ppo.py's loss and clip; the batch and rate of lcswillems/rl-starter-files, the usual
-        # MiniGrid reference: 16 envs x 128 steps, minibatches of 256, lr 1e-3.
+        # MiniGrid reference: 16 envs x 128 steps, minibatches of 256, lr 1e-3. Like its
+        # torch-ac, advantages are not normalised: until the first door opens they are value
+        # noise, and scaled to unit variance that noise drove one DoorKey seed in three away
+        # from exploring (docs/benchmarks.md, "MiniGrid-DoorKey-5x5 and advantage scaling").
         "rollout.num_envs": 16,
         "rollout.horizon": 128,
         "model.hidden": (64, 64),
@@ -150,6 +153,7 @@ MINIGRID = Preset(
         "ppo.max_grad_norm": 0.5,
         "ppo.clip_coef": 0.2,
         "ppo.ent_coef": 0.01,
+        "ppo.norm_adv": False,
         "ppo.gamma": 0.99,
         "ppo.gae_lambda": 0.95,
         "checkpoint.interval_s": CHECKPOINT_EVERY_S,

@@ -37,6 +37,7 @@ VALUES: dict[str, st.SearchStrategy[Any]] = {
     "ppo.max_grad_norm": st.floats(0.01, 10.0),
     "ppo.clip_coef": st.floats(0.01, 1.0),
     "ppo.ent_coef": st.floats(0.0, 0.1),
+    "ppo.norm_adv": st.booleans(),
     "ppo.gamma": _UNIT,
     "ppo.gae_lambda": _UNIT,
     "env.normalize_observation": st.booleans(),
@@ -119,6 +120,13 @@ def test_auto_names_the_family_used_and_none_keeps_the_defaults() -> None:
 def test_a_preset_by_name_applies_whatever_the_environment() -> None:
     cfg = apply_preset(TrainConfig(env_id="CartPole-v1", preset="minigrid"), {"ppo.lr"})
     assert (cfg.preset, cfg.rollout.num_envs, cfg.ppo.lr) == ("minigrid", 16, TrainConfig().ppo.lr)
+
+
+def test_the_minigrid_preset_leaves_advantages_unscaled_unless_the_job_says() -> None:
+    grid = TrainConfig(env_id="gym:MiniGrid-DoorKey-5x5-v0")
+    space = (spaces.Dict({"image": IMAGE}), DISCRETE)
+    assert apply_preset(grid, set(), space).ppo.norm_adv is False
+    assert apply_preset(grid, {"ppo.norm_adv"}, space).ppo.norm_adv is True
 
 
 def test_an_unknown_preset_is_refused_naming_the_choices() -> None:
