@@ -23,7 +23,9 @@ def test_text_ids_and_aliases_are_recognised():
     assert not any(is_text_env(i) for i in ("CartPole-v1", "CodeChoice-v1", "nope", 3))
     with pytest.raises(EnvError, match="not a text environment"):
         make_text_env("CartPole-v1")
-    with pytest.raises(EnvError, match="cannot be made"):
+    with pytest.raises(
+        EnvError, match="CodeGen-v1 takes no keyword 'colour'; its keywords are: batch,"
+    ):
         make_text_env("CodeGen-v1", colour="blue")
 
 
