@@ -61,7 +61,7 @@ def free_port(host: str = "127.0.0.1", udp: bool = False) -> int:
     with _reservations() as folder:
         taken = _live_reservations(folder)
         for _ in range(ATTEMPTS):
-            span = random.choice(ranges)
+            span = random.choices(ranges, weights=[len(r) for r in ranges])[0]
             port = random.randrange(span.start, span.stop)
             if port not in taken and _bindable(host, port, udp):
                 (folder / str(port)).touch()
