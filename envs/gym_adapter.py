@@ -120,14 +120,14 @@ def make_gymnasium(gym_id: str, kwargs: dict[str, Any]) -> gymnasium.Env[Any, An
         ) from exc
 
 
-def _creator(gym_id: str) -> Callable[..., Any]:
+def _creator(gym_id: str) -> Callable[..., Any] | None:
     """The class or function Gymnasium makes `gym_id` with, whose signature names the keywords
-    it takes; a catch-all where it cannot be loaded (the error then keeps Gymnasium's words)."""
+    it takes; None where it cannot be loaded (the error then keeps Gymnasium's words)."""
     try:
         entry = gymnasium.spec(gym_id).entry_point
         return entry if callable(entry) else load_env_creator(str(entry))
     except Exception:  # any failure here only loses the list of keywords
-        return lambda **_: None
+        return None
 
 
 class GymEnvironment(BaseEnvironment[Any, Any]):

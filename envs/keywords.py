@@ -18,16 +18,17 @@ _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONL
 
 def keyword_error(
     env_id: str,
-    factory: Callable[..., Any],
+    factory: Callable[..., Any] | None,
     given: Mapping[str, Any],
     exc: TypeError,
     internal: Collection[str] = (),
     extra: Collection[str] = (),
 ) -> EnvError:
-    """EnvError for `factory(**given)` having raised `exc`. `internal` are keywords the caller
-    passes itself (num_envs, seed), left out of the list; `extra` are ones the caller takes
-    before the factory sees them (max_episode_steps), added to it."""
-    accepted = _keywords(factory)
+    """EnvError for `factory(**given)` having raised `exc` (`factory` None where it could not
+    be found: the error keeps `exc`'s words). `internal` are keywords the caller passes itself
+    (num_envs, seed), left out of the list; `extra` are ones the caller takes before the
+    factory sees them (max_episode_steps), added to it."""
+    accepted = None if factory is None else _keywords(factory)
     if accepted is not None:
         unknown = sorted(set(given) - accepted)
         if unknown:
