@@ -44,10 +44,10 @@ class LinkFaults:
         if spec.kind == "link-reset":
             return "nothing to heal (the links were cut once)"
         try:
-            self.relay.heal(_name(spec))
+            hit = self.relay.heal(_name(spec))
         except ProxyError:  # its injection failed (the target was not running): nothing to lift
             return f"link fault {spec.kind} on {spec.target} was never in place"
-        return f"link fault {spec.kind} on {spec.target} lifted"
+        return f"link fault {spec.kind} on {spec.target} lifted ({hit} links hit in all)"
 
 
 def _name(spec: FaultSpec) -> str:

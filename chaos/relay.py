@@ -120,6 +120,8 @@ class LinkRelay:
         self.stats = RelayStats()
         self._pump = FaultPump(self, self.stats, random.Random(seed))
         self._faults: dict[str, LinkFault] = {}
+        self._touched: dict[str, set[_Tunnel]] = {}
+        """Fault name -> every link it has hit since injected, open then or opened since."""
         self._tunnels: set[_Tunnel] = set()
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[object]] = set()
@@ -167,6 +169,7 @@ class LinkRelay:
         until `heal(name)`; re-injecting a name replaces it. Returns how many open links it
         hits."""
         self._faults.pop(name, None)
+        self._touched[name] = set()
         fault = LinkFault(
             faults,
             None if pids is None else frozenset(pids),
@@ -176,14 +179,18 @@ class LinkRelay:
         self._apply_all()
         return sum(self._hits(tunnel, fault) for tunnel in self._tunnels)
 
-    def heal(self, name: str) -> None:
-        """Lift the fault injected as `name`; links it blackholed flow again."""
+    def heal(self, name: str) -> int:
+        """Lift the fault injected as `name`; links it blackholed flow again. Returns how many
+        links it hit while in place: a process that redialled during the fault has links that
+        were not open when it was injected."""
         if self._faults.pop(name, None) is None:
             raise ProxyError(f"no link fault named {name!r}; injected: {sorted(self._faults)}")
         self._apply_all()
+        return len(self._touched.pop(name))
 
     def heal_all(self) -> None:
         self._faults.clear()
+        self._touched.clear()
         self._apply_all()
 
     def reset(self, pids: Iterable[int] | None = None) -> int:
@@ -235,9 +242,10 @@ class LinkRelay:
 
     def _apply(self, tunnel: _Tunnel) -> None:
         faults = HEALTHY
-        for fault in self._faults.values():
+        for name, fault in self._faults.items():
             if self._hits(tunnel, fault):
                 faults = fault.faults
+                self._touched[name].add(tunnel)
         if faults != tunnel.faults:
             tunnel.buckets.clear()
         tunnel.faults = faults

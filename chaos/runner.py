@@ -114,8 +114,9 @@ class ChaosRun:
         self._t0 = time.monotonic()
         until = self._t0 + self.scenario.duration_s
         seen = self.seen
+        keys, rate = self.scenario.keys, self.scenario.rate
         work = [
-            run_client(c, f"c{i}", self.scenario.keys, until, seen.history, seen.stats, i)
+            run_client(c, f"c{i}", keys, until, seen.history, seen.stats, i, rate)
             for i, c in enumerate(clients[: self.scenario.clients])
         ]
         work += [

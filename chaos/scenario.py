@@ -7,6 +7,7 @@ would be valid.
     duration_s = 30         # how long the client workload runs
     clients = 4             # concurrent clients writing and reading registers
     keys = 4                # registers they share
+    rate = 50               # operations per second each client starts, at most
     recover_within_s = 20   # default bound on each fault's recovery
     nodes = 1               # node daemons n1..nN (0: none), each with sim_gpus simulated GPUs
     sim_gpus = 4
@@ -126,6 +127,7 @@ _TOP_KEYS = (
     "duration_s",
     "clients",
     "keys",
+    "rate",
     "recover_within_s",
     "invariants",
     "faults",
@@ -176,6 +178,12 @@ class Scenario:
     nodes: int = 0
     sim_gpus: int = 4
     training: JobConfig | None = None
+    rate: int = 50
+    """Operations per second each client starts, at most: a paced workload, as Jepsen's, so
+    the clients check the registers without saturating the coordinators that must answer
+    the nodes' heartbeats on time. An unpaced client ran 640 operations/s against one
+    replica; in such a run on a loaded CI machine a node went 4 s without an accepted
+    heartbeat, fenced and stopped the job's tasks."""
 
 
 def parse(text: str, source: str = "scenario") -> Scenario:
@@ -243,6 +251,7 @@ def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
         duration_s=duration,
         clients=_int(data, "clients", 4, 1, 64, source),
         keys=_int(data, "keys", 4, 1, 1024, source),
+        rate=_int(data, "rate", 50, 1, 10_000, source),
         recover_within_s=bound,
         invariants=tuple(dict.fromkeys(invariants)),
         faults=tuple(sorted(faults, key=lambda f: f.at)),

@@ -66,11 +66,18 @@ async def run_client(
     history: HistoryRecorder,
     stats: WorkloadStats,
     seed: int,
+    rate: float,
 ) -> None:
-    """Random writes (unique values) and reads until the monotonic time `until`."""
+    """Random writes (unique values) and reads until the monotonic time `until`, starting at
+    most `rate` a second (an operation that takes longer delays the next, never doubles up)."""
     rng = random.Random(seed)
     count = 0
-    while time.monotonic() < until:
+    pace = 1.0 / rate
+    due = time.monotonic()
+    while (now := time.monotonic()) < until:
+        if due > now:
+            await asyncio.sleep(due - now)
+        due = max(due, now) + pace
         key = register_id(rng.randrange(keys))
         if rng.random() < 0.5:
             count += 1

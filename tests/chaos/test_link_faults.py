@@ -147,10 +147,10 @@ def test_a_training_job_rides_out_link_faults_through_the_relay(tmp_path: Path) 
     # The job has 8 links; w0's, cut until t = 6 s, may still be reconnecting at the later
     # faults on a loaded machine, but w1's 4 are open throughout.
     delayed = re.search(r"\((\d+) open now", faults["link-delay"]["detail"])
-    assert delayed is not None
+    assert delayed is not None, faults["link-delay"]
     assert 4 <= int(delayed[1]) <= 8
     reset = re.match(r"reset (\d+) open links", faults["link-reset"]["detail"])
-    assert reset is not None
+    assert reset is not None, faults["link-reset"]
     assert 4 <= int(reset[1]) <= 8
     spec = json.loads((run_dir / "cluster.json").read_text())
     nodes = [p for p in spec["processes"] if p["kind"] == "node"]

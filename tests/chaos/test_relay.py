@@ -154,7 +154,7 @@ def test_a_partition_on_every_link_refuses_new_ones_until_healed() -> None:
                 with pytest.raises(ConnectionResetError):
                     await _exchange(relay.port, connect)
                 assert relay.stats.refused == 1
-                relay.heal("cut")
+                assert relay.heal("cut") == 1
                 assert (await _exchange(relay.port, connect)).endswith(b"ping")
                 with pytest.raises(ProxyError, match="no link fault named 'cut'"):
                     relay.heal("cut")
@@ -218,7 +218,7 @@ def test_a_fault_on_a_host_address_hits_its_links_only_until_healed() -> None:
                 later = asyncio.ensure_future(_tunnel(relay, "127.0.0.2", ports[1]))
                 done, _ = await asyncio.wait([held, later], timeout=1.0)
                 assert not done
-                relay.heal("cut")
+                assert relay.heal("cut") == 2  # far, open at injection, and later, dialled since
                 assert await held == b"ping"
                 assert await _ping(*await later) == b"ping"
                 for _, writer in (near, far, await later):

@@ -32,6 +32,8 @@ def test_defaults_and_params() -> None:
         'duration_s = 10\n[[faults]]\nkind = "api-delay"\ntarget = "all"\nat = 1\ndelay_s = 0.1\n'
     )
     assert scenario.replicas == 3
+    assert scenario.rate == 50
+    assert parse("rate = 400").rate == 400
     (fault,) = scenario.faults
     assert fault.net_faults().delay_s == 0.1
     assert fault.recover_within_s == scenario.recover_within_s
@@ -42,6 +44,8 @@ def test_defaults_and_params() -> None:
     [
         ("replicas = 2", "replicas=2 must be odd"),
         ("replicas = 'x'", "replicas='x' must be an integer"),
+        ("rate = 0", "rate=0 must be an integer in 1..10000"),
+        ("rate = 2.5", "rate=2.5 must be an integer"),
         ("duration_s = -1", "duration_s=-1 is outside"),
         ("bogus = 1", "unknown keys \\['bogus'\\]"),
         ("invariants = ['fast']", "invariants=\\['fast'\\]"),
@@ -138,7 +142,10 @@ _json = st.recursive(
     max_leaves=12,
 )
 _keys = st.sampled_from(
-    ["replicas", "duration_s", "clients", "keys", "faults", "invariants", "nodes", "training"]
+    [
+        *("replicas", "duration_s", "clients", "keys", "rate"),
+        *("faults", "invariants", "nodes", "training"),
+    ]
 )
 _fault = st.fixed_dictionaries(
     {"kind": st.sampled_from([*FAULT_KINDS, "x"]), "target": st.sampled_from(["leader", "all"])},
