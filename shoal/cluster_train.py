@@ -59,6 +59,9 @@ ROLLOUT_ENTRY = "shoal.learner.rollout_main:main"
 POLL_S = 0.05
 CHECK_TASKS_EVERY_S = 1.0
 STOP_WAIT_S = 40.0
+# How long a coordinator of the embedded cluster that stopped answering during the stop may take
+# to exit before the refusal itself is the error reported.
+GONE_WAIT_S = 5.0
 ACTIVE = ("pending", "running")
 REMOTE_POLL_S = 0.25
 REFUSED_PATIENCE_S = 10.0
@@ -238,17 +241,33 @@ class ClusterRun:
         return next((s.name for s in specs if self.embedded.pid(s.name) is None), None)
 
     def _check_cluster(self) -> None:
-        """An embedded cluster's process that died ends the run, in one line: its log, why
-        it stopped, and the newest complete checkpoint that a rerun would resume from."""
+        """An embedded cluster's process that died ends the run (see `_cluster_death`)."""
+        death = self._cluster_death()
+        if death is not None:
+            raise death
+
+    def _cluster_death(self) -> TrainError | None:
+        """An embedded cluster's process that died, in one line: its log, why it stopped, and
+        the newest complete checkpoint that a rerun would resume from."""
         name = self._embedded_exited()
-        if name is not None and self.embedded is not None:
-            why = exit_reason(self.embedded.tail(name, 15), self.run_dir)
-            kept = self.status.complete_checkpoint()
-            resume = "" if kept is None else f"; the newest complete checkpoint is {kept.path}"
-            raise TrainError(
-                f"{name} of the embedded cluster exited; see {self.embedded.log_path(name)}: "
-                f"{why}{resume}"
-            )
+        if name is None or self.embedded is None:
+            return None
+        why = exit_reason(self.embedded.tail(name, 15), self.run_dir)
+        kept = self.status.complete_checkpoint()
+        resume = "" if kept is None else f"; the newest complete checkpoint is {kept.path}"
+        return TrainError(
+            f"{name} of the embedded cluster exited; see {self.embedded.log_path(name)}: "
+            f"{why}{resume}"
+        )
+
+    def _embedded_gone_by(self, deadline: float) -> bool:
+        """Whether a process of the embedded cluster has exited, or does by `deadline` (one
+        that stopped answering may still be on its way out)."""
+        while self._embedded_exited() is None:
+            if self.embedded is None or time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
+        return True
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -414,11 +433,27 @@ class ClusterRun:
         if not self._submitted:
             return
         deadline = time.monotonic() + STOP_WAIT_S
-        if self.embedded is not None and self._embedded_exited() is not None:
-            self.embedded.stop_all()
-            while time.monotonic() < deadline and not self._processes_gone():
-                time.sleep(POLL_S)
+        if self._embedded_exited() is not None:
+            self._stop_embedded(deadline)
             return
+        try:
+            self._stop_through_coordinators(deadline)
+        except TrainError as exc:
+            # The embedded cluster died while being asked (its disk filled, say): why it died
+            # is the error to report, not that it no longer answers.
+            if not self._embedded_gone_by(time.monotonic() + GONE_WAIT_S):
+                raise
+            self._stop_embedded(deadline)
+            raise (self._cluster_death() or exc) from exc
+
+    def _stop_embedded(self, deadline: float) -> None:
+        """With a broken embedded cluster there is no one to ask: stop its processes."""
+        if self.embedded is not None:
+            self.embedded.stop_all()
+        while time.monotonic() < deadline and not self._processes_gone():
+            time.sleep(POLL_S)
+
+    def _stop_through_coordinators(self, deadline: float) -> None:
         self._jobs.call(lambda c: c.stop_job(self.job_id))
         while time.monotonic() < deadline and not self._processes_gone():
             time.sleep(POLL_S)
