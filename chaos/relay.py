@@ -170,14 +170,13 @@ class LinkRelay:
         hits."""
         self._faults.pop(name, None)
         self._touched[name] = set()
-        fault = LinkFault(
+        self._faults[name] = LinkFault(
             faults,
             None if pids is None else frozenset(pids),
             None if addresses is None else frozenset(addresses),
         )
-        self._faults[name] = fault
         self._apply_all()
-        return sum(self._hits(tunnel, fault) for tunnel in self._tunnels)
+        return len(self._touched[name])
 
     def heal(self, name: str) -> int:
         """Lift the fault injected as `name`; links it blackholed flow again. Returns how many
