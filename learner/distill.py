@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -40,15 +41,21 @@ class TokenBatch:
     completion_lengths: torch.Tensor
     """int64 [N], each >= 1"""
 
+    def to(self, device: torch.device) -> TokenBatch:
+        """The same batch on `device` (the model's)."""
+        return replace(self, tokens=self.tokens.to(device),
+                       prompt_lengths=self.prompt_lengths.to(device),
+                       completion_lengths=self.completion_lengths.to(device))  # fmt: skip
+
     def attention_mask(self) -> torch.Tensor:
         """1 over prompt + completion, 0 over the right padding: int64 [N, L]."""
-        positions = torch.arange(self.tokens.shape[1])
+        positions = torch.arange(self.tokens.shape[1], device=self.tokens.device)
         return (positions < (self.prompt_lengths + self.completion_lengths)[:, None]).long()
 
     def target_mask(self) -> torch.Tensor:
         """bool [N, L-1]: True at position j when token j+1 is a completion token, i.e. where
         the logits at j are trained."""
-        targets = torch.arange(1, self.tokens.shape[1])
+        targets = torch.arange(1, self.tokens.shape[1], device=self.tokens.device)
         start = self.prompt_lengths[:, None]
         return (targets >= start) & (targets < start + self.completion_lengths[:, None])
 
@@ -159,9 +166,11 @@ def fit(
     *,
     seed: int = 0,
     teacher: nn.Module | None = None,
+    forward: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> dict[str, float]:
     """Train `lm` on the examples: SFT without a teacher, distillation from `teacher`'s logits
-    with one. Every epoch deals the examples into fresh random minibatches. Batches cut once
+    with one, on the device `lm` is on (the teacher's must be the same); every forward pass
+    runs inside `forward()` (bf16 autocast on a GPU, learner/lm_pipeline.py). Every epoch deals the examples into fresh random minibatches. Batches cut once
     from length-sorted buckets held mostly one task family each (lengths follow the family),
     and those steps kept CodeGen-v1's teacher on its loss plateau (CE 0.12 after 1,000 steps,
     held-out pass@1 0.05); mixed batches got past it to copying the prompt's constants (CE
@@ -172,26 +181,29 @@ def fit(
     optimizer = torch.optim.AdamW(lm.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(total))
     rng = torch.Generator().manual_seed(seed)
+    device = next(lm.parameters()).device
     if teacher is not None:
         teacher.eval()
     lm.train()
-    sums: dict[str, float] = {}
+    sums: dict[str, torch.Tensor] = {}
     for _ in range(cfg.epochs):
-        sums = {"loss": 0.0, "kl": 0.0, "ce": 0.0}
+        # summed where they are computed: a GPU is not made to wait for each step's loss
+        sums = {key: torch.zeros((), device=device) for key in ("loss", "kl", "ce")}
         order = torch.randperm(len(prompts), generator=rng).tolist()
         for start in range(0, len(order), cfg.batch_size):
             chunk = order[start : start + cfg.batch_size]
             batch = pack([prompts[i] for i in chunk], [completions[i] for i in chunk], pad_id)
-            parts = _loss(lm, batch, cfg, teacher)
+            with forward():
+                parts = _loss(lm, batch.to(device), cfg, teacher)
             optimizer.zero_grad(set_to_none=True)
             parts["loss"].backward()
             nn.utils.clip_grad_norm_(lm.parameters(), cfg.max_grad_norm)
             optimizer.step()
             schedule.step()
             for key, value in parts.items():
-                sums[key] += float(value.detach())
+                sums[key] += value.detach().float()
     lm.eval()
-    metrics = {key: value / per_epoch for key, value in sums.items()}
+    metrics = {key: float(value) / per_epoch for key, value in sums.items()}
     metrics["steps"] = float(total)
     metrics["examples"] = float(len(prompts))
     return metrics
@@ -203,7 +215,7 @@ def _loss(
     logits = lm_logits(lm, batch)
     ce = sft_loss(logits, batch)
     if teacher is None:
-        return {"loss": ce, "ce": ce, "kl": torch.zeros(())}
+        return {"loss": ce, "ce": ce, "kl": torch.zeros((), device=ce.device)}
     with torch.no_grad():
         teacher_logits = lm_logits(teacher, batch)
     kl = distill_kl(logits, teacher_logits, batch, cfg.temperature)

@@ -16,6 +16,10 @@ evaluation, each stage's outputs hashed into pipeline.json.
 
 Each stage reads only the previous stages' recorded outputs, checked against their sha256, so
 `from_stage` reruns any stage (and those after it) from what the earlier ones left on disk.
+
+Stages 2-4 run on one device (`pipeline.device`: the first GPU where there is one, else the
+CPU), chosen before stage 1 and recorded in pipeline.json; on a GPU the forward passes of
+SFT, distillation and the RL update run under bf16 autocast (`pipeline.mixed_precision`).
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,7 @@ from gymnasium import spaces
 
 from shoal.learner.distill import fit
 from shoal.learner.errors import PipelineError
-from shoal.learner.lm_config import BPE, BYTES, STAGES, LMPipelineConfig
+from shoal.learner.lm_config import AUTO, BPE, BYTES, STAGES, LMPipelineConfig
 from shoal.learner.lm_validation import RECORD_KEYS, parse_record, validation_tasks
 from shoal.learner.models import build_model
 from shoal.learner.models.causal_lm import CausalLMPolicy, export_pretrained
@@ -73,17 +77,58 @@ def run_lm_pipeline(
     root = Path(run_dir)
     start = stage_index(from_stage)
     previous = _previous_stages(root, start)
+    place = Placement.of(cfg)
     root.mkdir(parents=True, exist_ok=True)
     rec = Recorder(root, cfg)  # type: ignore[arg-type]
     rec.manifest["kind"] = "lm"
+    rec.manifest["device"] = str(place.device)
     rec.manifest["stages"] = previous
     rec.flush()
     for name in STAGES[start:]:
         threads = cfg.fit_threads if name == "distillation" else cfg.torch_threads
         with _torch_threads(threads):
             torch.manual_seed(cfg.seed + STAGES.index(name))
-            _RUNNERS[name](cfg, rec)
+            _RUNNERS[name](cfg, rec, place)
     return rec.manifest
+
+
+def pick_device(spec: str, cuda_devices: int) -> str:
+    """The device `pipeline.device` names on a machine where torch sees `cuda_devices` GPUs:
+    "auto" takes the first GPU or the CPU; a GPU that is not there is a PipelineError."""
+    if spec == AUTO:
+        return "cuda:0" if cuda_devices else "cpu"
+    if spec == "cpu":
+        return spec
+    index = int(spec.partition(":")[2] or 0)
+    if index >= cuda_devices:
+        seen = f"only {cuda_devices} CUDA device(s)" if cuda_devices else "no CUDA device"
+        raise PipelineError(
+            f"pipeline.device = {spec!r}, but torch sees {seen} (torch {torch.__version__}); "
+            'use "auto" or "cpu", or run where that GPU is'
+        )
+    return f"cuda:{index}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where stages 2-4 compute, and in what precision."""
+
+    device: torch.device
+    bf16: bool
+    """Forward passes under bf16 autocast (a CUDA device with bf16, mixed_precision on)."""
+
+    @classmethod
+    def of(cls, cfg: LMPipelineConfig) -> Placement:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        device = torch.device(pick_device(cfg.device, count))
+        bf16 = device.type == "cuda" and cfg.mixed_precision and torch.cuda.is_bf16_supported()
+        return cls(device, bf16)
+
+    def forward(self) -> AbstractContextManager[object]:
+        """The context every training forward pass runs in."""
+        if self.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
 
 
 @contextmanager
@@ -269,7 +314,7 @@ def draw_splits(env: Any, cfg: LMPipelineConfig) -> dict[str, list[Any]]:
     return splits
 
 
-def _stage_synthesis(cfg: LMPipelineConfig, rec: Recorder) -> None:
+def _stage_synthesis(cfg: LMPipelineConfig, rec: Recorder, place: Placement) -> None:
     started = time.perf_counter()
     env = _make_env(cfg, BYTES if cfg.tokenizer == BPE else cfg.tokenizer)
     try:
@@ -322,21 +367,22 @@ def _learn_tokenizer(
         env.close()
 
 
-def _stage_distillation(cfg: LMPipelineConfig, rec: Recorder) -> None:
+def _stage_distillation(cfg: LMPipelineConfig, rec: Recorder, place: Placement) -> None:
     started = time.perf_counter()
     env = _stage_env(cfg, rec)
     env.close()  # only its tokenizer and prompt encoding are needed here
     tokenizer = env.tokenizer
     tasks = read_tasks(_input(rec, "synthesis", "train"))
     prompts, completions = examples(tasks, env)
-    teacher = new_policy(cfg.teacher, tokenizer)
+    teacher = new_policy(cfg.teacher, tokenizer).to(place.device)
     t0 = time.perf_counter()
-    teacher_fit = fit(teacher.lm, prompts, completions, tokenizer.pad_id, cfg.sft, seed=cfg.seed)
+    teacher_fit = fit(teacher.lm, prompts, completions, tokenizer.pad_id, cfg.sft, seed=cfg.seed,
+                      forward=place.forward)  # fmt: skip
     teacher_s = time.perf_counter() - t0
-    student = new_policy(cfg.student, tokenizer)
+    student = new_policy(cfg.student, tokenizer).to(place.device)
     t0 = time.perf_counter()
     student_fit = fit(student.lm, prompts, completions, tokenizer.pad_id, cfg.distill,
-                      seed=cfg.seed, teacher=teacher.lm)  # fmt: skip
+                      seed=cfg.seed, teacher=teacher.lm, forward=place.forward)  # fmt: skip
     student_s = time.perf_counter() - t0
     outputs = {}
     for name, policy in (("teacher", teacher), ("student", student)):
@@ -345,21 +391,26 @@ def _stage_distillation(cfg: LMPipelineConfig, rec: Recorder) -> None:
         "teacher": {**teacher_fit, "params": _params(teacher), "wall_s": teacher_s},
         "student": {**student_fit, "params": _params(student), "wall_s": student_s},
         "tokenizer": tokenizer.fingerprint(),
+        "device": str(place.device),
+        "bf16": place.bf16,
     }
     rec.stage("distillation", started, None, outputs, metrics)
 
 
-def _stage_rl(cfg: LMPipelineConfig, rec: Recorder) -> None:
+def _stage_rl(cfg: LMPipelineConfig, rec: Recorder, place: Placement) -> None:
     from shoal.learner.lm_rl import train_rl
 
     started = time.perf_counter()
     env = _stage_env(cfg, rec)
     student = load_policy(_input(rec, "distillation", "student"), env.tokenizer)
+    student.to(place.device)
     tasks = read_tasks(_input(rec, "synthesis", "validation"))
     try:
         digest_ = _env_hash(env)
         validate = _validator(cfg, env, tasks)
-        metrics = train_rl(student, env, digest_, cfg.rl, seed=cfg.seed, validate=validate)
+        metrics = train_rl(student, env, digest_, cfg.rl, seed=cfg.seed, validate=validate,
+                           forward=place.forward)  # fmt: skip
+        metrics["device"] = str(place.device)
     finally:
         env.close()
     path = export_pretrained(student, rec.run_dir / "models" / "rl")
@@ -388,7 +439,7 @@ def _validator(cfg: LMPipelineConfig, env: Any, tasks: Sequence[Any]) -> Any:
     return validate
 
 
-def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder) -> None:
+def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder, place: Placement) -> None:
     from shoal.learner.lm_eval import evaluate_policy, write_report
     from shoal.learner.lm_sampling import sampler
 
@@ -401,6 +452,7 @@ def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder) -> None:
         digest_ = _env_hash(env)
         for name in POLICIES:
             policy = load_policy(_input(rec, stage_of[name], name), env.tokenizer)
+            policy.to(place.device)
             sample = sampler(policy, env, cfg.eval, seed=cfg.seed)
             results[name] = evaluate_policy(env, splits, sample, cfg.eval.samples, cfg.eval.ks)
     finally:

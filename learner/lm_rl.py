@@ -32,6 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -160,10 +161,12 @@ def train_rl(
     *,
     seed: int,
     validate: Callable[[CausalLMPolicy], float] | None = None,
+    forward: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> dict[str, Any]:
-    """Train `policy` in place for `cfg.steps` updates; returns the run's metrics (reward curve,
-    staleness, statuses, throughput, and with `validate` the validation curve and the step whose
-    weights the policy holds at the end)."""
+    """Train `policy` in place for `cfg.steps` updates on the device it is on (the worker's
+    copy samples there too; each update's forward passes run inside `forward()`); returns the
+    run's metrics (reward curve, staleness, statuses, throughput, and with `validate` the
+    validation curve and the step whose weights the policy holds at the end)."""
     token = cfg.token
     sampling = SamplingConfig(temperature=token.temperature, max_new_tokens=cfg.max_new_tokens,
                               stop=tuple(env.stop), weight_arrival="finish")  # fmt: skip
@@ -172,7 +175,8 @@ def train_rl(
     collector = SequenceCollector("pipeline-rl", prompts, actor, sampling,
                                   rows=cfg.prompts_per_step * token.group_size,
                                   group_size=token.group_size, env_hash=env_hash, seed=seed)  # fmt: skip
-    learner = PPOLearner(policy, PPOConfig(lr=token.lr, adam_eps=token.adam_eps))
+    learner = PPOLearner(policy, PPOConfig(lr=token.lr, adam_eps=token.adam_eps),
+                         forward_context=forward)  # fmt: skip
     learner.token_cfg = token
     shared = _Versions(policy.get_weights())
     out: queue.Queue[SequenceFragment] = queue.Queue(maxsize=cfg.queue_size)

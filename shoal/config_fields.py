@@ -67,10 +67,17 @@ def build(cls: type[T], mapping: Any, *, source: str, path: tuple[str, ...], bas
         return cls(**kwargs)
     except ConfigError as exc:
         prefix = f"{source}: " if not path else f"{source}: [{where}] "
-        raise ConfigError(prefix + str(exc)) from None
+        raise ConfigError(prefix + str(exc) + _overrides(mapping)) from None
     except TypeError as exc:
         # Only a required field without a default can get here.
         raise ConfigError(f"{source}: {where}: {exc}") from None
+
+
+def _overrides(mapping: Mapping[str, Any]) -> str:
+    """Which of a section's values the environment set: a check across keys (or one in the
+    class itself) fails after parsing, and the value it names may not be in the file at all."""
+    names = [raw.variable for raw in mapping.values() if isinstance(raw, FromEnv)]
+    return f" (set from the environment here: {', '.join(names)})" if names else ""
 
 
 def _default(field: dataclasses.Field[Any]) -> Any:

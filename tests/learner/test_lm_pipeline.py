@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from shoal.cli import main
 from shoal.errors import ConfigError
@@ -19,6 +20,7 @@ from shoal.learner.lm_config import STAGES, EvalStageConfig, LMPipelineConfig, R
 from shoal.learner.lm_pipeline import EVAL_SPLITS, digest, read_tasks, run_lm_pipeline
 from shoal.learner.models import ModelConfig
 from shoal.learner.token_ppo import TokenRLConfig
+from tests.support.lm_jobs import TINY_CODEGEN_JOB
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -75,6 +77,12 @@ def test_every_stage_records_its_hashed_outputs(finished):
     assert stages["synthesis"]["env_hash"] == stages["rl"]["env_hash"]
     assert set(stages["distillation"]["outputs"]) == {"teacher", "student"}
     assert (run_dir / "models" / "student" / "config.json").is_file()
+    # where stages 2-4 computed: the first GPU where there is one, else the CPU
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert manifest["device"] == device
+    assert (
+        stages["distillation"]["metrics"]["device"] == stages["rl"]["metrics"]["device"] == device
+    )
 
 
 def test_rl_runs_asynchronously_within_the_staleness_bound(finished):
@@ -218,47 +226,9 @@ def test_bad_config_names_the_key(section, key, value):
         build()
 
 
-JOB = """
-[pipeline]
-env_id = "CodeGen-v1"
-train_tasks = 16
-torch_threads = 1
-fit_threads = 1
-[pipeline.teacher]
-hidden_size = 32
-num_layers = 1
-num_heads = 2
-num_kv_heads = 1
-intermediate_size = 64
-max_positions = 256
-[pipeline.student]
-hidden_size = 32
-num_layers = 1
-num_heads = 2
-num_kv_heads = 1
-intermediate_size = 64
-max_positions = 256
-[pipeline.sft]
-epochs = 1
-[pipeline.distill]
-epochs = 1
-[pipeline.rl]
-steps = 1
-prompts_per_step = 2
-max_new_tokens = 8
-[pipeline.rl.token]
-group_size = 2
-[pipeline.eval]
-tasks = 2
-samples = 1
-ks = [1]
-max_new_tokens = 8
-"""
-
-
 def test_shoal_train_pipeline_runs_a_text_env_and_reruns_a_stage(tmp_path, capsys):
     job = tmp_path / "job.toml"
-    job.write_text(JOB)
+    job.write_text(TINY_CODEGEN_JOB)
     run_dir = tmp_path / "run"
     assert main(["train", "--pipeline", str(job), "--run-dir", str(run_dir), "--json"]) == 0
     lines = capsys.readouterr().out.splitlines()
