@@ -3,7 +3,8 @@ on the same model, the same prompts and the same max_new_tokens, in the same run
 weight swap mid-batch (the "interrupt" mode) costs beside finishing on the old weights.
 
 The model is a byte-level Qwen2 of a few million parameters built from its config (nothing is
-downloaded), the size of the default CodeGen student. Both sides sample from the plain softmax
+downloaded), bigger than the default CodeGen student (0.25M, sized for two CPU cores:
+docs/pipeline.md), so the decode step's matrix work weighs as it does in a real recipe. Both sides sample from the plain softmax
 (temperature 1, top-p 1, HF's top-k off) or decode greedily, and never stop early (EOS is held
 back on both sides), so each generates exactly batch x max_new_tokens tokens. Rounds alternate
 shoal and HF so load from other work on a shared machine hits both; medians are reported.
@@ -49,7 +50,7 @@ class Size:
 
 
 FULL = Size(256, 4, 4, 2, 688, batch=16, new_tokens=64, rounds=3)
-"""About 3M parameters: the default CodeGen student's size."""
+"""About 3M parameters (the default CodeGen student is 0.25M)."""
 QUICK = Size(32, 1, 2, 1, 64, batch=4, new_tokens=8, rounds=1)
 
 
