@@ -184,6 +184,44 @@ def memory_rows(sizes: Sizes) -> list[Row]:
     ]
 
 
+BUILD_RANKS = 4
+"""Ranks of the build row: enough that a rank's shard is well under the whole model."""
+
+
+def build_rows(sizes: Sizes) -> list[Row]:
+    """Building the memory row's LM sharded over BUILD_RANKS ranks, before any step: on the
+    meta device unit by unit (the learner's way) against built whole, then sharded."""
+    deferred = run_group(
+        BUILD_RANKS, _task("build_memory", sizes, sizes.memory_params, deferred=True)
+    )
+    eager = run_group(
+        BUILD_RANKS, _task("build_memory", sizes, sizes.memory_params, deferred=False)
+    )
+    name = (
+        f"peak RSS per rank, building a {_millions(deferred[0]['params'])}-param LM sharded "
+        f"over {BUILD_RANKS} ranks (FSDP2), deferred"
+    )
+    baseline = "built whole, then sharded"
+    return [
+        Row(
+            name,
+            "MiB",
+            max(r["peak_rss"] for r in deferred) / MIB,
+            max(r["peak_rss"] for r in eager) / MIB,
+            baseline,
+            higher_is_better=False,
+        ),
+        Row(
+            f"{name}, above the process's own",
+            "MiB",
+            max(r["peak_rss"] - r["process_rss"] for r in deferred) / MIB,
+            max(r["peak_rss"] - r["process_rss"] for r in eager) / MIB,
+            baseline,
+            higher_is_better=False,
+        ),
+    ]
+
+
 def comm_rows(sizes: Sizes) -> list[Row]:
     ranks = run_group(2, _task("comm_share", sizes, sizes.comm_params))
     share = max(r["share"] for r in ranks) * 100
@@ -299,6 +337,7 @@ def run(quick: bool, params: int | None = None) -> list[Row]:
     root = Path(tempfile.mkdtemp(prefix="shoal-bench-learner-"))
     try:
         rows = memory_rows(sizes)
+        rows.extend(build_rows(sizes))
         rows.extend(sync_rows(sizes))
         rows.extend(comm_rows(sizes))
         rows.extend(checkpoint_rows(sizes, root))

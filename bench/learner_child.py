@@ -72,11 +72,13 @@ def lm_shape(params: int) -> dict[str, int]:
     }
 
 
-def build_policy(shape: dict[str, int], seq: int) -> PolicyModel:
+def build_policy(shape: dict[str, int], seq: int, deferred: bool = False) -> PolicyModel:
     """shoal's causal-lm policy (the LM plus its value head), the same weights on every rank
-    (seeded), in fp32 on the CPU; observations are `seq` token ids, ACTIONS discrete actions."""
+    (seeded), in fp32 on the CPU; observations are `seq` token ids, ACTIONS discrete actions.
+    `deferred`: on the meta device, as a learner builds it (`parallelize` materialises it)."""
     from gymnasium import spaces
 
+    from shoal.learner.materialize import build_policy as build_deferred
     from shoal.learner.models import ModelConfig, build_model
 
     torch.manual_seed(0)
@@ -91,20 +93,24 @@ def build_policy(shape: dict[str, int], seq: int) -> PolicyModel:
         max_positions=max(seq, 64),
     )
     tokens = spaces.Box(0, shape["vocab_size"] - 1, (seq,), np.int64)
+    if deferred:
+        return build_deferred(cfg, tokens, spaces.Discrete(ACTIONS), torch.device("cpu"))
     return build_model(cfg, tokens, spaces.Discrete(ACTIONS))
 
 
 class Trainer:
     """shoal's learner step, `PPOLearner.minibatch_step` (forward, PPO loss, backward, gradient
     clipping, AdamW), on a fixed random batch of `batch` sequences; under FSDP2 (the group's
-    `parallelize`, one shard unit per decoder layer, then the root) when the group has ranks."""
+    `parallelize`, one shard unit per decoder layer, then the root) when the group has ranks.
+    The model is built as a learner builds it: on the meta device, materialised by
+    `parallelize`."""
 
     def __init__(self, task: dict[str, Any]) -> None:
         from shoal.learner.parallel import ShardingOptions, parallelize, plan_parallelism
         from shoal.learner.ppo import Batch, PPOConfig, PPOLearner
 
         world = dist.get_world_size() if dist.is_initialized() else 1
-        policy = build_policy(task["shape"], task["seq"])
+        policy = build_policy(task["shape"], task["seq"], deferred=True)
         plan = plan_parallelism("fsdp", ["bench"] * world, 0, 1)
         parallel = parallelize(policy, plan, torch.device("cpu"), ShardingOptions())
         self.learner = PPOLearner(
@@ -158,6 +164,25 @@ def step_memory(task: dict[str, Any]) -> dict[str, Any]:
         "peak_rss": peak_rss_bytes(),
         "process_rss": before,
         "step_s": time.perf_counter() - start,
+    }
+
+
+def build_memory(task: dict[str, Any]) -> dict[str, Any]:
+    """Peak resident memory of building the LM and holding it sharded under FSDP2 over the
+    group, before any step: built on the meta device and materialised unit by unit
+    (`deferred`, the learner's way), or built whole on every rank and then sharded."""
+    from transformers import Qwen2ForCausalLM  # noqa: F401 - its import is not the model's
+
+    from shoal.learner.parallel import ShardingOptions, parallelize, plan_parallelism
+
+    before = peak_rss_bytes()
+    policy = build_policy(task["shape"], task["seq"], deferred=task["deferred"])
+    plan = plan_parallelism("fsdp", ["bench"] * dist.get_world_size(), 0, 1)
+    parallelize(policy, plan, torch.device("cpu"), ShardingOptions())
+    return {
+        "params": _param_total(policy),
+        "peak_rss": peak_rss_bytes(),
+        "process_rss": before,
     }
 
 
@@ -384,6 +409,7 @@ def dcp_load(task: dict[str, Any]) -> dict[str, Any]:
 
 JOBS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "step_memory": step_memory,
+    "build_memory": build_memory,
     "comm_share": comm_share,
     "baseline_sync": baseline_sync,
     "dcp_save": dcp_save,

@@ -25,6 +25,7 @@ from torch import nn
 
 from shoal.learner.cpu_features import native_bf16
 from shoal.learner.errors import LearnerError
+from shoal.learner.materialize import is_deferred, materialize
 from shoal.learner.models.base import PolicyModel
 
 log = logging.getLogger(__name__)
@@ -146,22 +147,30 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def parallelize(
-    policy: PolicyModel, plan: ParallelPlan, device: torch.device, options: ShardingOptions
+    policy: PolicyModel,
+    plan: ParallelPlan,
+    device: torch.device,
+    options: ShardingOptions,
+    seed: int = 0,
 ) -> Parallelized:
-    """Wrap `policy` (already on `device`, identically initialised on every rank) per `plan`."""
+    """Wrap `policy` per `plan`. A policy built eagerly is already on `device`, identically
+    initialised on every rank; one built on the meta device (learner/materialize.py) is given
+    storage and its initial values from `seed` here, unit by unit as it is sharded."""
     mixed = options.mixed_precision and device.type == "cuda"
     autocast = "cuda" if mixed else "cpu" if _cpu_autocast(policy, device, options) else None
     if options.activation_checkpointing:
         policy.enable_activation_checkpointing()
+    if plan.sharded:
+        _fully_shard(policy, plan, device, mixed, options.cpu_offload, seed)
+        return Parallelized(policy, policy, plan, autocast=None)
+    if is_deferred(policy):
+        materialize(policy, device, seed)
     if plan.strategy == "single":
         return Parallelized(policy, policy, plan, autocast)
-    if plan.strategy == "replicate":
-        from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
 
-        ids = [device.index] if device.type == "cuda" else None
-        return Parallelized(DistributedDataParallel(policy, device_ids=ids), policy, plan, autocast)
-    _fully_shard(policy, plan, device, mixed, options.cpu_offload)
-    return Parallelized(policy, policy, plan, autocast=None)
+    ids = [device.index] if device.type == "cuda" else None
+    return Parallelized(DistributedDataParallel(policy, device_ids=ids), policy, plan, autocast)
 
 
 def _cpu_autocast(policy: PolicyModel, device: torch.device, options: ShardingOptions) -> bool:
@@ -174,7 +183,12 @@ def _cpu_autocast(policy: PolicyModel, device: torch.device, options: ShardingOp
 
 
 def _fully_shard(
-    policy: PolicyModel, plan: ParallelPlan, device: torch.device, mixed: bool, offload: bool
+    policy: PolicyModel,
+    plan: ParallelPlan,
+    device: torch.device,
+    mixed: bool,
+    offload: bool,
+    seed: int,
 ) -> None:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import (
@@ -196,9 +210,16 @@ def _fully_shard(
         else MixedPrecisionPolicy()
     )
     offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
-    for unit in policy.shard_units():
-        fully_shard(unit, mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
-    fully_shard(policy, mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
+
+    def shard(module: nn.Module) -> None:
+        fully_shard(module, mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
+
+    if is_deferred(policy):
+        materialize(policy, device, seed, shard)
+    else:
+        for unit in policy.shard_units():
+            shard(unit)
+    shard(policy)
 
 
 def rank_memory_bytes(device: torch.device, ranks_on_host: int) -> int:

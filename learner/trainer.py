@@ -34,7 +34,7 @@ from shoal.learner.group import LearnerGroup
 from shoal.learner.job import checkpoint_dir
 from shoal.learner.job_metrics import loss_name
 from shoal.learner.journal import open_learner_journal
-from shoal.learner.models import build_model
+from shoal.learner.materialize import build_policy
 from shoal.learner.parallel import (
     Parallelized,
     ShardingOptions,
@@ -83,7 +83,8 @@ class LearnerCore:
         observation_space, action_space = job_spaces(env_id, cfg)
         torch.manual_seed(cfg.seed)  # every rank initialises identically (FSDP2 relies on it)
         self.device = _device(group)
-        self.policy = build_model(cfg.model, observation_space, action_space).to(self.device)
+        # a causal LM is built on the meta device: `shard` gives it storage, unit by unit
+        self.policy = build_policy(cfg.model, observation_space, action_space, self.device)
         self.parallel: Parallelized | None = None
         self._ppo: PPOLearner | None = None
         self.incarnation = os.urandom(6).hex()
@@ -130,7 +131,7 @@ class LearnerCore:
             cpu_offload=learner.cpu_offload,
             activation_checkpointing=learner.activation_checkpointing,
         )
-        self.parallel = parallelize(self.policy, plan, self.device, options)
+        self.parallel = parallelize(self.policy, plan, self.device, options, self.cfg.seed)
         if self.parallel.autocast is not None:
             log.info(
                 "rank %d computes in bf16 (%s autocast)", self.group.rank, self.parallel.autocast

@@ -120,6 +120,12 @@ class PolicyModel(nn.Module):
         """The submodules a sharded learner wraps one by one (then the root)."""
         raise NotImplementedError
 
+    def init_module(self, module: nn.Module) -> None:
+        """Give `module`'s own parameters and buffers (not its children's) the values a fresh
+        build would draw: what a deferred build (learner/materialize.py) calls once the module
+        has storage. Only the families materialize.py defers implement it."""
+        raise NotImplementedError
+
     spec_keys: ClassVar[tuple[str, ...]] = ()
     """The constructor's width-list arguments after the spaces, in order (`hidden`; the cnn's
     `channels`, `hidden`), each kept as an attribute of the same name: what `family_spec`

@@ -88,7 +88,10 @@ class CausalLMPolicy(PolicyModel):
             )
         self.lm = lm
         self.value_head = nn.Linear(int(config.hidden_size), 1)
-        nn.init.normal_(self.value_head.weight, std=1.0 / (int(config.hidden_size) + 1))
+        self._init_value_head()
+
+    def _init_value_head(self) -> None:
+        nn.init.normal_(self.value_head.weight, std=1.0 / (self.value_head.in_features + 1))
         nn.init.zeros_(self.value_head.bias)
 
     # -- building ------------------------------------------------------------------------
@@ -239,6 +242,15 @@ class CausalLMPolicy(PolicyModel):
 
     def shard_units(self) -> list[nn.Module]:
         return list(self.lm.get_decoder().layers)
+
+    def init_module(self, module: nn.Module) -> None:
+        """The value head as `__init__` draws it; every LM module by transformers' own
+        `_init_weights` (normal(0, initializer_range) weights, unit norms, the rotary
+        frequencies recomputed), which is what `post_init` applies to an eager build."""
+        if module is self.value_head:
+            self._init_value_head()
+        else:
+            self.lm._init_weights(module)
 
     def enable_activation_checkpointing(self) -> None:
         """transformers' own checkpointing of the decoder layers (non-reentrant); its name

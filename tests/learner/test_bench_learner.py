@@ -26,6 +26,7 @@ def test_quick_bench_learner_has_every_row_with_positive_finite_figures() -> Non
     assert all(isinstance(row, Row) for row in rows)
     metrics = [row.metric for row in rows]
     assert sum("peak RSS per rank" in m and "2 ranks FSDP2" in m for m in metrics) == 2
+    assert sum(m.startswith("peak RSS per rank, building") for m in metrics) == 2
     sync = [m for m in metrics if m.startswith("weight sync")]
     # one size in quick mode, fp32 and bf16, a time row and a throughput row each
     assert len(sync) == 4

@@ -6,8 +6,6 @@ three strategies (to float tolerance: the reductions sum in different orders).""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shoal.learner.group import GroupSpec
-from shoal.ports import free_port
+from tests.support.ranks import run_ranks
 
 _RANK_SCRIPT = textwrap.dedent(
     """
@@ -70,27 +67,12 @@ _RANK_SCRIPT = textwrap.dedent(
 def run_group(tmp_path: Path, sharding: str, islands: list[str]) -> list[dict[str, np.ndarray]]:
     script = tmp_path / "rank.py"
     script.write_text(_RANK_SCRIPT)
-    port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
     outs = [tmp_path / f"{sharding}-{rank}.npz" for rank in range(len(islands))]
-    try:
-        for rank, island in enumerate(islands):
-            spec = GroupSpec(
-                rank=rank, world_size=len(islands), port=port, backend="gloo", timeout_s=90
-            )
-            env = {**os.environ, **spec.to_env(), "OMP_NUM_THREADS": "1"}
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(script), str(outs[rank]), sharding, island], env=env
-                )
-            )
-        for proc in procs:
-            assert proc.wait(timeout=240) == 0
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    commands = [
+        [sys.executable, str(script), str(out), sharding, island]
+        for out, island in zip(outs, islands, strict=True)
+    ]
+    run_ranks(commands)
     return [dict(np.load(out)) for out in outs]
 
 

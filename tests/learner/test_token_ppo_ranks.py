@@ -14,8 +14,6 @@ of `group_mean`, and `token.target_kl`'s check.
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,10 +25,8 @@ from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
 from shoal.learner.errors import PolicyError
-from shoal.learner.group import GroupSpec
 from shoal.learner.token_config import TokenRLConfig
 from shoal.learner.token_ppo import TokenPPO, normalise_loss
-from shoal.ports import free_port
 from tests.learner.token_ppo_ranks import (
     GROUP,
     TOKEN_CFG,
@@ -40,33 +36,20 @@ from tests.learner.token_ppo_ranks import (
     rank_fragment,
     surrogate_loss,
 )
+from tests.support.ranks import run_ranks
 
-REPO = Path(__file__).resolve().parents[2]
 META = ("strategy", "sharded", "loss_before", "loss_after", "epochs", "reference_err")
 
 
-def run_ranks(
+def run_group(
     tmp_path: Path, sharding: str, islands: tuple[str, ...] = ("h0", "h0")
 ) -> list[dict[str, np.ndarray]]:
     """One rank process of tests/learner/token_ppo_ranks.py per island label; all reaped."""
-    world = len(islands)
-    port = free_port()
-    outs = [tmp_path / f"{sharding}-{rank}.npz" for rank in range(world)]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for rank in range(world):
-            spec = GroupSpec(rank=rank, world_size=world, port=port, backend="gloo", timeout_s=90)
-            env = {**os.environ, **spec.to_env(), "OMP_NUM_THREADS": "1"}
-            command = [sys.executable, "-m", "tests.learner.token_ppo_ranks", sharding]
-            command += [str(outs[rank]), ",".join(islands)]
-            procs.append(subprocess.Popen(command, env=env, cwd=REPO))
-        for proc in procs:
-            assert proc.wait(timeout=300) == 0
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    outs = [tmp_path / f"{sharding}-{rank}.npz" for rank in range(len(islands))]
+    module = "tests.learner.token_ppo_ranks"
+    run_ranks(
+        [[sys.executable, "-m", module, sharding, str(out), ",".join(islands)] for out in outs]
+    )
     return [dict(np.load(out)) for out in outs]
 
 
@@ -103,8 +86,8 @@ def test_token_grpo_on_two_ranks_takes_the_one_rank_step_replicated_and_sharded(
     policy = build_policy()
     counts = {int(rank_fragment(policy, rank).completion_lengths.sum()) for rank in range(2)}
     assert len(counts) == 2  # a per-rank token mean would weigh the ranks' tokens unequally
-    replicated = run_ranks(tmp_path, "replicate")
-    sharded = run_ranks(tmp_path, "fsdp")
+    replicated = run_group(tmp_path, "replicate")
+    sharded = run_group(tmp_path, "fsdp")
     assert {str(r["strategy"]) for r in replicated} == {"replicate"}
     assert {str(r["strategy"]) for r in sharded} == {"fsdp"}
     assert not any(bool(r["sharded"]) for r in replicated)
@@ -167,7 +150,7 @@ def test_token_grpo_on_four_hsdp_ranks_takes_the_one_rank_step(tmp_path: Path) -
     """Two islands of two ranks: sharded inside an island, replicated across (the 512-GPU
     layout in miniature); the KL reference is sharded on the same 2-D mesh."""
     single = one_rank_update(world=4)
-    hybrid = run_ranks(tmp_path, "hsdp", ("h0", "h1", "h0", "h1"))
+    hybrid = run_group(tmp_path, "hsdp", ("h0", "h1", "h0", "h1"))
     assert {str(r["strategy"]) for r in hybrid} == {"hsdp"}
     assert all(bool(r["sharded"]) for r in hybrid)
     for result in hybrid:

@@ -1,0 +1,85 @@
+"""Building a model too big for one rank: on the `meta` device first (shapes, no storage), then
+given storage and initialised one shard unit at a time on the rank's device, each unit handed to
+`shard` (FSDP2's `fully_shard`) before the next one is allocated.
+
+An eager build makes every rank hold the whole fp32 model before `fully_shard` can cut it: at
+100B parameters that is 400 GB per GPU (docs/scaling.md, "What breaks first"). Built this way a
+rank's high-water mark is its shards of the units done so far plus one whole unit (a decoder
+layer, or at the end the embeddings and heads). Every rank runs the same initialisation in the
+same order from the same seed, in an RNG fork so the caller's stream is untouched: the full
+tensors the shards are cut from are the same on every rank, and the same a lone rank or a
+replicated group starts from, so the strategy changes how the model is held, never the model.
+
+Only a family that can initialise one module on its own (`PolicyModel.init_module`) and is
+built from sizes is deferred: the causal LM from `[model]` sizes. A model loaded from a
+directory, and the small MLP/CNN families, are built eagerly, as before.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from shoal.learner.models.base import PolicyModel
+from shoal.learner.models.config import ModelConfig
+from shoal.learner.models.registry import build_model
+
+DEFERRED_FAMILIES = ("causal-lm",)
+"""Families built on the meta device when `[model]` gives sizes (no `path`)."""
+
+
+def defers(cfg: ModelConfig) -> bool:
+    """Whether `build_policy` builds this model on the meta device."""
+    return cfg.family in DEFERRED_FAMILIES and not cfg.path
+
+
+def build_policy(
+    cfg: ModelConfig,
+    observation_space: spaces.Space[Any],
+    action_space: spaces.Space[Any],
+    device: torch.device,
+) -> PolicyModel:
+    """A learner's policy: on the meta device when `defers(cfg)` (`materialize` gives it
+    storage once the group knows how it is held), else built and moved to `device`."""
+    if defers(cfg):
+        with torch.device("meta"):
+            return build_model(cfg, observation_space, action_space)
+    return build_model(cfg, observation_space, action_space).to(device)
+
+
+def is_deferred(model: nn.Module) -> bool:
+    """Whether any parameter or buffer of `model` still has no storage."""
+    return any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def materialize(
+    policy: PolicyModel,
+    device: torch.device,
+    seed: int,
+    shard: Callable[[nn.Module], None] | None = None,
+) -> None:
+    """Give a deferred `policy` storage on `device` and its initial values, unit by unit
+    (`policy.shard_units()`, then everything outside them), calling `shard` on each unit as
+    soon as it is initialised. The caller shards the root (the rest) afterwards."""
+    units = policy.shard_units()
+    inside = {id(m) for unit in units for m in unit.modules()}
+    rest = [m for m in policy.modules() if id(m) not in inside]
+    forked = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=forked), torch.no_grad():
+        torch.manual_seed(seed)
+        for unit in units:
+            _initialise(policy, unit.modules(), device)
+            if shard is not None:
+                shard(unit)
+        _initialise(policy, rest, device)
+
+
+def _initialise(policy: PolicyModel, modules: Iterable[nn.Module], device: torch.device) -> None:
+    for module in modules:
+        module.to_empty(device=device, recurse=False)
+        policy.init_module(module)
