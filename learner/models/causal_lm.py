@@ -241,7 +241,15 @@ class CausalLMPolicy(PolicyModel):
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
 
     def shard_units(self) -> list[nn.Module]:
-        return list(self.lm.get_decoder().layers)
+        """The input embeddings, each decoder layer, then the LM head: with a large vocabulary
+        the embeddings and the head are the biggest single modules, so as units of their own
+        neither is ever whole on a rank next to the other (at build or in a gather). Tied
+        embeddings are one parameter, which must stay in one unit: then the root holds both."""
+        layers = list(self.lm.get_decoder().layers)
+        embed, head = self.lm.get_input_embeddings(), self.lm.get_output_embeddings()
+        if head.weight is embed.weight:
+            return layers
+        return [embed, *layers, head]
 
     def init_module(self, module: nn.Module) -> None:
         """The value head as `__init__` draws it; every LM module by transformers' own

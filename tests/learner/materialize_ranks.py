@@ -30,7 +30,7 @@ CONFIG = ModelConfig(
 
 
 def deferred_policy() -> PolicyModel:
-    """The test's LM (3 decoder layers: 3 shard units) on the meta device."""
+    """The test's LM (3 decoder layers: 5 shard units with the embeddings and the head) on the meta device."""
     obs = spaces.Box(0, CONFIG.vocab_size - 1, shape=(8,), dtype=np.int64)
     return build_policy(CONFIG, obs, spaces.Discrete(8), torch.device("cpu"))
 

@@ -60,7 +60,7 @@ def test_causal_lm_acts_and_evaluates_on_token_ids(arch):
     assert policy.obs_dtype == np.int64
     assert policy.discrete
     assert policy.action_dim == 5
-    assert len(policy.shard_units()) == 2
+    assert len(policy.shard_units()) == 4  # the embeddings, 2 decoder layers, the LM head
     obs = tokens(4)
     actions, logp, values = policy.act(obs)
     assert actions.shape == (4,)

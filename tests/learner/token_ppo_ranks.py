@@ -43,7 +43,7 @@ PPO_CFG = PPOConfig(lr=3e-3)
 
 
 def build_policy() -> CausalLMPolicy:
-    """The same tiny Qwen2 (2 decoder layers: 2 FSDP2 shard units) in every process."""
+    """The same tiny Qwen2 (2 decoder layers: 4 FSDP2 shard units with the embeddings and the head) in every process."""
     torch.manual_seed(0)
     sizes = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                  intermediate_size=64, max_positions=64)  # fmt: skip
