@@ -10,9 +10,11 @@ same order from the same seed, in an RNG fork so the caller's stream is untouche
 tensors the shards are cut from are the same on every rank, and the same a lone rank or a
 replicated group starts from, so the strategy changes how the model is held, never the model.
 
-Only a family that can initialise one module on its own (`PolicyModel.init_module`) and is
-built from sizes is deferred: the causal LM from `[model]` sizes. A model loaded from a
-directory, and the small MLP/CNN families, are built eagerly, as before.
+Only the causal LM is deferred (it says how to fill one module: `PolicyModel.init_module`):
+from `[model]` sizes its values are drawn, from `model.path` they are read from the directory's
+safetensors one tensor at a time (learner/models/lm_files.py), so no rank reads more than one
+unit of the file either. A directory with tied embeddings, and the small MLP/CNN/multi
+families, are built whole, as before.
 """
 
 from __future__ import annotations
@@ -26,16 +28,9 @@ from gymnasium import spaces
 from torch import nn
 
 from shoal.learner.models.base import PolicyModel
+from shoal.learner.models.causal_lm import CausalLMPolicy
 from shoal.learner.models.config import ModelConfig
 from shoal.learner.models.registry import build_model
-
-DEFERRED_FAMILIES = ("causal-lm",)
-"""Families built on the meta device when `[model]` gives sizes (no `path`)."""
-
-
-def defers(cfg: ModelConfig) -> bool:
-    """Whether `build_policy` builds this model on the meta device."""
-    return cfg.family in DEFERRED_FAMILIES and not cfg.path
 
 
 def build_policy(
@@ -44,11 +39,12 @@ def build_policy(
     action_space: spaces.Space[Any],
     device: torch.device,
 ) -> PolicyModel:
-    """A learner's policy: on the meta device when `defers(cfg)` (`materialize` gives it
-    storage once the group knows how it is held), else built and moved to `device`."""
-    if defers(cfg):
-        with torch.device("meta"):
-            return build_model(cfg, observation_space, action_space)
+    """A learner's policy: a causal LM on the meta device (`materialize` gives it storage
+    once the group knows how it is held), anything else built and moved to `device`."""
+    if cfg.family == "causal-lm":
+        deferred = CausalLMPolicy.deferred(cfg, observation_space, action_space)
+        if deferred is not None:
+            return deferred
     return build_model(cfg, observation_space, action_space).to(device)
 
 

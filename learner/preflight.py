@@ -102,16 +102,19 @@ def check_spaces(
     action_space: spaces.Space[Any],
 ) -> PolicyModel:
     """Refuse (PreflightError) a model that cannot train on these spaces: the known mismatches
-    by name, anything else by building the model once, as every rank will. Returns the model
-    built (its observation dtype sizes the fragments: `check_fragment`)."""
+    by name, anything else by building the model once, as every rank will (a causal LM on the
+    meta device: however big, it costs no memory here). Returns the model built (its
+    observation dtype sizes the fragments: `check_fragment`)."""
+    import torch
+
     from shoal.learner.errors import PolicyError
-    from shoal.learner.models import build_model
+    from shoal.learner.materialize import build_policy
 
     reason = mismatch(env_id, model.family, observation_space, action_space)
     if reason is not None:
         raise PreflightError(reason)
-    try:
-        return build_model(model, observation_space, action_space)
+    try:  # a causal LM as a learner builds it: shapes only, its directory's names checked
+        return build_policy(model, observation_space, action_space, torch.device("cpu"))
     except (PolicyError, TypeError) as exc:
         raise PreflightError(
             f"model.family = {model.family!r} cannot be built for {env_id} (observations "

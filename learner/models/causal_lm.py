@@ -29,6 +29,7 @@ from torch import nn
 from shoal.learner.errors import PolicyError
 from shoal.learner.models.base import PolicyModel
 from shoal.learner.models.config import LIMITS, ModelConfig
+from shoal.learner.models.lm_files import LMWeights
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -89,6 +90,8 @@ class CausalLMPolicy(PolicyModel):
         self.lm = lm
         self.value_head = nn.Linear(int(config.hidden_size), 1)
         self._init_value_head()
+        self.source: LMWeights | None = None
+        """Where a deferred build reads its values (`deferred` from a directory), else None."""
 
     def _init_value_head(self) -> None:
         nn.init.normal_(self.value_head.weight, std=1.0 / (self.value_head.in_features + 1))
@@ -106,19 +109,33 @@ class CausalLMPolicy(PolicyModel):
         """A fresh LM of `cfg.arch` with `cfg`'s sizes, or `cfg.path` loaded when it is set."""
         if cfg.path:
             return cls.from_pretrained(Path(cfg.path), observation_space, action_space)
-        config_class = getattr(_transformers(), ARCH_CONFIGS[cfg.arch])
-        config = config_class(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            intermediate_size=cfg.intermediate_size,
-            max_position_embeddings=cfg.max_positions,
-            tie_word_embeddings=False,
-            use_cache=False,
-        )
-        return cls(observation_space, action_space, _lm_from_config(config))
+        return cls(observation_space, action_space, _lm_from_config(_sized_config(cfg)))
+
+    @classmethod
+    def deferred(
+        cls,
+        cfg: ModelConfig,
+        observation_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
+    ) -> CausalLMPolicy | None:
+        """The policy `from_config` builds, on the meta device: shapes only, every value drawn
+        (from sizes) or read from `cfg.path`'s safetensors (`init_module`) once the module has
+        storage. None for a directory with tied embeddings, which is built whole instead (one
+        parameter in two modules does not survive being given storage module by module)."""
+        weights: LMWeights | None = None
+        if cfg.path:
+            config = _pretrained_config(Path(cfg.path))
+            if config.tie_word_embeddings:
+                return None
+            weights = LMWeights(Path(cfg.path))
+        else:
+            config = _sized_config(cfg)
+        with torch.device("meta"):
+            policy = cls(observation_space, action_space, _lm_from_config(config))
+        if weights is not None:
+            weights.check_names({name for name, _ in policy.lm.named_parameters()})
+            policy.source = weights
+        return policy
 
     @classmethod
     def from_pretrained(
@@ -128,31 +145,16 @@ class CausalLMPolicy(PolicyModel):
         action_space: spaces.Space[Any],
     ) -> CausalLMPolicy:
         """Load a `save_pretrained` directory from local disk (never the Hub)."""
-        if not (path / "config.json").is_file():
-            raise PolicyError(
-                f"model.path = {str(path)!r} is not a save_pretrained directory (no config.json): "
-                "copy the model there first (e.g. `huggingface-cli download <id> --local-dir "
-                "<dir>`), shoal never downloads"
-            )
-        transformers = _transformers()
+        _pretrained_config(path)
         try:
-            config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-            _check_lm_config(config.to_dict())
-            lm = transformers.AutoModelForCausalLM.from_pretrained(
+            lm = _transformers().AutoModelForCausalLM.from_pretrained(
                 path, local_files_only=True, dtype=torch.float32
             )
         except (OSError, ValueError) as exc:
             raise PolicyError(f"cannot load the LM in {str(path)!r}: {exc}") from exc
         lm.config.use_cache = False
         policy = cls(observation_space, action_space, lm)
-        head = path / VALUE_HEAD_FILE
-        if head.is_file():
-            try:
-                policy.value_head.load_state_dict(_load_value_head(head))
-            except RuntimeError as exc:
-                raise PolicyError(
-                    f"{str(head)!r} does not fit this LM's value head: {exc}"
-                ) from exc
+        _load_value_head_from(policy.value_head, path)
         return policy
 
     @classmethod
@@ -252,13 +254,22 @@ class CausalLMPolicy(PolicyModel):
         return [embed, *layers, head]
 
     def init_module(self, module: nn.Module) -> None:
-        """The value head as `__init__` draws it; every LM module by transformers' own
-        `_init_weights` (normal(0, initializer_range) weights, unit norms, the rotary
-        frequencies recomputed), which is what `post_init` applies to an eager build."""
+        """The value head as `__init__` draws it (or as the directory's value head file holds
+        it); an LM module's parameters read from the directory when the policy was deferred
+        from one, else drawn by transformers' own `_init_weights` (normal(0,
+        initializer_range) weights, unit norms), which is what `post_init` applies to an eager
+        build; buffers (the rotary frequencies) recomputed by `_init_weights` either way."""
         if module is self.value_head:
             self._init_value_head()
+            if self.source is not None:
+                _load_value_head_from(self.value_head, self.source.directory)
+        elif self.source is None or next(module.parameters(recurse=False), None) is None:
+            self.lm._init_weights(module)  # sizes only, or buffers only (rotary frequencies)
         else:
-            self.lm._init_weights(module)
+            prefix = next(name for name, m in self.lm.named_modules() if m is module)
+            for name, param in module.named_parameters(recurse=False):
+                key = f"{prefix}.{name}" if prefix else name
+                param.copy_(self.source.read(key, param.shape))
 
     def enable_activation_checkpointing(self) -> None:
         """transformers' own checkpointing of the decoder layers (non-reentrant); its name
@@ -296,6 +307,49 @@ def export_pretrained(model: PolicyModel, directory: Path) -> Path:
     save_file(head, str(directory / VALUE_HEAD_FILE))
     (directory / POLICY_JSON).write_text(json.dumps(model.spec(), indent=1))
     return directory
+
+
+def _sized_config(cfg: ModelConfig) -> PretrainedConfig:
+    config_class = getattr(_transformers(), ARCH_CONFIGS[cfg.arch])
+    return config_class(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
+
+
+def _pretrained_config(path: Path) -> PretrainedConfig:
+    """A `save_pretrained` directory's config, checked as a spec's is (never the Hub)."""
+    if not (path / "config.json").is_file():
+        raise PolicyError(
+            f"model.path = {str(path)!r} is not a save_pretrained directory (no config.json): "
+            "copy the model there first (e.g. `huggingface-cli download <id> --local-dir "
+            "<dir>`), shoal never downloads"
+        )
+    try:
+        config = _transformers().AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise PolicyError(f"cannot load the LM config in {str(path)!r}: {exc}") from exc
+    _check_lm_config(config.to_dict())
+    config.use_cache = False
+    return config
+
+
+def _load_value_head_from(head: nn.Linear, directory: Path) -> None:
+    """The directory's value head file into `head`, when there is one."""
+    path = directory / VALUE_HEAD_FILE
+    if not path.is_file():
+        return
+    try:
+        head.load_state_dict(_load_value_head(path))
+    except RuntimeError as exc:
+        raise PolicyError(f"{str(path)!r} does not fit this LM's value head: {exc}") from exc
 
 
 def _lm_from_config(config: PretrainedConfig) -> PreTrainedModel:

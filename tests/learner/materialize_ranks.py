@@ -1,9 +1,10 @@
 """One rank of a real gloo group holding a deferred causal LM (spawned by
 tests/learner/test_materialize.py, which also builds the lone-rank reference from here).
 
-    python -m tests.learner.materialize_ranks SHARDING OUT   (the GroupSpec in the environment)
+    python -m tests.learner.materialize_ranks SHARDING OUT [DIRECTORY]   (GroupSpec in the env)
 
-The rank builds the policy on the meta device as a learner does (`build_policy`), lets
+The rank builds the policy on the meta device as a learner does (`build_policy`: from the
+test's sizes, or from DIRECTORY, a save_pretrained directory), lets
 `parallelize` give it storage as SHARDING says, and writes to OUT (.npz) every parameter and
 buffer in full, the strategy, and how many parameter elements this rank itself holds.
 """
@@ -29,10 +30,12 @@ CONFIG = ModelConfig(
 )  # fmt: skip
 
 
-def deferred_policy() -> PolicyModel:
-    """The test's LM (3 decoder layers: 5 shard units with the embeddings and the head) on the meta device."""
+def deferred_policy(directory: str | None = None) -> PolicyModel:
+    """The test's LM (3 decoder layers: 5 shard units with the embeddings and the head) on the
+    meta device, from its sizes or, with `directory`, from that save_pretrained directory."""
     obs = spaces.Box(0, CONFIG.vocab_size - 1, shape=(8,), dtype=np.int64)
-    return build_policy(CONFIG, obs, spaces.Discrete(8), torch.device("cpu"))
+    cfg = CONFIG if directory is None else ModelConfig(family="causal-lm", path=directory)
+    return build_policy(cfg, obs, spaces.Discrete(8), torch.device("cpu"))
 
 
 def full_state(policy: PolicyModel) -> dict[str, np.ndarray]:
@@ -40,10 +43,10 @@ def full_state(policy: PolicyModel) -> dict[str, np.ndarray]:
     return {name: full_tensor(t).detach().numpy().copy() for name, t in tensors}
 
 
-def main(sharding: str, out: str) -> None:
+def main(sharding: str, out: str, directory: str | None) -> None:
     group = LearnerGroup(GroupSpec.from_env())
     group.join()
-    policy = deferred_policy()
+    policy = deferred_policy(directory)
     assert is_deferred(policy)
     plan = plan_parallelism(sharding, ["h0"] * group.world_size, 1, 1)
     parallelize(policy, plan, torch.device("cpu"), ShardingOptions(), SEED)
@@ -54,4 +57,4 @@ def main(sharding: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

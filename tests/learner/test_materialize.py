@@ -6,7 +6,9 @@ exactly the model a lone rank builds from the same seed."""
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,20 +17,20 @@ import torch
 from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-from shoal.learner.materialize import build_policy, defers, is_deferred, materialize
-from shoal.learner.models import ModelConfig, build_model
+from shoal.learner.errors import PolicyError
+from shoal.learner.materialize import build_policy, is_deferred, materialize
+from shoal.learner.models import ModelConfig, PolicyModel, build_model, export_pretrained
 from tests.learner.materialize_ranks import CONFIG, SEED, deferred_policy, full_state
 from tests.support.ranks import run_ranks
 
 CPU = torch.device("cpu")
 
 
-def test_only_a_causal_lm_built_from_sizes_is_deferred(tmp_path: Path) -> None:
-    assert defers(CONFIG)
-    assert not defers(ModelConfig(family="causal-lm", path=str(tmp_path)))
-    assert not defers(ModelConfig(family="mlp"))
+def test_a_causal_lm_is_deferred_and_an_mlp_is_built_whole() -> None:
+    assert is_deferred(deferred_policy())
     obs = spaces.Box(-1, 1, (4,), np.float32)
     mlp = build_policy(ModelConfig(family="mlp"), obs, spaces.Discrete(2), CPU)
     assert not is_deferred(mlp)
@@ -109,27 +111,145 @@ def test_units_are_materialised_and_handed_over_one_at_a_time(
     assert not is_deferred(policy)
 
 
+def run_two_ranks(tmp_path: Path, sharding: str, *directory: str) -> list[dict[str, np.ndarray]]:
+    """Both ranks' full state, strategy and elements held, from tests/learner/materialize_ranks."""
+    outs = [tmp_path / f"{sharding}-{rank}.npz" for rank in range(2)]
+    module = "tests.learner.materialize_ranks"
+    run_ranks([[sys.executable, "-m", module, sharding, str(out), *directory] for out in outs])
+    return [dict(np.load(out)) for out in outs]
+
+
+def assert_holds(
+    results: list[dict[str, np.ndarray]], sharding: str, want: dict[str, np.ndarray]
+) -> None:
+    """Every rank holds exactly `want` in full; under FSDP2 its dim-0 half of every parameter."""
+    alone = deferred_policy()
+    total = sum(p.numel() for p in alone.parameters())
+    chunk = sum(-(-p.shape[0] // 2) * p[0].numel() for p in alone.parameters())
+    held = []
+    for got in results:
+        assert str(got.pop("strategy")) == sharding
+        held.append(int(got.pop("held")))
+        assert sorted(got) == sorted(want)
+        for name, value in want.items():
+            assert np.array_equal(got[name], value), f"{sharding}: {name}"
+    if sharding == "fsdp":
+        assert sum(held) == total
+        assert max(held) <= chunk < total
+    else:
+        assert held == [total, total]
+
+
 @pytest.mark.timeout(600)
 def test_two_ranks_hold_the_model_a_lone_rank_builds(tmp_path: Path) -> None:
     alone = deferred_policy()
     materialize(alone, CPU, SEED)
     want = full_state(alone)
-    total = sum(p.numel() for p in alone.parameters())
-    chunk = sum(-(-p.shape[0] // 2) * p[0].numel() for p in alone.parameters())  # dim-0 halves
     for sharding in ("fsdp", "replicate"):
-        outs = [tmp_path / f"{sharding}-{rank}.npz" for rank in range(2)]
-        module = "tests.learner.materialize_ranks"
-        run_ranks([[sys.executable, "-m", module, sharding, str(out)] for out in outs])
-        held = []
-        for out in outs:
-            got = dict(np.load(out))
-            assert str(got.pop("strategy")) == sharding
-            held.append(int(got.pop("held")))
-            assert sorted(got) == sorted(want)
-            for name, value in want.items():
-                assert np.array_equal(got[name], value), f"{sharding}: {name}"
-        if sharding == "fsdp":  # each rank holds its dim-0 half of every parameter
-            assert sum(held) == total
-            assert max(held) <= chunk < total
-        else:
-            assert held == [total, total]
+        assert_holds(run_two_ranks(tmp_path, sharding), sharding, want)
+
+
+# -- from a save_pretrained directory -----------------------------------------------------------
+
+
+def exported(directory: Path, seed: int = 11) -> dict[str, np.ndarray]:
+    """A materialised policy written as a save_pretrained directory; its full state."""
+    policy = deferred_policy()
+    materialize(policy, CPU, seed)
+    export_pretrained(policy, directory)
+    return full_state(policy)
+
+
+def from_directory(directory: Path) -> PolicyModel:
+    cfg = ModelConfig(family="causal-lm", path=str(directory))
+    return build_policy(cfg, deferred_policy().observation_space, spaces.Discrete(8), CPU)
+
+
+def test_a_directory_is_read_unit_by_unit_into_exactly_its_weights(tmp_path: Path) -> None:
+    want = exported(tmp_path / "lm")
+    policy = from_directory(tmp_path / "lm")
+    assert is_deferred(policy)
+    materialize(policy, CPU, SEED)  # another seed: nothing may be drawn
+    got = full_state(policy)
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        assert np.array_equal(got[name], value), name
+
+
+def test_a_directory_with_tied_embeddings_is_built_whole(tmp_path: Path) -> None:
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=48, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tied")
+    policy = from_directory(tmp_path / "tied")
+    assert not is_deferred(policy)
+    lm = policy.lm
+    assert lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
+
+
+def rewrite(directory: Path, change: Callable[[dict[str, torch.Tensor]], None]) -> None:
+    file = directory / "model.safetensors"
+    tensors = load_file(str(file))
+    change(tensors)
+    save_file(tensors, str(file))
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda d: (d / "model.safetensors").unlink(), "safetensors only"),
+        (lambda d: rewrite(d, lambda t: t.pop("model.norm.weight")),
+         "missing 'model.norm.weight'"),
+        (lambda d: rewrite(d, lambda t: t.update(extra=torch.zeros(2))), "unexpected 'extra'"),
+        (lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00garbage"),
+         "safetensors header"),
+        (lambda d: (d / "model.safetensors.index.json").write_text("[" * 100_000),
+         "is not JSON"),
+        (lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": 3}'),
+         "no weight_map"),
+        (lambda d: (d / "model.safetensors.index.json").write_text(
+            '{"weight_map": {"model.norm.weight": "../model.safetensors"}}'),
+         "in the same directory"),
+        (lambda d: (d / "model.safetensors.index.json").write_text(
+            '{"weight_map": {"model.norm.weight": "gone.safetensors"}}'),
+         "not in the directory"),
+        (lambda d: (d / "model.safetensors.index.json").write_bytes(b" " * (17 * 2**20)),
+         "not an index"),
+    ],
+)  # fmt: skip
+def test_a_hostile_directory_is_refused_before_any_value_is_read(
+    tmp_path: Path, damage: Callable[[Path], None], said: str
+) -> None:
+    exported(tmp_path / "lm")
+    damage(tmp_path / "lm")
+    with pytest.raises(PolicyError, match=re.escape(said)):
+        from_directory(tmp_path / "lm")
+
+
+def test_a_tensor_of_the_wrong_shape_is_refused_naming_it(tmp_path: Path) -> None:
+    exported(tmp_path / "lm")
+    rewrite(tmp_path / "lm", lambda t: t.update({"model.norm.weight": torch.ones(3)}))
+    policy = from_directory(tmp_path / "lm")
+    with pytest.raises(PolicyError, match=r"'model.norm.weight' in .* is torch.float32 \[3\]"):
+        materialize(policy, CPU, SEED)
+
+
+def test_a_bf16_directory_loads_as_float32(tmp_path: Path) -> None:
+    want = exported(tmp_path / "lm")
+    rewrite(tmp_path / "lm", lambda t: t.update({k: v.bfloat16() for k, v in t.items()}))
+    policy = from_directory(tmp_path / "lm")
+    materialize(policy, CPU, SEED)
+    got = full_state(policy)
+    embed = "lm.model.embed_tokens.weight"
+    assert got[embed].dtype == np.float32
+    np.testing.assert_allclose(got[embed], want[embed], rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.timeout(600)
+def test_two_sharded_ranks_read_a_directory_into_exactly_its_weights(tmp_path: Path) -> None:
+    want = exported(tmp_path / "lm")
+    assert_holds(run_two_ranks(tmp_path, "fsdp", str(tmp_path / "lm")), "fsdp", want)
