@@ -11,10 +11,10 @@ tensors the shards are cut from are the same on every rank, and the same a lone 
 replicated group starts from, so the strategy changes how the model is held, never the model.
 
 Only the causal LM is deferred (it says how to fill one module: `PolicyModel.init_module`):
-from `[model]` sizes its values are drawn, from `model.path` they are read from the directory's
-safetensors one tensor at a time (learner/models/lm_files.py), so no rank reads more than one
-unit of the file either. A directory with tied embeddings, and the small MLP/CNN/multi
-families, are built whole, as before.
+from `[model]` sizes its values are drawn; from `model.path` they are read from the directory's
+safetensors once the model is held (`read_weights`: DCP's HuggingFace reader, each rank only
+its own rows; learner/models/lm_files.py). A directory with tied embeddings, and the small
+MLP/CNN/multi families, are built whole, as before.
 """
 
 from __future__ import annotations
@@ -46,6 +46,13 @@ def build_policy(
         if deferred is not None:
             return deferred
     return build_model(cfg, observation_space, action_space).to(device)
+
+
+def read_weights(policy: PolicyModel) -> None:
+    """A policy deferred from a directory gets the directory's values where they are held,
+    once it is materialised (and sharded): each rank of a sharded group reads only its rows."""
+    if isinstance(policy, CausalLMPolicy) and policy.source is not None:
+        policy.source.load_into(policy.lm)
 
 
 def is_deferred(model: nn.Module) -> bool:

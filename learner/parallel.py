@@ -25,7 +25,7 @@ from torch import nn
 
 from shoal.learner.cpu_features import native_bf16
 from shoal.learner.errors import LearnerError
-from shoal.learner.materialize import is_deferred, materialize
+from shoal.learner.materialize import is_deferred, materialize, read_weights
 from shoal.learner.models.base import PolicyModel
 
 log = logging.getLogger(__name__)
@@ -155,16 +155,19 @@ def parallelize(
 ) -> Parallelized:
     """Wrap `policy` per `plan`. A policy built eagerly is already on `device`, identically
     initialised on every rank; one built on the meta device (learner/materialize.py) is given
-    storage and its initial values from `seed` here, unit by unit as it is sharded."""
+    storage and its initial values from `seed` here, unit by unit as it is sharded, or, deferred
+    from a directory, the directory's values once it is held."""
     mixed = options.mixed_precision and device.type == "cuda"
     autocast = "cuda" if mixed else "cpu" if _cpu_autocast(policy, device, options) else None
     if options.activation_checkpointing:
         policy.enable_activation_checkpointing()
     if plan.sharded:
         _fully_shard(policy, plan, device, mixed, options.cpu_offload, seed)
+        read_weights(policy)
         return Parallelized(policy, policy, plan, autocast=None)
     if is_deferred(policy):
         materialize(policy, device, seed)
+        read_weights(policy)
     if plan.strategy == "single":
         return Parallelized(policy, policy, plan, autocast)
     from torch.nn.parallel import DistributedDataParallel

@@ -119,21 +119,22 @@ class CausalLMPolicy(PolicyModel):
         action_space: spaces.Space[Any],
     ) -> CausalLMPolicy | None:
         """The policy `from_config` builds, on the meta device: shapes only, every value drawn
-        (from sizes) or read from `cfg.path`'s safetensors (`init_module`) once the module has
-        storage. None for a directory with tied embeddings, which is built whole instead (one
-        parameter in two modules does not survive being given storage module by module)."""
+        (from sizes, `init_module`) once the module has storage, or read from `cfg.path`'s
+        safetensors (`source`, checked against the LM here) once it is held. None for a
+        directory with tied embeddings, which is built whole instead (one parameter in two
+        modules does not survive being given storage module by module)."""
         weights: LMWeights | None = None
         if cfg.path:
             config = _pretrained_config(Path(cfg.path))
             if config.tie_word_embeddings:
                 return None
-            weights = LMWeights(Path(cfg.path))
+            weights = LMWeights(Path(cfg.path), aside=frozenset({VALUE_HEAD_FILE}))
         else:
             config = _sized_config(cfg)
         with torch.device("meta"):
             policy = cls(observation_space, action_space, _lm_from_config(config))
         if weights is not None:
-            weights.check_names({name for name, _ in policy.lm.named_parameters()})
+            weights.check(policy.lm)
             policy.source = weights
         return policy
 
@@ -255,21 +256,16 @@ class CausalLMPolicy(PolicyModel):
 
     def init_module(self, module: nn.Module) -> None:
         """The value head as `__init__` draws it (or as the directory's value head file holds
-        it); an LM module's parameters read from the directory when the policy was deferred
-        from one, else drawn by transformers' own `_init_weights` (normal(0,
+        it); an LM module's parameters drawn by transformers' own `_init_weights` (normal(0,
         initializer_range) weights, unit norms), which is what `post_init` applies to an eager
-        build; buffers (the rotary frequencies) recomputed by `_init_weights` either way."""
+        build, or left for `source.load_into` when the policy was deferred from a directory;
+        buffers (the rotary frequencies) recomputed by `_init_weights` either way."""
         if module is self.value_head:
             self._init_value_head()
             if self.source is not None:
                 _load_value_head_from(self.value_head, self.source.directory)
         elif self.source is None or next(module.parameters(recurse=False), None) is None:
             self.lm._init_weights(module)  # sizes only, or buffers only (rotary frequencies)
-        else:
-            prefix = next(name for name, m in self.lm.named_modules() if m is module)
-            for name, param in module.named_parameters(recurse=False):
-                key = f"{prefix}.{name}" if prefix else name
-                param.copy_(self.source.read(key, param.shape))
 
     def enable_activation_checkpointing(self) -> None:
         """transformers' own checkpointing of the decoder layers (non-reentrant); its name

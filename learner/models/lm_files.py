@@ -1,113 +1,121 @@
-"""The weights of a `save_pretrained` directory, read one tensor at a time, so a rank that builds
-a causal LM unit by unit (learner/materialize.py) never holds more of the file than one unit.
+"""The weights of a `save_pretrained` directory, checked from the safetensors headers alone, then
+read by torch.distributed.checkpoint's `HuggingFaceStorageReader` into the LM as it is held: a
+sharded rank reads only its own rows of each tensor, not the model.
 
-The directory is outside input: only safetensors are read (a pickled `.bin` can run code), the
-shard index is bounded in size and checked in shape before it is trusted, every file it names
-must be a plain name inside the directory, and every tensor is checked against the parameter
-it fills (its name, its shape, a floating-point dtype) before it is copied, each with a
-`PolicyError` that names the file.
+The directory is outside input. Only safetensors are read (a pickled `.bin` can run code), at
+most MAX_FILES of them; each header is parsed by the safetensors library, which bounds it; a
+tensor name may appear in one file only; a file carrying DCP's own sharding metadata is refused
+(the reader would trust offsets in it); and every tensor must match a parameter of the LM by
+name and shape, with a floating-point dtype, before a byte of data is read. Each refusal is a
+`PolicyError` naming the file.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from pathlib import Path
 
-import torch
+from torch import nn
 
 from shoal.learner.errors import PolicyError
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
-MAX_INDEX_BYTES = 16 * 2**20
-"""A shard index maps tensor names to file names: a 100B model's has a few thousand entries
-(well under 1 MiB); 16 MiB bounds what a hostile one makes shoal parse."""
-MAX_NAME_CHARS = 512
+SUFFIX = ".safetensors"
+MAX_FILES = 4096
+"""A 100B-parameter model ships as tens of files; a directory of more is not a model."""
+DCP_METADATA_KEY = "DCP_SHARDING_INFO"
+"""What DCP's HuggingFaceStorageWriter writes into a sharded save's headers."""
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 
 
 class LMWeights:
-    """Tensor name -> the safetensors file in `directory` that holds it."""
+    """Every tensor of the directory's safetensors files: name -> (file, shape)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, aside: frozenset[str] = frozenset()) -> None:
+        """`aside`: file names that hold no LM tensors (the value head's); their headers are
+        checked all the same, since the reader parses every safetensors file it finds."""
         self.directory = directory
-        index = directory / INDEX_FILE
-        if index.is_file():
-            self.files = _from_index(index)
-        elif (directory / SINGLE_FILE).is_file():
-            single = directory / SINGLE_FILE
-            self.files = dict.fromkeys(_keys(single), single)
-        else:
+        files = sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX) and p.is_file())
+        if all(file.name in aside for file in files):
             raise PolicyError(
-                f"{str(directory)!r} has no {SINGLE_FILE} or {INDEX_FILE}: shoal loads an LM's "
-                "weights from safetensors only (save it with save_pretrained(..., "
-                "safe_serialization=True))"
+                f"{str(directory)!r} has no {SUFFIX} file: shoal loads an LM's weights from "
+                "safetensors only (save it with save_pretrained(..., safe_serialization=True))"
             )
+        if len(files) > MAX_FILES:
+            raise PolicyError(
+                f"{str(directory)!r} holds {len(files)} {SUFFIX} files, over {MAX_FILES}"
+            )
+        self.tensors: dict[str, tuple[Path, tuple[int, ...]]] = {}
+        for file in files:
+            tensors = _header(file)
+            if file.name in aside:
+                continue
+            for name, shape in tensors.items():
+                if name in self.tensors:
+                    raise PolicyError(
+                        f"{name[:80]!r} is in both {self.tensors[name][0].name!r} and "
+                        f"{file.name!r} in {str(directory)!r}: keep one copy"
+                    )
+                self.tensors[name] = (file, shape)
 
-    def check_names(self, expected: set[str]) -> None:
-        """Refuse files that lack a parameter of the LM or hold tensors it has no place for
-        (another architecture or size): nothing is left at a random value or silently dropped."""
-        missing, extra = sorted(expected - self.files.keys()), sorted(self.files.keys() - expected)
+    def check(self, lm: nn.Module) -> None:
+        """Refuse files that lack a parameter of `lm`, hold tensors it has no place for, or
+        hold one of another shape (another architecture or size): nothing is left at a random
+        value or silently dropped."""
+        expected = {name: tuple(p.shape) for name, p in lm.named_parameters()}
+        missing = sorted(expected.keys() - self.tensors.keys())
+        extra = sorted(self.tensors.keys() - expected.keys())
         if missing or extra:
             raise PolicyError(
                 f"the weights in {str(self.directory)!r} do not fit the LM its config.json "
                 f"describes: missing {_few(missing)}, unexpected {_few(extra)}"
             )
+        for name, shape in expected.items():
+            file, found = self.tensors[name]
+            if found != shape:
+                raise PolicyError(
+                    f"{name!r} in {str(file)!r} has shape {list(found)}; the LM its config.json "
+                    f"describes needs {list(shape)}"
+                )
 
-    def read(self, name: str, shape: torch.Size) -> torch.Tensor:
-        """Tensor `name` as float32, checked to have `shape`."""
-        from safetensors import SafetensorError, safe_open
+    def load_into(self, lm: nn.Module) -> None:
+        """Copy the files into `lm`'s parameters where they are held (each rank of a sharded LM
+        reads its own rows; a collective when the LM is sharded or replicated)."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
-        path = self.files[name]
+        state = {name: param.detach() for name, param in lm.named_parameters()}
+        reader = dcp.HuggingFaceStorageReader(str(self.directory))
         try:
-            with safe_open(str(path), framework="pt") as handle:
-                tensor = handle.get_tensor(name)
-        except (OSError, SafetensorError) as exc:
-            raise PolicyError(f"cannot read {name!r} from {str(path)!r}: {exc}") from exc
-        if tensor.shape != shape or not tensor.is_floating_point():
+            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
+        except (CheckpointException, OSError, RuntimeError, ValueError) as exc:
             raise PolicyError(
-                f"{name!r} in {str(path)!r} is {tensor.dtype} {list(tensor.shape)}; the LM "
-                f"needs a floating-point tensor of shape {list(shape)}"
-            )
-        return tensor.float()
+                f"cannot read the LM's weights from {str(self.directory)!r}: {exc}"
+            ) from exc
 
 
-def _from_index(index: Path) -> dict[str, Path]:
-    if index.stat().st_size > MAX_INDEX_BYTES:
-        raise PolicyError(f"{str(index)!r} is over {MAX_INDEX_BYTES // 2**20} MiB: not an index")
-    try:
-        data = json.loads(index.read_bytes())
-    except (ValueError, RecursionError) as exc:
-        raise PolicyError(f"{str(index)!r} is not JSON: {exc}") from exc
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, Mapping):
-        raise PolicyError(f"{str(index)!r} has no weight_map object of tensor name -> file")
-    files: dict[str, Path] = {}
-    for name, file in weight_map.items():
-        if not isinstance(file, str) or not _plain_file_name(file) or len(name) > MAX_NAME_CHARS:
-            raise PolicyError(
-                f"{str(index)!r} maps {name[:60]!r} to {str(file)[:60]!r}: every entry must "
-                "name a .safetensors file in the same directory"
-            )
-        files[name] = index.parent / file
-    for path in set(files.values()):
-        if not path.is_file():
-            raise PolicyError(f"{str(index)!r} names {path.name!r}, which is not in the directory")
-    return files
-
-
-def _plain_file_name(file: str) -> bool:
-    return file.endswith(".safetensors") and Path(file).name == file and file not in (".", "..")
-
-
-def _keys(path: Path) -> list[str]:
+def _header(file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape, from `file`'s header (checked: float dtypes, no DCP offsets)."""
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(str(path), framework="pt") as handle:
-            return list(handle.keys())
+        with safe_open(str(file), framework="pt") as handle:
+            if DCP_METADATA_KEY in (handle.metadata() or {}):
+                raise PolicyError(
+                    f"{str(file)!r} is one shard of a DCP HuggingFace save ({DCP_METADATA_KEY} in "
+                    "its header): consolidate it into whole tensors first"
+                )
+            tensors = {}
+            for name in handle.keys():  # noqa: SIM118 - a safe_open handle is no dict
+                part = handle.get_slice(name)
+                if part.get_dtype() not in FLOAT_DTYPES:
+                    raise PolicyError(
+                        f"{name[:80]!r} in {str(file)!r} is {part.get_dtype()}: an LM's weights "
+                        f"are floating point ({', '.join(sorted(FLOAT_DTYPES))})"
+                    )
+                tensors[name] = tuple(int(d) for d in part.get_shape())
+            return tensors
     except (OSError, SafetensorError) as exc:
-        raise PolicyError(f"cannot read the safetensors header of {str(path)!r}: {exc}") from exc
+        raise PolicyError(f"cannot read the safetensors header of {str(file)!r}: {exc}") from exc
 
 
 def _few(names: list[str]) -> str:
