@@ -97,6 +97,27 @@ def plan_parallelism(
     return ParallelPlan("fsdp", everyone, f"shard over all {world} ranks: {why}")
 
 
+def shard_bytes(plan: ParallelPlan, train_bytes: int) -> int:
+    """One rank's share of the training state under `plan`: all of it unless sharded, else
+    its shard group's 1/N (the state is split inside a row of the mesh, copied across rows)."""
+    return -(-train_bytes // len(plan.layout[0])) if plan.sharded else train_bytes
+
+
+def check_fits(plan: ParallelPlan, train_bytes: int, memory_bytes: int) -> None:
+    """Refuse a plan whose training state alone outgrows a rank (ParallelError), before any
+    parameter gets storage: activations and buffers only add to it, so it could never run,
+    and the allocator's failure would come from deep inside the build."""
+    share = shard_bytes(plan, train_bytes)
+    if share > memory_bytes:
+        raise ParallelError(
+            f"the model's training state ({_gib(train_bytes)}: 16 bytes a parameter for the "
+            f"weight, its gradient and AdamW's two moments) is {_gib(share)} per rank held as "
+            f"{plan.strategy}, over a rank's {_gib(memory_bytes)}: add ranks (learner.ranks) "
+            "with learner.sharding = 'fsdp', set learner.cpu_offload = true, or make the model "
+            "smaller"
+        )
+
+
 def island_rows(islands: Sequence[str]) -> tuple[tuple[int, ...], ...]:
     """The ranks grouped by island, islands in order of their lowest rank."""
     rows: dict[str, list[int]] = {}

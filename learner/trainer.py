@@ -38,6 +38,7 @@ from shoal.learner.materialize import build_policy
 from shoal.learner.parallel import (
     Parallelized,
     ShardingOptions,
+    check_fits,
     full_tensor,
     parallelize,
     plan_parallelism,
@@ -124,8 +125,11 @@ class LearnerCore:
         islands = [str(i) for i in self.group.all_gather(island)]
         memory = rank_memory_bytes(self.device, islands.count(island))
         learner = self.cfg.learner
-        plan = plan_parallelism(learner.sharding, islands, training_bytes(self.policy), memory)
+        train_bytes = training_bytes(self.policy)
+        plan = plan_parallelism(learner.sharding, islands, train_bytes, memory)
         log.info("rank %d holds the model as %s: %s", self.group.rank, plan.strategy, plan.reason)
+        if not learner.cpu_offload:  # offloaded, the state lives in host memory instead
+            check_fits(plan, train_bytes, memory)
         options = ShardingOptions(
             mixed_precision=learner.mixed_precision,
             cpu_offload=learner.cpu_offload,

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.learner.parallel import REPLICATE_SHARE, ParallelError, island_rows, plan_parallelism
+from shoal.learner.parallel import (
+    REPLICATE_SHARE,
+    ParallelError,
+    check_fits,
+    island_rows,
+    plan_parallelism,
+    shard_bytes,
+)
 
 GIB = 2**30
 
@@ -77,3 +84,27 @@ def test_island_rows_keep_rank_order() -> None:
 def test_an_empty_group_is_refused() -> None:
     with pytest.raises(ParallelError):
         plan_parallelism("auto", [], 0, 1)
+
+
+@given(islands_st, sharding_st, st.integers(0, 64 * GIB), st.integers(1, 64 * GIB))
+def test_a_plan_is_refused_exactly_when_a_ranks_share_of_the_state_outgrows_it(
+    islands, sharding, train, memory
+) -> None:
+    plan = plan_parallelism(sharding, islands, train, memory)
+    group = len(plan.layout[0]) if plan.sharded else 1
+    share = shard_bytes(plan, train)
+    assert share * group >= train > (share - 1) * group  # the state split evenly, rounded up
+    if share <= memory:
+        check_fits(plan, train, memory)
+    else:
+        with pytest.raises(ParallelError, match=r"per rank held as .*add ranks"):
+            check_fits(plan, train, memory)
+
+
+def test_the_seeds_100b_model_fits_an_h200_sharded_16_ways_and_not_replicated() -> None:
+    islands = [f"island-{rank // 16}" for rank in range(512)]
+    state = 16 * 100 * 10**9
+    h200 = 141 * GIB
+    check_fits(plan_parallelism("auto", islands, state, h200), state, h200)
+    with pytest.raises(ParallelError, match="held as replicate"):
+        check_fits(plan_parallelism("replicate", islands, state, h200), state, h200)
