@@ -29,10 +29,42 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 from pathlib import Path
 from typing import IO, Any
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ShoalError
+
+
+class UnreadableFile(ShoalError):
+    """A file from outside that is missing, not a regular file, unreadable or over its bound."""
+
+
+def read_limited(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit` of them, for a file from outside. A FIFO or a
+    device would block or never end, so only a regular file is read (symlinks are followed:
+    a model directory in a Hugging Face cache is links into its blob store); a larger file is
+    refused after reading limit + 1 bytes, never read whole. Callers wrap `UnreadableFile` in
+    their own error when they have more to say."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open would wait for a writer
+    except FileNotFoundError:
+        raise UnreadableFile(f"{path} does not exist") from None
+    except OSError as exc:
+        raise UnreadableFile(f"cannot read {path} ({exc.strerror or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnreadableFile(f"{path} is not a regular file")
+        data = os.read(fd, limit + 1)
+        while len(data) <= limit and (more := os.read(fd, limit + 1 - len(data))):
+            data += more
+    except OSError as exc:
+        raise UnreadableFile(f"cannot read {path} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise UnreadableFile(f"{path} is over {limit:,} bytes: refused unread")
+    return data
 
 
 def temp_path(path: Path) -> Path:

@@ -26,6 +26,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from shoal.files import UnreadableFile, read_limited
 from shoal.learner.errors import PolicyError
 from shoal.learner.models.base import PolicyModel
 from shoal.learner.models.config import LIMITS, ModelConfig
@@ -49,6 +50,8 @@ _SIZE_KEYS = {
 _REFUSED_KEYS = ("auto_map", "quantization_config")
 """Config keys that would make transformers import code or change the weights' meaning."""
 POLICY_JSON = "shoal_policy.json"
+MAX_CONFIG_BYTES = 2**20
+"""A config.json is a few kB; a bigger one is refused unread."""
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
@@ -146,12 +149,14 @@ class CausalLMPolicy(PolicyModel):
         action_space: spaces.Space[Any],
     ) -> CausalLMPolicy:
         """Load a `save_pretrained` directory from local disk (never the Hub)."""
-        _pretrained_config(path)
+        from safetensors import SafetensorError
+
+        config = _pretrained_config(path)
         try:
             lm = _transformers().AutoModelForCausalLM.from_pretrained(
-                path, local_files_only=True, dtype=torch.float32
+                path, config=config, local_files_only=True, dtype=torch.float32
             )
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
             raise PolicyError(f"cannot load the LM in {str(path)!r}: {exc}") from exc
         lm.config.use_cache = False
         policy = cls(observation_space, action_space, lm)
@@ -321,18 +326,24 @@ def _sized_config(cfg: ModelConfig) -> PretrainedConfig:
 
 
 def _pretrained_config(path: Path) -> PretrainedConfig:
-    """A `save_pretrained` directory's config, checked as a spec's is (never the Hub)."""
-    if not (path / "config.json").is_file():
+    """A `save_pretrained` directory's config.json, read bounded and checked as a spec's is
+    before transformers sees it (never the Hub, never code named in it)."""
+    file = path / "config.json"
+    if not file.exists():
         raise PolicyError(
             f"model.path = {str(path)!r} is not a save_pretrained directory (no config.json): "
             "copy the model there first (e.g. `huggingface-cli download <id> --local-dir "
             "<dir>`), shoal never downloads"
         )
     try:
-        config = _transformers().AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise PolicyError(f"cannot load the LM config in {str(path)!r}: {exc}") from exc
-    _check_lm_config(config.to_dict())
+        values = json.loads(read_limited(file, MAX_CONFIG_BYTES))
+    except UnreadableFile as exc:
+        raise PolicyError(f"the LM config: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise PolicyError(f"{str(file)!r} is not a JSON config: {exc}") from None
+    if not isinstance(values, dict):
+        raise PolicyError(f"{str(file)!r} is not a JSON object of config keys")
+    config = _config_from_dict(values, str(file))
     config.use_cache = False
     return config
 
@@ -353,15 +364,19 @@ def _lm_from_config(config: PretrainedConfig) -> PreTrainedModel:
     return model
 
 
-def _config_from_dict(values: dict[str, Any]) -> PretrainedConfig:
-    """A Qwen2/Llama config from a spec read back from storage (hostile: checked first)."""
+def _config_from_dict(
+    values: dict[str, Any], where: str = "causal-lm spec: lm_config"
+) -> PretrainedConfig:
+    """A Qwen2/Llama config from a spec or a config.json (hostile: checked first)."""
+    from huggingface_hub.errors import StrictDataclassError
+
     _check_lm_config(values)
     config_class = getattr(_transformers(), ARCH_CONFIGS[values["model_type"]])
     kwargs = {k: v for k, v in values.items() if k not in ("model_type", "transformers_version")}
     try:
         return config_class(**kwargs)
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise PolicyError(f"causal-lm spec: lm_config is not a valid config: {exc}") from exc
+    except (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError) as exc:
+        raise PolicyError(f"{where} is not a valid {values['model_type']} config: {exc}") from exc
 
 
 def _check_lm_config(values: Mapping[str, Any]) -> None:
@@ -413,9 +428,10 @@ def _token_layout(space: spaces.Space[Any]) -> tuple[int, int]:
 
 
 def _load_value_head(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
         return load_file(str(path))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:
         raise PolicyError(f"cannot read the value head {str(path)!r}: {exc}") from exc

@@ -6,6 +6,8 @@ and hostile LM configs in a spec refused."""
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -207,3 +209,39 @@ def test_ppo_teaches_a_tiny_causal_lm_token_recall():
         collector.policy_version = version + 1
         fragment = collector.collect()
     assert fragment.rewards.mean() > 0.7
+
+
+def _config(directory, **changes) -> str:
+    values = json.loads((directory / "config.json").read_text())
+    values.update(changes)
+    return json.dumps({k: v for k, v in values.items() if v is not None})
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00garbage"), "deserializing"),
+        (lambda d: (d / "value_head.safetensors").write_bytes(b"\x10\x00garbage"),
+         "deserializing"),
+        (lambda d: (d / "config.json").write_text("[1]"), "not a JSON object"),
+        (lambda d: (d / "config.json").write_text("[" * 100_000), "not a JSON config"),
+        (lambda d: (d / "config.json").write_bytes(b" " * (2**20 + 1)), "refused unread"),
+        (lambda d: (d / "config.json").write_text(_config(d, vocab_size=None)), "vocab_size = None"),
+        (lambda d: (d / "config.json").write_text(_config(d, max_position_embeddings="abc")),
+         "max_position_embeddings = 'abc'"),
+        (lambda d: (d / "config.json").write_text(_config(d, layer_types=["x"])),
+         "not a valid qwen2 config"),
+        (lambda d: ((d / "config.json").unlink(), os.mkfifo(d / "config.json")),
+         "not a regular file"),
+    ],
+)  # fmt: skip
+def test_a_hostile_directory_is_one_policy_error_built_whole_or_deferred(tmp_path, damage, said):
+    from shoal.learner.materialize import build_policy
+
+    torch.manual_seed(0)
+    directory = export_pretrained(build_model(tiny("qwen2"), TOKENS, spaces.Discrete(5)), tmp_path)
+    damage(directory)
+    cfg = ModelConfig(family="causal-lm", path=str(directory))
+    for build in (build_model, lambda c, o, a: build_policy(c, o, a, torch.device("cpu"))):
+        with pytest.raises(PolicyError, match=re.escape(said)):
+            build(cfg, TOKENS, spaces.Discrete(5))
