@@ -1,6 +1,7 @@
 """A causal-LM policy end to end: 2 gloo ranks under FSDP2 train it with PPO, each version
 reaches the rollout workers in several buckets, the sharded checkpoint exports as a
-transformers directory that `from_pretrained` loads."""
+transformers directory that `from_pretrained` loads, and a second job trains on from that
+directory (`model.path`: each rank builds the LM on the meta device and reads its own rows)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ bucket_mb = 0.05
 """
 
 
-def test_a_causal_lm_trains_sharded_and_streams_in_buckets(tmp_path: Path) -> None:
-    job = tmp_path / "job.toml"
-    job.write_text(JOB)
-    run_dir = tmp_path / "run"
+def train(job_text: str, tmp_path: Path, name: str) -> Path:
+    """`shoal train` of `job_text` on the embedded cluster, stopped unsolved at max_env_steps."""
+    job = tmp_path / f"{name}.toml"
+    job.write_text(job_text)
+    run_dir = tmp_path / name
     argv = [
         sys.executable, "-m", "shoal", "train", str(job), "--embedded", "--run-dir",
         str(run_dir), "--no-eval", "--quiet", "--json",
@@ -51,6 +53,11 @@ def test_a_causal_lm_trains_sharded_and_streams_in_buckets(tmp_path: Path) -> No
     assert done.returncode == 1, done.stderr[-3000:]  # stopped unsolved at max_env_steps
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["stopped_by"] == "max_env_steps"
+    return run_dir
+
+
+def test_a_causal_lm_trains_sharded_and_streams_in_buckets(tmp_path: Path) -> None:
+    run_dir = train(JOB, tmp_path, "run")
     for rank in (0, 1):
         status = json.loads((run_dir / f"status-{rank}.json").read_text())
         assert status["parallel"] == "fsdp"
@@ -72,3 +79,12 @@ def test_a_causal_lm_trains_sharded_and_streams_in_buckets(tmp_path: Path) -> No
     lm = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
     assert lm.config.vocab_size == 64
     assert (out / "value_head.safetensors").is_file()
+
+    sized = ("arch", "hidden_size", "num_", "intermediate_size", "vocab_size", "max_env_steps")
+    kept = "\n".join(line for line in JOB.splitlines() if not line.startswith(sized))
+    again = kept.replace("[model]", f"max_env_steps = 1024\n[model]\npath = {json.dumps(str(out))}")
+    second = train(again, tmp_path, "again")
+    for rank in (0, 1):
+        status = json.loads((second / f"status-{rank}.json").read_text())
+        assert status["parallel"] == "fsdp"
+        assert status["version"] >= 1
