@@ -1,9 +1,11 @@
 """`shoal bench learner`: what the learner costs as the policy grows, beside torch's own
 baselines measured in the same run.
 
-Four figures, each in real child processes (bench/learner_child.py) on 127.0.0.1:
+Five figures, each in real child processes (bench/learner_child.py) on 127.0.0.1:
 peak resident memory per rank of one forward/backward/AdamW step of a Qwen2-style causal LM,
-2 gloo ranks under FSDP2 against 1 rank unsharded; weight sync time and MB/s through shoal's
+2 gloo ranks under FSDP2 against 1 rank unsharded; peak resident memory per rank of building
+that LM sharded over 4 ranks, on the meta device unit by unit (the learner's way) against
+built whole and then sharded; weight sync time and MB/s through shoal's
 bucketed snapshot over the actor runtime against a torch.distributed broadcast over gloo and a
 plain TCP socket carrying the same bytes; the share of a 2-rank FSDP2 step spent in
 collectives against the seed's 15 % bound; sharded checkpoint save (blocking and async) and a
