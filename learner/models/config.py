@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.config import check_int
+from shoal.envs.tokenizer import VOCAB_LIMITS
 from shoal.errors import ConfigError
 
 BUILTIN_FAMILIES = ("auto", "mlp", "cnn", "multi", "causal-lm")
@@ -30,7 +31,7 @@ FACTORY_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 LIMITS: dict[str, tuple[int, int]] = {
     "hidden": (1, 1 << 16),
     "channels": (1, 4096),
-    "vocab_size": (2, 1 << 22),
+    "vocab_size": VOCAB_LIMITS,
     "hidden_size": (1, 1 << 16),
     "num_layers": (1, 1024),
     "num_heads": (1, 1024),

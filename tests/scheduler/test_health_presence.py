@@ -30,6 +30,7 @@ from shoal.scheduler.health.presence import (
 )
 from shoal.scheduler.model import BalancerState, Placement
 from shoal.scheduler.topology import simulated_cluster
+from tests.support.strategies import json_values
 
 
 def nvml(*utils: float | None, xids: tuple[int, ...] = ()) -> Report:
@@ -137,13 +138,7 @@ def test_reasons_are_one_printable_line_of_bounded_length() -> None:
     assert len(reason) == MAX_REASON
 
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=30,
-)
+JSON = json_values(max_text=20, max_leaves=30)
 ENTRY = st.fixed_dictionaries(
     {"state": st.sampled_from([*STATES, "weird"]) | JSON},
     optional={"reason": st.text(max_size=400) | JSON},
