@@ -20,7 +20,6 @@ import dataclasses
 import math
 import os
 import re
-import stat
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -29,6 +28,7 @@ from typing import Any, TypeVar
 
 from shoal.config_fields import FromEnv, build
 from shoal.errors import ConfigError
+from shoal.files import FileMissing, UnreadableFile, read_limited
 
 T = TypeVar("T")
 
@@ -80,19 +80,14 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def _read_bounded(path: Path, limit: int) -> bytes:
-    """At most `limit` bytes of a regular file (a FIFO or device would block or never end)."""
+    """At most `limit` bytes of a regular file (`read_limited`: a FIFO or device would block
+    or never end), every refusal a ConfigError naming the file."""
     try:
-        if not stat.S_ISREG(path.stat().st_mode):
-            raise ConfigError(f"{path}: not a regular file; pass a TOML file")
-        with path.open("rb") as handle:
-            data = handle.read(limit + 1)
-    except FileNotFoundError:
+        return read_limited(path, limit)
+    except FileMissing:
         raise ConfigError(f"{path}: no such file; pass an existing TOML file") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    if len(data) > limit:
-        raise ConfigError(f"{path}: larger than {limit} bytes; a TOML settings file is smaller")
-    return data
+    except UnreadableFile as exc:
+        raise ConfigError(f"{exc}; pass a TOML settings file") from None
 
 
 def parse_toml(text: str, *, source: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ This module imports only the standard library and the error root, so any package
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -37,34 +38,85 @@ from shoal.errors import ConfigError, ShoalError
 
 
 class UnreadableFile(ShoalError):
-    """A file from outside that is missing, not a regular file, unreadable or over its bound."""
+    """A file from outside that is not a regular file, cannot be read or is over its bound."""
+
+
+class FileMissing(UnreadableFile):
+    """Nothing at the path (a broken symbolic link is not missing: it is an UnreadableFile)."""
+
+
+READ_FIXES: dict[int, str] = {
+    errno.EACCES: "give this user read permission on it and search permission on its directories",
+    errno.EPERM: "give this user read permission on it and search permission on its directories",
+    errno.ELOOP: "it is a symbolic-link loop: point the link at a real file",
+    errno.ENAMETOOLONG: "the path is too long: use a shorter one",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: check the path",
+    errno.EIO: "the disk failed to read it: check the disk",
+}
+"""What to do about each way reading a path fails; any other errno says to check the path."""
 
 
 def read_limited(path: Path, limit: int) -> bytes:
-    """A regular file's bytes, at most `limit` of them, for a file from outside. A FIFO or a
-    device would block or never end, so only a regular file is read (symlinks are followed:
-    a model directory in a Hugging Face cache is links into its blob store); a larger file is
-    refused after reading limit + 1 bytes, never read whole. Callers wrap `UnreadableFile` in
-    their own error when they have more to say."""
+    """A regular file's bytes, at most `limit` of them, for a file from outside.
+
+    A FIFO or a device would block or never end, so only a regular file is read: checked by
+    stat before opening and on the open descriptor after (a file swapped in between is refused
+    too), opened non-blocking so not even a FIFO swapped in can stall the open. Symlinks to
+    regular files are followed (a model directory in a Hugging Face cache is links into its
+    blob store). A file over `limit` is refused by its size, and never more than `limit` + 1
+    bytes are read (a file growing meanwhile). Callers add what to do in their own error."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open would wait for a writer
+        _check_regular(path, os.stat(path), limit)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise UnreadableFile(f"{path} does not exist") from None
-    except OSError as exc:
-        raise UnreadableFile(f"cannot read {path} ({exc.strerror or exc})") from None
+        if os.path.islink(path):
+            raise UnreadableFile(f"{path} is a broken symbolic link") from None
+        raise FileMissing(f"{path} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise _unreadable(path, exc) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnreadableFile(f"{path} is not a regular file")
-        data = os.read(fd, limit + 1)
-        while len(data) <= limit and (more := os.read(fd, limit + 1 - len(data))):
-            data += more
+        _check_regular(path, os.fstat(fd), limit)
+        data = _read_at_most(fd, limit + 1)
     except OSError as exc:
-        raise UnreadableFile(f"cannot read {path} ({exc.strerror or exc})") from None
+        raise _unreadable(path, exc) from None
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise UnreadableFile(f"{path} is over {limit:,} bytes: refused unread")
+        raise UnreadableFile(_too_large(path, limit))
     return data
+
+
+def _check_regular(path: Path, info: os.stat_result, limit: int) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise UnreadableFile(f"{path} is not a regular file")
+    if info.st_size > limit:
+        raise UnreadableFile(_too_large(path, limit))
+
+
+def _read_at_most(fd: int, size: int) -> bytes:
+    """Up to `size` bytes of `fd`, in chunks, so a file that grew is never read whole."""
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = os.read(fd, min(size, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(path: Path, limit: int) -> str:
+    bound = (
+        f"{limit >> 20} MiB" if limit >= 1 << 20 and not limit % (1 << 20) else f"{limit:,} bytes"
+    )
+    return f"{path} is larger than {bound}, the most shoal reads of it: refused unread"
+
+
+def _unreadable(path: Path, exc: OSError | ValueError) -> UnreadableFile:
+    if isinstance(exc, ValueError):  # a NUL byte in the path
+        return UnreadableFile(f"cannot read {str(path)[:200]!r}: {exc}")
+    fix = READ_FIXES.get(exc.errno or 0, "check the path")
+    return UnreadableFile(f"cannot read {str(path)[:200]}: {exc.strerror}; {fix}")
 
 
 def temp_path(path: Path) -> Path:

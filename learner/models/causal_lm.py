@@ -26,6 +26,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from shoal import boundedjson
 from shoal.files import UnreadableFile, read_limited
 from shoal.learner.errors import PolicyError
 from shoal.learner.models.base import PolicyModel
@@ -52,6 +53,8 @@ _REFUSED_KEYS = ("auto_map", "quantization_config")
 POLICY_JSON = "shoal_policy.json"
 MAX_CONFIG_BYTES = 2**20
 """A config.json is a few kB; a bigger one is refused unread."""
+MAX_CONFIG_DEPTH = 8
+"""A config.json nests a rope_scaling table or a list of layer types: two or three levels."""
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
@@ -128,7 +131,7 @@ class CausalLMPolicy(PolicyModel):
         modules does not survive being given storage module by module)."""
         weights: LMWeights | None = None
         if cfg.path:
-            config = _pretrained_config(Path(cfg.path))
+            config = pretrained_config(Path(cfg.path))
             if config.tie_word_embeddings:
                 return None
             weights = LMWeights(Path(cfg.path), aside=frozenset({VALUE_HEAD_FILE}))
@@ -151,7 +154,9 @@ class CausalLMPolicy(PolicyModel):
         """Load a `save_pretrained` directory from local disk (never the Hub)."""
         from safetensors import SafetensorError
 
-        config = _pretrained_config(path)
+        config = pretrained_config(path)
+        with torch.device("meta"):  # what the files must hold, before transformers reads them
+            LMWeights(path, aside=frozenset({VALUE_HEAD_FILE})).check(_lm_from_config(config))
         try:
             lm = _transformers().AutoModelForCausalLM.from_pretrained(
                 path, config=config, local_files_only=True, dtype=torch.float32
@@ -325,7 +330,7 @@ def _sized_config(cfg: ModelConfig) -> PretrainedConfig:
     )
 
 
-def _pretrained_config(path: Path) -> PretrainedConfig:
+def pretrained_config(path: Path) -> PretrainedConfig:
     """A `save_pretrained` directory's config.json, read bounded and checked as a spec's is
     before transformers sees it (never the Hub, never code named in it)."""
     file = path / "config.json"
@@ -336,10 +341,14 @@ def _pretrained_config(path: Path) -> PretrainedConfig:
             "<dir>`), shoal never downloads"
         )
     try:
-        values = json.loads(read_limited(file, MAX_CONFIG_BYTES))
+        values = boundedjson.loads(
+            read_limited(file, MAX_CONFIG_BYTES),
+            max_bytes=MAX_CONFIG_BYTES,
+            max_depth=MAX_CONFIG_DEPTH,
+        )
     except UnreadableFile as exc:
         raise PolicyError(f"the LM config: {exc}") from None
-    except (ValueError, RecursionError) as exc:
+    except boundedjson.JsonRefused as exc:
         raise PolicyError(f"{str(file)!r} is not a JSON config: {exc}") from None
     if not isinstance(values, dict):
         raise PolicyError(f"{str(file)!r} is not a JSON object of config keys")

@@ -225,7 +225,7 @@ def _config(directory, **changes) -> str:
          "deserializing"),
         (lambda d: (d / "config.json").write_text("[1]"), "not a JSON object"),
         (lambda d: (d / "config.json").write_text("[" * 100_000), "not a JSON config"),
-        (lambda d: (d / "config.json").write_bytes(b" " * (2**20 + 1)), "refused unread"),
+        (lambda d: (d / "config.json").write_bytes(b" " * (2**20 + 1)), "larger than 1 MiB"),
         (lambda d: (d / "config.json").write_text(_config(d, vocab_size=None)), "vocab_size = None"),
         (lambda d: (d / "config.json").write_text(_config(d, max_position_embeddings="abc")),
          "max_position_embeddings = 'abc'"),
@@ -245,3 +245,17 @@ def test_a_hostile_directory_is_one_policy_error_built_whole_or_deferred(tmp_pat
     for build in (build_model, lambda c, o, a: build_policy(c, o, a, torch.device("cpu"))):
         with pytest.raises(PolicyError, match=re.escape(said)):
             build(cfg, TOKENS, spaces.Discrete(5))
+
+
+def test_a_directory_missing_a_tensor_is_refused_not_filled_with_random_weights(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    directory = export_pretrained(build_model(tiny("qwen2"), TOKENS, spaces.Discrete(5)), tmp_path)
+    tensors = load_file(str(directory / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(PolicyError, match=r"missing 'lm_head\.weight'"):
+        build_model(
+            ModelConfig(family="causal-lm", path=str(directory)), TOKENS, spaces.Discrete(5)
+        )
