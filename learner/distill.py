@@ -176,6 +176,8 @@ def fit(
     held-out pass@1 0.05); mixed batches got past it to copying the prompt's constants (CE
     0.01 after 625 steps, held-out pass@1 0.59), for a little more padding.
     Returns the last epoch's mean loss (and KL/CE parts) and the step count."""
+    if not prompts:
+        raise DistillError("fit needs at least one example (prompt and completion)")
     per_epoch = math.ceil(len(prompts) / cfg.batch_size)
     total = cfg.epochs * per_epoch
     optimizer = torch.optim.AdamW(lm.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from shoal.config import check_int, check_number
+from shoal.envs.text_registry import TEXT_ENVS, is_text_env
 from shoal.envs.tokenizer import BYTES
 from shoal.envs.tokenizer_training import MAX_VOCAB, MIN_VOCAB
 from shoal.errors import ConfigError
@@ -166,8 +167,11 @@ class LMPipelineConfig:
     eval: EvalStageConfig = field(default_factory=EvalStageConfig)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.env_id, str) or not self.env_id:
-            raise ConfigError(f"pipeline.env_id = {self.env_id!r} is invalid: use e.g. CodeGen-v1")
+        if not isinstance(self.env_id, str) or not is_text_env(self.env_id):
+            raise ConfigError(
+                f"pipeline.env_id = {self.env_id!r:.60} is not a text environment: use one of "
+                f"{', '.join(sorted(TEXT_ENVS))}"
+            )
         check_int("pipeline.seed", self.seed, 0, SEED_MAX)
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigError(

@@ -24,8 +24,8 @@ SFT, distillation and the RL update run under bf16 autocast (`pipeline.mixed_pre
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -37,12 +37,25 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from shoal import boundedjson
 from shoal.learner.distill import fit
-from shoal.learner.errors import PipelineError
+from shoal.learner.errors import PipelineError, PolicyError
 from shoal.learner.lm_config import AUTO, BPE, BYTES, STAGES, LMPipelineConfig
-from shoal.learner.lm_validation import RECORD_KEYS, parse_record, validation_tasks
+from shoal.learner.lm_records import (
+    digest,
+    open_regular,
+    read_manifest,
+    read_regular,
+    verify,
+)
+from shoal.learner.lm_validation import (
+    MAX_RECORD_BYTES,
+    RECORD_KEYS,
+    parse_record,
+    validation_tasks,
+)
 from shoal.learner.models import build_model
-from shoal.learner.models.causal_lm import CausalLMPolicy, export_pretrained
+from shoal.learner.models.causal_lm import CausalLMPolicy, export_pretrained, pretrained_config
 from shoal.learner.pipeline import Recorder
 from shoal.learner.sequence_collector import prompt_ids
 
@@ -52,6 +65,11 @@ SFT one): what RL improves in distribution, beside what generalises."""
 POLICIES = ("teacher", "student", "rl")
 MAX_TASK_LINE = 1 << 20
 """A task's JSONL line at most (bytes): a file edited by hand is hostile input."""
+MAX_TASK_FILE = 1 << 30
+"""A task file at most (bytes): a line is about 500 bytes, so a million tasks (the most
+`train_tasks` allows) fit twice over."""
+TASK_DEPTH = 16
+"""A task record nests four levels (task → tests → [call, expected] → a list value)."""
 
 
 def stage_index(stage: str | int | None) -> int:
@@ -69,22 +87,40 @@ def stage_index(stage: str | int | None) -> int:
     )
 
 
+@dataclass(frozen=True)
+class Rerun:
+    """Where a run starts and the earlier stages' records it keeps, every output checked."""
+
+    start: int
+    kept: list[dict[str, Any]]
+
+
+def plan_rerun(run_dir: str | Path, from_stage: str | int | None) -> Rerun:
+    """The checked plan of a run from `from_stage`: made before anything runs or prints, so a
+    bad stage or a bad record is refused before any stage line."""
+    start = stage_index(from_stage)
+    return Rerun(start, _previous_stages(Path(run_dir), start))
+
+
 def run_lm_pipeline(
     cfg: LMPipelineConfig, run_dir: str | Path, from_stage: str | int | None = None
 ) -> dict[str, Any]:
     """Run the stages from `from_stage` on into `run_dir`; earlier stages' recorded outputs are
     checked and reused. Returns the manifest also written to pipeline.json."""
+    return run_planned(cfg, run_dir, plan_rerun(run_dir, from_stage))
+
+
+def run_planned(cfg: LMPipelineConfig, run_dir: str | Path, plan: Rerun) -> dict[str, Any]:
+    """Run the stages from `plan.start` on into `run_dir`, after the records `plan` keeps."""
     root = Path(run_dir)
-    start = stage_index(from_stage)
-    previous = _previous_stages(root, start)
     place = Placement.of(cfg)
     root.mkdir(parents=True, exist_ok=True)
     rec = Recorder(root, cfg)  # type: ignore[arg-type]
     rec.manifest["kind"] = "lm"
     rec.manifest["device"] = str(place.device)
-    rec.manifest["stages"] = previous
+    rec.manifest["stages"] = list(plan.kept)
     rec.flush()
-    for name in STAGES[start:]:
+    for name in STAGES[plan.start :]:
         threads = cfg.fit_threads if name == "distillation" else cfg.torch_threads
         with _torch_threads(threads):
             torch.manual_seed(cfg.seed + STAGES.index(name))
@@ -142,53 +178,27 @@ def _torch_threads(count: int) -> Iterator[None]:
 
 
 def _previous_stages(root: Path, start: int) -> list[dict[str, Any]]:
-    """The recorded stages before `start`, each output checked against its sha256."""
+    """The recorded stages before `start`, each output checked against its sha256. Each keeps
+    the config it ran with (`config`): the run's top-level config is the one given now, which
+    may differ (docs/pipeline.md, "Rerunning a stage")."""
     if start == 0:
         return []
     path = root / "pipeline.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PipelineError(
-            f"cannot rerun from stage {start + 1}: {path} is missing or unreadable ({exc}); "
-            "run the whole pipeline first"
-        ) from exc
-    stages = manifest.get("stages") if isinstance(manifest, dict) else None
-    names = [s.get("name") for s in stages or [] if isinstance(s, dict)]
+    manifest = read_manifest(path)
+    stages = manifest["stages"]
+    names = [s["name"] for s in stages]
     if names[:start] != list(STAGES[:start]):
         raise PipelineError(
-            f"cannot rerun from stage {start + 1} ({STAGES[start]}): {path} records {names}, "
-            f"not {list(STAGES[:start])}; rerun from an earlier stage"
+            f"cannot rerun from stage {start + 1} ({STAGES[start]}): {path} records "
+            f"{names}, not {list(STAGES[:start])}; rerun from an earlier stage"
         )
-    kept = [dict(s, reused=True) for s in stages[:start]]  # type: ignore[index]
-    for stage in kept:
-        for output in stage.get("outputs", {}).values():
-            _verify(root, output, stage["name"])
-    return kept
-
-
-def _verify(root: Path, output: Mapping[str, Any], stage: str) -> Path:
-    path = root / str(output.get("path", ""))
-    if not path.resolve().is_relative_to(root.resolve()) or not path.exists():
-        raise PipelineError(f"stage {stage}'s output {path} is missing; rerun from that stage")
-    if digest(path) != output.get("sha256"):
-        raise PipelineError(
-            f"stage {stage}'s output {path} changed since it was recorded (sha256 differs); "
-            "rerun from that stage"
-        )
-    return path
-
-
-def digest(path: Path) -> str:
-    """sha256 of a file, or of a directory: over its files' relative paths and sha256s."""
-    if path.is_file():
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    lines = [
-        f"{p.relative_to(path).as_posix()}\0{hashlib.sha256(p.read_bytes()).hexdigest()}\n"
-        for p in sorted(path.rglob("*"))
-        if p.is_file()
+    kept = [
+        dict(s, reused=True, config=s.get("config", manifest["config"])) for s in stages[:start]
     ]
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
+    for stage in kept:
+        for output in stage["outputs"].values():
+            verify(root, output, stage["name"])
+    return kept
 
 
 def _output(rec: Recorder, path: Path) -> dict[str, str]:
@@ -198,7 +208,7 @@ def _output(rec: Recorder, path: Path) -> dict[str, str]:
 def _input(rec: Recorder, stage: str, key: str) -> Path:
     for entry in rec.manifest["stages"]:
         if entry["name"] == stage and key in entry["outputs"]:
-            return _verify(rec.run_dir, entry["outputs"][key], stage)
+            return verify(rec.run_dir, entry["outputs"][key], stage)
     raise PipelineError(f"stage {stage} recorded no {key!r}; rerun from stage {stage}")
 
 
@@ -218,18 +228,26 @@ def task_to_json(task: Any) -> dict[str, Any]:
 
 
 def read_tasks(path: Path) -> list[Any]:
-    """Tasks from a JSONL file stage 1 wrote (bounded lines, each validated by the env module)."""
+    """Tasks from a JSONL file stage 1 wrote: the file, each line and each line's nesting
+    bounded before it is parsed, each task validated by the env module, at least one task
+    (every split stage 1 writes has one)."""
     from shoal.envs.text_tasks import task_from_dict
 
+    remedy = "rerun stage 1"
     tasks = []
-    with open(path, "rb") as handle:
-        for number, line in enumerate(handle, 1):
+    with open_regular(path, remedy) as handle:
+        if os.fstat(handle.fileno()).st_size > MAX_TASK_FILE:
+            raise PipelineError(f"{path} is larger than {MAX_TASK_FILE} bytes; {remedy}")
+        for number, line in enumerate(iter(lambda: handle.readline(MAX_TASK_LINE + 1), b""), 1):
             if len(line) > MAX_TASK_LINE:
                 raise PipelineError(f"{path}:{number}: a task line over {MAX_TASK_LINE} bytes")
             try:
-                tasks.append(task_from_dict(json.loads(line)))
+                record = boundedjson.loads(line, max_bytes=MAX_TASK_LINE, max_depth=TASK_DEPTH)
+                tasks.append(task_from_dict(record))
             except (ValueError, TypeError) as exc:
-                raise PipelineError(f"{path}:{number}: not a task ({exc}); rerun stage 1") from exc
+                raise PipelineError(f"{path}:{number}: not a task ({exc}); {remedy}") from None
+    if not tasks:
+        raise PipelineError(f"{path} holds no task; {remedy}")
     return tasks
 
 
@@ -252,14 +270,23 @@ def new_policy(model_cfg: Any, tokenizer: Any) -> CausalLMPolicy:
 
 
 def load_policy(path: Path, tokenizer: Any) -> CausalLMPolicy:
-    """A model a stage exported (config.json and weights read as hostile input by
-    `CausalLMPolicy.from_pretrained`), quietly: no progress bar."""
+    """A model a stage exported, quietly (no progress bar). Its config.json is read bounded and
+    checked first (`pretrained_config`: sizes within the model LIMITS) and its vocabulary
+    must be the tokenizer's, so the token spaces built from it stay small; a model that does
+    not load is one PipelineError."""
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    config = json.loads((path / "config.json").read_text())
-    obs, act = policy_spaces(int(tokenizer.vocab_size), int(config["max_position_embeddings"]))
-    return CausalLMPolicy.from_pretrained(path, obs, act)
+    remedy = f"rerun the stage that wrote {path}"
+    vocab = int(tokenizer.vocab_size)
+    try:
+        config = pretrained_config(path)
+        if config.vocab_size != vocab:
+            raise PolicyError(f"its vocab_size {config.vocab_size} is not the tokenizer's {vocab}")
+        obs, act = policy_spaces(vocab, int(config.max_position_embeddings))
+        return CausalLMPolicy.from_pretrained(path, obs, act)
+    except PolicyError as exc:
+        raise PipelineError(f"{path}: the model does not load ({exc}); {remedy}") from None
 
 
 def examples(tasks: Sequence[Any], env: Any) -> tuple[list[list[int]], list[list[int]]]:
@@ -459,7 +486,8 @@ def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder, place: Placement) ->
         env.close()
     meta = {"env_id": cfg.env_id, "env_hash": digest_, "seed": cfg.seed,
             "eval": asdict(cfg.eval)}  # fmt: skip
-    validation = parse_record(_input(rec, "rl", "validation").read_bytes())
+    record = _input(rec, "rl", "validation")
+    validation = parse_record(read_regular(record, MAX_RECORD_BYTES, "rerun from stage rl"))
     json_path, html_path = write_report(results, meta, rec.run_dir / "report", validation)
     outputs = {"report_json": _output(rec, json_path), "report_html": _output(rec, html_path)}
     metrics = {

@@ -17,11 +17,11 @@ and says so.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal import boundedjson
 from shoal.envs.text_tasks import TextEnvironment, TextTask
 from shoal.learner.errors import PipelineError
 
@@ -95,17 +95,17 @@ class BestByValidation:
 MAX_RECORD_BYTES = 1 << 20
 """The RL stage's validation.json at most: the evaluation stage reads it back from disk."""
 MAX_CURVE_POINTS = 100_000
+RECORD_DEPTH = 3
+"""The record nests three levels: object → validation_curve → [step, pass@1]."""
 
 
 def parse_record(text: bytes) -> dict[str, Any]:
     """The validation record the RL stage wrote (`BestByValidation.summary`), checked: a file
     edited by hand is hostile input. PipelineError says what is wrong."""
-    if len(text) > MAX_RECORD_BYTES:
-        raise PipelineError(f"validation record over {MAX_RECORD_BYTES} bytes; rerun stage rl")
     try:
-        record = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise PipelineError(f"validation record is not JSON ({exc}); rerun stage rl") from exc
+        record = boundedjson.loads(text, max_bytes=MAX_RECORD_BYTES, max_depth=RECORD_DEPTH)
+    except boundedjson.JsonRefused as exc:
+        raise PipelineError(f"validation record refused ({exc}); rerun stage rl") from None
     if not isinstance(record, dict) or set(record) != RECORD_KEYS:
         raise PipelineError(f"validation record must have exactly {sorted(RECORD_KEYS)}; "
                             "rerun stage rl")  # fmt: skip

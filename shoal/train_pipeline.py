@@ -10,8 +10,10 @@ so a watcher thread reads that file and prints each stage's line as soon as the 
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import difflib
 import math
+import os
 import shutil
 import threading
 import time
@@ -20,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from shoal.errors import ConfigError
+from shoal.learner.errors import PipelineError
 from shoal.learner.lm_config import STAGES as LM_STAGES
 from shoal.learner.lm_config import LMPipelineConfig
+from shoal.learner.lm_records import read_manifest
 from shoal.learner.pipeline import PipelineConfig, run_pipeline
 from shoal.rundir import fresh_path
 
@@ -43,19 +47,28 @@ LM_SHOWN: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 AnyPipelineConfig = PipelineConfig | LMPipelineConfig
 WATCH_EVERY_S = 0.5
+MAX_ENV_ID_CHARS = 128
+"""An environment id at most: the longest registered one has 44 characters."""
+ENV_ID_VARIABLE = "SHOAL_ENV_ID"
 
 
 def is_job_file(target: str) -> bool:
-    return target.endswith(".toml") or Path(target).is_file()
+    """Whether `target` names a job file rather than an environment id."""
+    try:
+        return target.endswith(".toml") or Path(target).is_file()
+    except (OSError, ValueError):  # too long, or a NUL byte: no file, so an env id to check
+        return False
 
 
 def pipeline_config(
     target: str, seed: int | None, environ: Mapping[str, str] | None = None
 ) -> AnyPipelineConfig:
-    """The pipeline's config from an env id or a job.toml's [pipeline] table, SHOAL_* overrides,
-    --seed: an LMPipelineConfig for a text environment, else a PipelineConfig."""
-    from shoal.config import load
+    """The pipeline's config from an env id or a job.toml's [pipeline] table, then SHOAL_*
+    overrides, then --seed (the flag beats the environment, as in plain `shoal train`): an
+    LMPipelineConfig for a text environment, else a PipelineConfig."""
+    from shoal.config import check_int, load
     from shoal.envs.text_registry import is_text_env
+    from shoal.learner.config import SEED_MAX
 
     if is_job_file(target):
         table = _pipeline_table(Path(target))
@@ -67,23 +80,56 @@ def pipeline_config(
     else:
         mapping, source = {"env_id": target}, "command line"
     if seed is not None:
-        mapping = {**mapping, "seed": seed}
+        check_int("--seed", seed, 0, SEED_MAX)
     kind: type[AnyPipelineConfig] = (
         LMPipelineConfig if is_text_env(str(mapping["env_id"])) else PipelineConfig
     )
-    return load(kind, mapping, source=source, environ=environ)
+    cfg = load(kind, mapping, source=source, environ=environ)
+    _check_env_id_length(cfg.env_id, source, os.environ if environ is None else environ)
+    return cfg if seed is None else dataclasses.replace(cfg, seed=seed)
+
+
+def _check_env_id_length(env_id: str, source: str, environ: Mapping[str, str]) -> None:
+    """Refuse an id far longer than any environment's (a pasted file, say): every later
+    message would echo it whole."""
+    if len(env_id) > MAX_ENV_ID_CHARS:
+        origin = f"environment variable {ENV_ID_VARIABLE}" if ENV_ID_VARIABLE in environ else source
+        raise ConfigError(
+            f"{origin}: pipeline.env_id = {env_id!r:.60}... is {len(env_id)} characters long, "
+            f"over {MAX_ENV_ID_CHARS}; use an environment id such as GridWorld-v1"
+        )
 
 
 def _pipeline_table(path: Path) -> dict[str, Any]:
     from shoal.config import read_toml
 
-    table = read_toml(path).get("pipeline")
+    tables = read_toml(path)
+    table = tables.get("pipeline")
     if not isinstance(table, dict):
         raise ConfigError(
             f"{path}: no [pipeline] table; --pipeline reads its settings from one "
             "(see docs/pipeline.md)"
         )
+    stray = sorted(set(tables) - {"pipeline"})
+    if stray:
+        raise ConfigError(
+            f"{path}: [{stray[0]:.60}] is outside [pipeline], and --pipeline reads nothing "
+            f"else; did you mean {_within_pipeline(stray[0], tables[stray[0]])}?"
+        )
     return table
+
+
+def _within_pipeline(key: str, value: Any) -> str:
+    """Where a top-level table of a pipeline job belongs: `[pipeline.eval]` for a misspelt
+    `[pipelin.eval]`, `[pipeline.rl]` for `[rl]`."""
+    if not difflib.get_close_matches(key, ["pipeline"], n=1, cutoff=0.6):
+        return f"[pipeline.{key:.60}]"
+    tables = (
+        [name for name, sub in value.items() if isinstance(sub, dict)]
+        if isinstance(value, dict)
+        else []
+    )
+    return f"[pipeline.{tables[0]:.60}]" if tables else "[pipeline]"
 
 
 def default_run_dir(env_id: str, root: Path = Path("runs")) -> Path:
@@ -133,12 +179,18 @@ def finite(value: Any) -> Any:
 
 
 class StageWatcher:
-    """Calls `emit` once per stage as pipeline.json records it (from a thread, or by `poll`)."""
+    """Calls `emit` once per stage as pipeline.json records it (from a thread, or by `poll`).
+
+    A pipeline.json already there when the watcher starts is an earlier run's (or a hostile
+    file): it is never shown, only a file written since. Whatever the file holds, a read gives
+    well-formed stages or none (`read_manifest`): the pipeline, not the watcher, reports what
+    is wrong with a record."""
 
     def __init__(self, manifest: Path, emit: Callable[[dict[str, Any]], None]) -> None:
         self.manifest = manifest
         self.emit = emit
         self.seen = 0
+        self._earlier = _identity(manifest)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="stage-watcher", daemon=True)
@@ -152,9 +204,11 @@ class StageWatcher:
 
     def _read(self) -> list[dict[str, Any]]:
         # written atomically (rename), so a read sees a whole file or none
+        if _identity(self.manifest) == self._earlier:
+            return []
         try:
-            return list(json.loads(self.manifest.read_text()).get("stages", []))
-        except (FileNotFoundError, ValueError):
+            return list(read_manifest(self.manifest)["stages"])
+        except PipelineError:
             return []
 
     def _loop(self) -> None:
@@ -170,6 +224,16 @@ class StageWatcher:
         self._stop.set()
         self._thread.join()
         self.poll()
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    """What tells a rewritten file from the one seen before (an atomic rewrite is a new
+    inode); None when there is none."""
+    try:
+        st = path.stat()
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def outputs_of(manifest: Mapping[str, Any], run_dir: Path) -> dict[str, str]:
@@ -196,10 +260,11 @@ def run(
     root = default_run_dir(cfg.env_id) if run_dir is None else run_dir
     manifest_path = root / "pipeline.json"
     started = time.perf_counter()
+    start = _start(cfg, root, from_stage)
     watcher = StageWatcher(manifest_path, lambda stage: emit(stage_line(stage)))
     try:
         with watcher:
-            manifest = _run_stages(cfg, root, from_stage)
+            manifest = start()
     except BaseException:
         if run_dir is None and watcher.seen == 0:
             # a mistake before stage 1 (no teacher, unknown id): leave no empty run behind
@@ -224,9 +289,14 @@ def run(
     )
 
 
-def _run_stages(cfg: AnyPipelineConfig, root: Path, from_stage: str | None) -> dict[str, Any]:
+def _start(
+    cfg: AnyPipelineConfig, root: Path, from_stage: str | None
+) -> Callable[[], dict[str, Any]]:
+    """The pipeline's run, its plan checked now: a bad --from-stage or a bad record of the run
+    being reused is refused before the watcher starts, so before any stage line."""
     if isinstance(cfg, LMPipelineConfig):
-        from shoal.learner.lm_pipeline import run_lm_pipeline
+        from shoal.learner.lm_pipeline import plan_rerun, run_planned
 
-        return run_lm_pipeline(cfg, root, from_stage)
-    return run_pipeline(cfg, root)
+        plan = plan_rerun(root, from_stage)
+        return lambda: run_planned(cfg, root, plan)
+    return lambda: run_pipeline(cfg, root)

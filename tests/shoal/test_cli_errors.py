@@ -45,7 +45,7 @@ MISTAKES: list[tuple[list[str], str]] = [
     ),
     (["envs", "hash", "CartPole-v1", "--seed", "-1"], "--seed=-1 is invalid"),
     (["train", "cartpole", "--seed", "-1"], "seed = -1 is invalid: use an integer from 0 to "),
-    (["train", "cartpole", "--pipeline", "--seed", "-1"], "pipeline.seed = -1 is invalid"),
+    (["train", "cartpole", "--pipeline", "--seed", "-1"], "--seed=-1 is invalid"),
     (
         ["train", "cartpole", "--workers", "100000"],
         "rollout.workers = 100000 is invalid: use an integer from 1 to 1024",
