@@ -190,3 +190,21 @@ class LMPipelineConfig:
                 raise ConfigError(
                     f"pipeline.{name}.family must be causal-lm (the pipeline trains token policies)"
                 )
+            _check_unused(name, getattr(self, name))
+
+
+UNUSED_MODEL_KEYS = {
+    "vocab_size": "the vocabulary is the tokenizer's (pipeline.tokenizer)",
+    "hidden": "it sizes the MLP family; a causal LM's width is hidden_size",
+    "channels": "it sizes the CNN family",
+    "options": "it configures a custom family",
+}
+"""`[model]` keys a pipeline's causal LMs never read: setting one is a mistake to point out,
+not a value to drop silently."""
+
+
+def _check_unused(name: str, model: ModelConfig) -> None:
+    default = ModelConfig()
+    for key, why in UNUSED_MODEL_KEYS.items():
+        if getattr(model, key) != getattr(default, key):
+            raise ConfigError(f"pipeline.{name}.{key} is not used ({why}): remove it")

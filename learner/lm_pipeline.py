@@ -56,6 +56,7 @@ from shoal.learner.lm_validation import (
 )
 from shoal.learner.models import build_model
 from shoal.learner.models.causal_lm import CausalLMPolicy, export_pretrained, pretrained_config
+from shoal.learner.parallel import rank_memory_bytes, training_bytes
 from shoal.learner.pipeline import Recorder
 from shoal.learner.sequence_collector import prompt_ids
 
@@ -269,6 +270,23 @@ def new_policy(model_cfg: Any, tokenizer: Any) -> CausalLMPolicy:
     return policy
 
 
+def check_memory(cfg: LMPipelineConfig, tokenizer: Any, place: Placement) -> None:
+    """Refuse sizes whose training state alone outgrows the device (PipelineError naming
+    them), before any weight is allocated: the teacher trains first (16 bytes a parameter:
+    weight, gradient, AdamW's two moments), then the student beside the frozen teacher's
+    weights. A lower bound (activations come on top), so what it refuses could never run."""
+    with torch.device("meta"):
+        teacher, student = (new_policy(m, tokenizer) for m in (cfg.teacher, cfg.student))
+    need = max(training_bytes(teacher), training_bytes(teacher) // 4 + training_bytes(student))
+    have = rank_memory_bytes(place.device, 1)
+    if need > have:
+        raise PipelineError(
+            f"[pipeline.teacher] ({_params(teacher):,} parameters) and [pipeline.student] "
+            f"({_params(student):,}) need at least {need / 2**30:.1f} GiB to train, and "
+            f"{place.device} has {have / 2**30:.1f} GiB: make them smaller"
+        )
+
+
 def load_policy(path: Path, tokenizer: Any) -> CausalLMPolicy:
     """A model a stage exported, quietly (no progress bar). Its config.json is read bounded and
     checked first (`pretrained_config`: sizes within the model LIMITS) and its vocabulary
@@ -401,6 +419,7 @@ def _stage_distillation(cfg: LMPipelineConfig, rec: Recorder, place: Placement) 
     tokenizer = env.tokenizer
     tasks = read_tasks(_input(rec, "synthesis", "train"))
     prompts, completions = examples(tasks, env)
+    check_memory(cfg, tokenizer, place)
     teacher = new_policy(cfg.teacher, tokenizer).to(place.device)
     t0 = time.perf_counter()
     teacher_fit = fit(teacher.lm, prompts, completions, tokenizer.pad_id, cfg.sft, seed=cfg.seed,

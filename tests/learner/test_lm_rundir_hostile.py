@@ -371,3 +371,26 @@ def test_an_env_id_from_the_environment_is_named_and_truncated(job: Path) -> Non
     with pytest.raises(ConfigError) as refused:
         pipeline_config("A" * 200_000, None, environ={})
     assert len(str(refused.value)) < 400
+
+
+# -- sizes and keys the pipeline cannot use ------------------------------------------------------
+
+
+def test_sizes_that_cannot_fit_are_refused_before_any_weight(tmp_path: Path, run: Path) -> None:
+    huge = TINY_CODEGEN_JOB.replace(
+        "[pipeline.teacher]\nhidden_size = 32\nnum_layers = 1",
+        "[pipeline.teacher]\nhidden_size = 65536\nnum_layers = 64",
+    ).replace("intermediate_size = 64", "intermediate_size = 1048576", 1)
+    assert huge != TINY_CODEGEN_JOB
+    job = tmp_path / "huge.toml"
+    job.write_text(huge)
+    assert_one_error_line(shoal_rerun(job, run, "2"), "need at least", reused=1)
+
+
+@pytest.mark.parametrize("key", ["vocab_size = 5", "hidden = [8]", "channels = [4]"])
+def test_a_model_key_the_pipeline_never_reads_is_refused(tmp_path: Path, key: str) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(TINY_CODEGEN_JOB.replace("[pipeline.student]\n", f"[pipeline.student]\n{key}\n"))
+    name = key.split(" ")[0]
+    with pytest.raises(ConfigError, match=rf"pipeline\.student\.{name} is not used"):
+        pipeline_config(str(job), None, environ={})
