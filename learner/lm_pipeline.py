@@ -260,11 +260,15 @@ def policy_spaces(vocab: int, positions: int) -> tuple[spaces.Box, spaces.Discre
     return spaces.Box(0, vocab - 1, (positions,), np.int64), spaces.Discrete(vocab)
 
 
-def new_policy(model_cfg: Any, tokenizer: Any) -> CausalLMPolicy:
+def new_policy(model_cfg: Any, tokenizer: Any, shapes_only: bool = False) -> CausalLMPolicy:
+    """The policy `model_cfg` describes for this tokenizer; `shapes_only`: on the meta device
+    where it can be (`CausalLMPolicy.deferred`, which also takes a `path` directory)."""
     from dataclasses import replace
 
     cfg = replace(model_cfg, vocab_size=int(tokenizer.vocab_size))
-    policy = build_model(cfg, *policy_spaces(cfg.vocab_size, cfg.max_positions))
+    obs, act = policy_spaces(cfg.vocab_size, cfg.max_positions)
+    deferred = CausalLMPolicy.deferred(cfg, obs, act) if shapes_only else None
+    policy = build_model(cfg, obs, act) if deferred is None else deferred
     if not isinstance(policy, CausalLMPolicy):
         raise PipelineError(f"model family {cfg.family!r} is not a causal LM")
     return policy
@@ -275,8 +279,9 @@ def check_memory(cfg: LMPipelineConfig, tokenizer: Any, place: Placement) -> Non
     them), before any weight is allocated: the teacher trains first (16 bytes a parameter:
     weight, gradient, AdamW's two moments), then the student beside the frozen teacher's
     weights. A lower bound (activations come on top), so what it refuses could never run."""
-    with torch.device("meta"):
-        teacher, student = (new_policy(m, tokenizer) for m in (cfg.teacher, cfg.student))
+    teacher, student = (
+        new_policy(m, tokenizer, shapes_only=True) for m in (cfg.teacher, cfg.student)
+    )
     need = max(training_bytes(teacher), training_bytes(teacher) // 4 + training_bytes(student))
     have = rank_memory_bytes(place.device, 1)
     if need > have:

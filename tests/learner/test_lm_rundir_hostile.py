@@ -394,3 +394,20 @@ def test_a_model_key_the_pipeline_never_reads_is_refused(tmp_path: Path, key: st
     name = key.split(" ")[0]
     with pytest.raises(ConfigError, match=rf"pipeline\.student\.{name} is not used"):
         pipeline_config(str(job), None, environ={})
+
+
+def test_the_memory_check_takes_a_model_from_a_directory(
+    tmp_path: Path, cfg: LMPipelineConfig
+) -> None:
+    """`check_memory` sizes a `path` model from its config on the meta device (transformers
+    refuses `from_pretrained` under a meta context), so fine-tuning a directory still starts."""
+    from dataclasses import replace
+
+    from shoal.envs.tokenizer import load_tokenizer
+    from shoal.learner.lm_pipeline import Placement, check_memory, new_policy
+    from shoal.learner.models import export_pretrained
+
+    tokenizer = load_tokenizer("bytes")
+    export_pretrained(new_policy(cfg.teacher, tokenizer), tmp_path / "teacher")
+    from_dir = replace(cfg, teacher=replace(cfg.teacher, path=str(tmp_path / "teacher")))
+    check_memory(from_dir, tokenizer, Placement.of(cfg))
