@@ -4,8 +4,8 @@ given storage and initialised one shard unit at a time on the rank's device, eac
 
 An eager build makes every rank hold the whole fp32 model before `fully_shard` can cut it: at
 100B parameters that is 400 GB per GPU (docs/scaling.md, "What breaks first"). Built this way a
-rank's high-water mark is its shards of the units done so far plus one whole unit (a decoder
-layer, or at the end the embeddings and heads). Every rank runs the same initialisation in the
+rank's high-water mark is its shards of the units done so far plus one whole unit (the
+embeddings, a decoder layer or the head). Every rank runs the same initialisation in the
 same order from the same seed, in an RNG fork so the caller's stream is untouched: the full
 tensors the shards are cut from are the same on every rank, and the same a lone rank or a
 replicated group starts from, so the strategy changes how the model is held, never the model.
