@@ -224,6 +224,38 @@ def build_rows(sizes: Sizes) -> list[Row]:
     ]
 
 
+def snapshot_rows(sizes: Sizes) -> list[Row]:
+    """One version's weight-sync snapshot on each of BUILD_RANKS FSDP2 ranks, in bf16: each
+    rank's part (the rows it holds) against the whole model gathered on every rank."""
+    ranks = run_group(
+        BUILD_RANKS,
+        _task("snapshot_parts", sizes, sizes.memory_params, repeats=sizes.sync_repeats),
+    )
+    name = (
+        f"weight-sync snapshot of a {_millions(ranks[0]['params'])}-param LM (bf16) on each of "
+        f"{BUILD_RANKS} FSDP2 ranks, its own part"
+    )
+    baseline = "whole model, gathered on every rank"
+    return [
+        Row(
+            f"{name}: host memory per rank",
+            "MiB",
+            max(r["part_bytes"] for r in ranks) / MIB,
+            max(r["whole_bytes"] for r in ranks) / MIB,
+            baseline,
+            higher_is_better=False,
+        ),
+        Row(
+            f"{name}: build time per version",
+            "s",
+            max(r["part_s"] for r in ranks),
+            max(r["whole_s"] for r in ranks),
+            baseline,
+            higher_is_better=False,
+        ),
+    ]
+
+
 def comm_rows(sizes: Sizes) -> list[Row]:
     ranks = run_group(2, _task("comm_share", sizes, sizes.comm_params))
     share = max(r["share"] for r in ranks) * 100
@@ -340,6 +372,7 @@ def run(quick: bool, params: int | None = None) -> list[Row]:
     try:
         rows = memory_rows(sizes)
         rows.extend(build_rows(sizes))
+        rows.extend(snapshot_rows(sizes))
         rows.extend(sync_rows(sizes))
         rows.extend(comm_rows(sizes))
         rows.extend(checkpoint_rows(sizes, root))

@@ -186,6 +186,48 @@ def build_memory(task: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def snapshot_parts(task: dict[str, Any]) -> dict[str, Any]:
+    """One version's weight-sync snapshot on each rank of an FSDP2 group, in bf16: the rows this
+    rank holds as its part (the learner's way, no gather), against the whole model gathered
+    tensor by tensor on every rank (before parts); host bytes and seconds of each build, the
+    two alternating `repeats` times, the best time of each kept."""
+    from functools import partial
+
+    from shoal.learner.parallel import (
+        ShardingOptions,
+        full_tensor,
+        owned_rows,
+        parallelize,
+        plan_parallelism,
+    )
+    from shoal.learner.weight_plan import WeightSyncConfig
+    from shoal.learner.weight_sync import WeightSnapshot
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    policy = build_policy(task["shape"], task["seq"], deferred=True)
+    parallelize(policy, plan_parallelism("fsdp", ["bench"] * world, 0, 1), torch.device("cpu"),
+                ShardingOptions())  # fmt: skip
+    params = list(policy.state_dict().items())
+    cfg = WeightSyncConfig(wire_dtype="bfloat16")
+    ways = {
+        "part": lambda: WeightSnapshot.build(
+            1, params, partial(owned_rows, part=rank, parts=world), cfg, part=rank, parts=world
+        ),
+        "whole": lambda: WeightSnapshot.build(1, params, full_tensor, cfg),
+    }
+    result: dict[str, Any] = {"params": _param_total(policy)}
+    for _ in range(task["repeats"]):
+        for way, build in ways.items():
+            dist.barrier()
+            start = time.perf_counter()
+            snapshot = build()
+            seconds = time.perf_counter() - start
+            result[f"{way}_bytes"] = snapshot.nbytes
+            result[f"{way}_s"] = min(seconds, result.get(f"{way}_s", seconds))
+            del snapshot
+    return result
+
+
 def comm_share(task: dict[str, Any]) -> dict[str, Any]:
     """The share of a step's wall time during which a gloo collective was in flight, from
     torch.profiler's `gloo:*` events (the union of their intervals, so overlapping ones count
@@ -410,6 +452,7 @@ def dcp_load(task: dict[str, Any]) -> dict[str, Any]:
 JOBS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "step_memory": step_memory,
     "build_memory": build_memory,
+    "snapshot_parts": snapshot_parts,
     "comm_share": comm_share,
     "baseline_sync": baseline_sync,
     "dcp_save": dcp_save,

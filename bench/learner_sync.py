@@ -56,11 +56,13 @@ class Receiver(Actor):
     def weights_begin(self, version: int, manifest: dict[str, Any]) -> None:
         self._assembler().begin(version, manifest)
 
-    async def weights_bucket(self, version: int, index: int, data: Any, crc: int) -> None:
-        await asyncio.to_thread(self._assembler().bucket, version, index, data, crc)
+    async def weights_bucket(
+        self, version: int, part: int, index: int, data: Any, crc: int
+    ) -> None:
+        await asyncio.to_thread(self._assembler().bucket, version, part, index, data, crc)
 
-    async def weights_commit(self, version: int) -> None:
-        complete = await asyncio.to_thread(self._assembler().commit, version)
+    async def weights_commit(self, version: int, part: int) -> None:
+        complete = await asyncio.to_thread(self._assembler().commit, version, part)
         if complete is not None:
             await asyncio.to_thread(self.model.set_weights, complete[1])
             self.version = version

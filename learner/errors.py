@@ -29,3 +29,7 @@ class PipelineError(LearnerError):
 
 class WeightSyncError(LearnerError):
     """A weight transfer cannot be used: a manifest that does not fit the local model, a bucket out of order, short or failing its checksum."""
+
+
+class RegistrationRefused(LearnerError):
+    """A rollout actor's registration cannot be taken: a malformed id or path, or a peer rank that publishes part of its weights cannot be reached."""

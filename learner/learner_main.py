@@ -51,7 +51,7 @@ import torch
 from shoal.files import write_json_atomically
 from shoal.learner.config import TrainConfig
 from shoal.learner.diskfull import unless_disk_full
-from shoal.learner.errors import BadFragment, LearnerError
+from shoal.learner.errors import BadFragment, LearnerError, RegistrationRefused
 from shoal.learner.events import append_event
 from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
 from shoal.learner.job_metrics import MetricsTarget, post_forever, post_once
@@ -60,6 +60,8 @@ from shoal.learner.sequences import AnyFragment, fragment_from_wire
 from shoal.learner.trainer import LearnerCore
 from shoal.rundir import RunDir
 from shoal.runtime.actor import Actor
+from shoal.runtime.errors import ActorError, WireError
+from shoal.runtime.ref import ActorRef
 from shoal.runtime.system import ActorSystem
 from shoal.runtime.transport import Transport, TransportConfig
 
@@ -72,6 +74,7 @@ LISTEN_LOG_EVERY_S = 5.0
 READY_POLL_S = 0.002
 PEER_STOPPED_EXIT = 3
 CLOSE_LIMIT_S = 1.0
+MAX_ACTOR_CHARS = 1024
 
 
 class LearnerActor(Actor):
@@ -83,13 +86,43 @@ class LearnerActor(Actor):
         self.vocab_size: int | None = None if lm is None else int(lm.config.vocab_size)
         """A causal LM's vocabulary: a sequence fragment's ids must be below it."""
 
-    def register(self, actor_id: str, path: str) -> dict[str, Any]:
-        """A rollout actor announces itself; it gets the current weights, version, incarnation."""
+    async def register(self, actor_id: str, path: str) -> dict[str, Any]:
+        """A rollout actor announces itself; it gets this rank's incarnation, the current
+        version and the weights' source, and the current weights follow: this rank's part, and
+        each other part from the peer that publishes it (subscribed here on the actor's
+        behalf). A malformed request, or a peer that cannot be told, gets `error` instead,
+        and the actor registers again."""
         core = self.core
-        ref = self.context.system.ref(path)
+        try:
+            ref = self._rollout_ref(actor_id, path)
+            for peer in core.publishers:
+                await self.context.system.ref(peer).tell.subscribe(actor_id, path)
+        except (RegistrationRefused, ActorError, WireError) as exc:
+            log.warning("refused the registration of %.100r: %s", actor_id, exc)
+            return {"incarnation": core.incarnation, "error": str(exc)}
         core.actors[actor_id] = ref
         core.weights.add(actor_id, ref)
-        return {"incarnation": core.incarnation, "version": core.version}
+        return {
+            "incarnation": core.incarnation,
+            "version": core.version,
+            "source": core.weights.source,
+        }
+
+    def subscribe(self, actor_id: str, path: str) -> None:
+        """A peer rank's rollout actor wants this rank's weight part too (see `register`)."""
+        try:
+            self.core.weights.add(actor_id, self._rollout_ref(actor_id, path))
+        except (RegistrationRefused, ActorError) as exc:
+            log.warning("refused a subscription to this rank's weights: %s", exc)
+
+    def _rollout_ref(self, actor_id: object, path: object) -> ActorRef:
+        """The ref of a rollout actor from its id and path as it sent them."""
+        for what, value in (("actor id", actor_id), ("path", path)):
+            if not isinstance(value, str) or not 0 < len(value) <= MAX_ACTOR_CHARS:
+                raise RegistrationRefused(
+                    f"a rollout actor's {what} is 1 to {MAX_ACTOR_CHARS} characters"
+                )
+        return self.context.system.ref(str(path))
 
     async def push_fragment(self, payload: Any) -> dict[str, Any]:
         """Take one fragment; the reply waits while the intake is full (back-pressure)."""
@@ -258,6 +291,7 @@ async def serve(
                 return 0
             core.mark("joined")
             await asyncio.to_thread(core.shard)
+            await asyncio.to_thread(core.meet, f"{transport.address}/{LEARNER_NAME}")
             resumed = await asyncio.to_thread(core.restore)
             core.mark("restored")
             await core.stream(core.version)

@@ -27,6 +27,7 @@ from shoal.learner.cpu_features import native_bf16
 from shoal.learner.errors import LearnerError
 from shoal.learner.materialize import is_deferred, materialize, read_weights
 from shoal.learner.models.base import PolicyModel
+from shoal.learner.weight_plan import row_span
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,58 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     calls it for the same tensor in the same order), a plain tensor as it is."""
     gather = getattr(tensor, "full_tensor", None)
     return gather() if callable(gather) else tensor
+
+
+def publishing_row(plan: ParallelPlan, rank: int) -> tuple[int, ...]:
+    """The ranks that publish `rank`'s weight-sync parts, in part order: its shard group when
+    the model is sharded (each sends the rows it holds), else the rank alone (it holds all)."""
+    if not plan.sharded:
+        return (rank,)
+    row = next((row for row in plan.layout if rank in row), None)
+    if row is None:
+        raise ParallelError(f"rank {rank} is in no shard group of the plan {plan.layout}")
+    return row
+
+
+def owned_rows(tensor: torch.Tensor, part: int, parts: int) -> torch.Tensor:
+    """The rows of `tensor` that weight-sync part `part` of `parts` carries (`row_span`), as a
+    plain tensor. A rank's own dim-0 shard is exactly those rows, so a sharded parameter needs
+    no collective; any other placement is gathered (every rank then calls this for the same
+    tensor in the same order, as for `full_tensor`), a plain tensor is sliced."""
+    if parts == 1:
+        return full_tensor(tensor)
+    rows = tensor.shape[0] if tensor.dim() else 1
+    lo, hi = row_span(rows, part, parts)
+    local = _own_shard(tensor, part, parts, hi - lo)
+    if local is not None:
+        return local
+    whole = full_tensor(tensor)
+    return (whole if whole.dim() else whole.reshape(1))[lo:hi]
+
+
+def _own_shard(tensor: torch.Tensor, part: int, parts: int, rows: int) -> torch.Tensor | None:
+    """This rank's local tensor when the tensor is dim-0 sharded over a `shard` mesh dimension
+    of `parts` ranks (replicated on any other), else None. The choice depends only on the
+    placement, the same on every rank, so no rank gathers a tensor its peers do not."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(tensor, DTensor) or "shard" not in (tensor.device_mesh.mesh_dim_names or ()):
+        return None
+    mesh, placements = tensor.device_mesh, tensor.placements
+    at = list(mesh.mesh_dim_names or ()).index("shard")
+    others = [p for i, p in enumerate(placements) if i != at]
+    if placements[at] != Shard(0) or mesh.size(at) != parts:
+        return None
+    if not all(isinstance(p, Replicate) for p in others):
+        return None
+    local = tensor.to_local()
+    if mesh.get_local_rank(at) != part or local.shape[0] != rows:
+        raise ParallelError(
+            f"this rank holds {local.shape[0]} rows at shard coordinate "
+            f"{mesh.get_local_rank(at)}, but weight-sync part {part} of {parts} is {rows} rows: "
+            "the shard layout is not torch.chunk's"
+        )
+    return local
 
 
 def parallelize(

@@ -5,8 +5,9 @@ The actor registers with its learner (getting the learner's incarnation and curr
 version), waits until it holds a complete version from that incarnation, then loops: collect,
 push. At most one push is in flight while the next fragment is collected; a push waits while the
 learner's intake is full, which is the back-pressure. Weights arrive in buckets
-(`weights_begin`, `weights_bucket` × n, `weights_commit`, see weight_sync.py) while the actor
-keeps collecting with its last complete version; a committed version is adopted between steps,
+(`weights_begin`, `weights_bucket` × n, `weights_commit`, see weight_sync.py), from a sharded
+learner in one part per rank of its shard group, while the actor keeps collecting with its last
+complete version; a version with every part committed is adopted between steps,
 atomically, and every fragment carries the version it was collected with. A half-received
 version is dropped, never adopted. When the learner restarts (a new incarnation, or a dropped
 link), the actor registers again and waits for the restored weights; if none arrive within
@@ -183,10 +184,10 @@ class RolloutActor(Actor):
         self._journal: Journal | None = None
         self._failed = failed
         self._pending: tuple[int, str, dict[str, torch.Tensor]] | None = None
-        """A complete version not adopted yet: (version, learner incarnation, weights)."""
+        """A complete version not adopted yet: (version, its source, weights)."""
         self._assembler: WeightAssembler | None = None
         self._held_source = ""
-        """The learner incarnation the collector's weights came from ("": none yet)."""
+        """The source (learner group incarnation) the collector's weights came from ("": none)."""
         self.weights_received = 0
         self.weights_refused = 0
         self._task: asyncio.Task[None] | None = None
@@ -196,6 +197,8 @@ class RolloutActor(Actor):
         self.pacer = Pacer(spec.fragments_per_version)
         self._collector: AnyCollector | None = None
         self._incarnation = ""
+        self._source = ""
+        """The weights source the learner registered with named: its shard group's incarnation."""
         self.registrations = 0
         self.pushed = 0
 
@@ -233,14 +236,14 @@ class RolloutActor(Actor):
             self._journal.close()
 
     def weights_begin(self, version: int, manifest: dict[str, Any]) -> None:
-        """A new version starts arriving; a half-received one is dropped. A version this actor
-        already holds from the same learner incarnation is ignored."""
+        """A part of a version starts arriving (a sharded learner's ranks each send one); a
+        newer version drops a half-received one. A version this actor already holds from the
+        same learner group is ignored."""
         assembler = self._assembler
         if assembler is None:
             return
         source = manifest.get("source") if isinstance(manifest, dict) else None
         if source == self._newest_source() and _le(version, self._newest_version()):
-            assembler.reset()
             return
         try:
             assembler.begin(version, manifest)
@@ -248,7 +251,7 @@ class RolloutActor(Actor):
             self._refused(exc)
 
     async def weights_bucket(
-        self, version: int, index: int, data: np.ndarray, checksum: int
+        self, version: int, part: int, index: int, data: np.ndarray, checksum: int
     ) -> None:
         """One bucket of the version being received; a bad one drops that version. Checked
         and copied in a worker thread (CRC-32 and numpy copies release the GIL): hundreds of
@@ -257,17 +260,17 @@ class RolloutActor(Actor):
         if self._assembler is None:
             return
         try:
-            await asyncio.to_thread(self._assembler.bucket, version, index, data, checksum)
+            await asyncio.to_thread(self._assembler.bucket, version, part, index, data, checksum)
         except WeightSyncError as exc:
             self._refused(exc)
 
-    async def weights_commit(self, version: int) -> None:
-        """The version is complete: it becomes the pending one, adopted between steps (its
-        tensors are cast to the local dtypes in a worker thread)."""
+    async def weights_commit(self, version: int, part: int) -> None:
+        """A part is complete; once every part is, the version becomes the pending one, adopted
+        between steps (its tensors are cast to the local dtypes in a worker thread)."""
         if self._assembler is None:
             return
         try:
-            done = await asyncio.to_thread(self._assembler.commit, version)
+            done = await asyncio.to_thread(self._assembler.commit, version, part)
         except WeightSyncError as exc:
             self._refused(exc)
             return
@@ -424,7 +427,7 @@ class RolloutActor(Actor):
         """Swap to the pending complete version if it came from the learner registered with."""
         pending, self._pending = self._pending, None
         collector = self._collector
-        if pending is None or collector is None or pending[1] != self._incarnation:
+        if pending is None or collector is None or pending[1] != self._source:
             return
         version, source, weights = pending
         if source != self._held_source or version > collector.policy_version:
@@ -494,12 +497,15 @@ class RolloutActor(Actor):
                 reply = await learner.ask(timeout=REGISTER_TIMEOUT_S).register(
                     collector.actor_id, self.ref.path
                 )
-                break
+                if isinstance(reply, dict) and {"incarnation", "version", "source"} <= set(reply):
+                    break
+                log.info("learner %s refused the registration (%.200s)", path, reply)
             except (ActorError, WireError) as exc:
                 log.info("learner %s not ready (%s)", path, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, REGISTER_RETRY_MAX_S)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REGISTER_RETRY_MAX_S)
         self._incarnation = str(reply["incarnation"])
+        self._source = str(reply["source"])
         self.registrations += 1
         return learner, int(reply["version"])
 
@@ -511,7 +517,7 @@ class RolloutActor(Actor):
         deadline = time.monotonic() + self.spec.weights_timeout_s
         while True:
             self._adopt()
-            if self._held_source == self._incarnation and collector.policy_version >= version:
+            if self._held_source == self._source and collector.policy_version >= version:
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not _link_stands(learner):

@@ -12,6 +12,7 @@ worker thread).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -39,9 +40,10 @@ from shoal.learner.parallel import (
     Parallelized,
     ShardingOptions,
     check_fits,
-    full_tensor,
+    owned_rows,
     parallelize,
     plan_parallelism,
+    publishing_row,
     rank_memory_bytes,
     training_bytes,
 )
@@ -90,10 +92,15 @@ class LearnerCore:
         self._ppo: PPOLearner | None = None
         self.incarnation = os.urandom(6).hex()
         self.weights = WeightBroadcaster(cfg.weight_sync, source=self.incarnation)
+        self.publisher_ranks: tuple[int, ...] = (group.rank,)
+        """The ranks whose weight-sync parts together make a version for this rank's actors
+        (its shard group; `shard` sets it), in part order."""
+        self.publishers: list[str] = []
+        """Their learner actors' paths, but this rank's own (`meet` sets them)."""
         accounting = RunDir(run_dir).accounting
         self.journal = open_learner_journal(accounting, group.rank, self.incarnation)
         self.intake = Intake(cfg.intake.capacity, cfg.intake.max_staleness, self.journal)
-        self.intake.set_lineage(self.incarnation, 0)
+        self.intake.set_lineage(self.weights.source, 0)
         self.checkpoints = CheckpointManager(checkpoint_dir(cfg, run_dir), keep=cfg.checkpoint.keep)
         self.publication = publication or Publication()
         self._progress_at = -math.inf
@@ -136,6 +143,7 @@ class LearnerCore:
             activation_checkpointing=learner.activation_checkpointing,
         )
         self.parallel = parallelize(self.policy, plan, self.device, options, self.cfg.seed)
+        self.publisher_ranks = publishing_row(plan, self.group.rank)
         if self.parallel.autocast is not None:
             log.info(
                 "rank %d computes in bf16 (%s autocast)", self.group.rank, self.parallel.autocast
@@ -144,6 +152,22 @@ class LearnerCore:
             self.parallel.module, self.cfg.ppo, self.policy, self.parallel.forward_context
         )
         self._ppo.token_cfg = self.cfg.token
+
+    def meet(self, path: str) -> None:
+        """Learn where the other publishers of this rank's weight parts serve (`path`: this
+        rank's learner actor) and take its shard group's weights source, the first rank's
+        incarnation, which the parts share and the fragments collected with them carry (the
+        intake's lineage). A collective: every rank calls it after `shard`."""
+        met = self.group.all_gather((path, self.incarnation))
+        row = self.publisher_ranks
+        self.publishers = [str(met[r][0]) for r in row if r != self.group.rank]  # type: ignore[index]
+        self.weights.source = str(met[row[0]][1])  # type: ignore[index]
+        self.intake.set_lineage(self.weights.source, self.version)
+
+    @property
+    def part(self) -> tuple[int, int]:
+        """This rank's weight-sync part and the number of parts."""
+        return self.publisher_ranks.index(self.group.rank), len(self.publisher_ranks)
 
     @property
     def ppo(self) -> PPOLearner:
@@ -172,7 +196,7 @@ class LearnerCore:
         self.base_ranges = ranges_by_actor(trainer.get("trained_ranges", {}))
         self.journal.append({"resumed_from": str(info.path), "base": ranges_json(self.base_ranges)})
         self.intake.set_version(self.version)
-        self.intake.set_lineage(self.incarnation, self.version)
+        self.intake.set_lineage(self.weights.source, self.version)
         self.resumed_from = info
         return info
 
@@ -291,15 +315,20 @@ class LearnerCore:
         await self.stream(self.version)
 
     async def stream(self, version: int) -> None:
-        """Publish the model's weights as `version` and cut them into host buckets in a worker
-        thread, tensor by tensor from the shards (for a sharded model every gather is a
-        collective, so every rank calls this in step); the transfers send each bucket as soon
-        as it is ready, so sending overlaps cutting."""
+        """Publish this rank's part of the model's weights as `version` and cut it into host
+        buckets in a worker thread, tensor by tensor: a sharded rank's part is the rows it
+        holds, so it gathers nothing and keeps 1/N of the version (a tensor not sharded on
+        dim 0 is gathered, a collective, so every rank calls this in step); the transfers send
+        each bucket as soon as it is ready, so sending overlaps cutting."""
         tensors = list(self.policy.state_dict().items())
-        snapshot = WeightSnapshot.plan_for(version, tensors, self.cfg.weight_sync)
+        part, parts = self.part
+        snapshot = WeightSnapshot.plan_for(
+            version, tensors, self.cfg.weight_sync, part=part, parts=parts
+        )
         snapshot.attach(asyncio.get_running_loop())
         self.weights.publish(snapshot)
-        await asyncio.to_thread(snapshot.fill, tensors, full_tensor)
+        take = functools.partial(owned_rows, part=part, parts=parts)
+        await asyncio.to_thread(snapshot.fill, tensors, take)
 
     # -- reporting ---------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ definition is what makes "the same plan on both ends" true by construction.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ MIN_BUCKET_BYTES = 1024
 MAX_BUCKETS = 1 << 16
 """Buckets of one version; 65536 × 256 MiB is 16 TiB, and a receiver never plans more."""
 MAX_SOURCE_CHARS = 256
+MAX_PARTS = 1024
+"""Publishers of one version: a shard group's ranks (16 in the seed's islands)."""
 WIRE_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -114,6 +117,32 @@ def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> list[list[Chunk]]:
     if current:
         buckets.append(current)
     return buckets
+
+
+def row_span(rows: int, part: int, parts: int) -> tuple[int, int]:
+    """Rows [lo, hi) of a tensor with `rows` rows that part `part` of `parts` owns: runs of
+    ceil(rows / parts), the last ones short or empty. The same split as torch.chunk, and so
+    as FSDP2's dim-0 shards: a sharded rank owns exactly the rows it holds."""
+    size = -(-rows // parts)
+    lo = min(part * size, rows)
+    return lo, min(lo + size, rows)
+
+
+def part_range(shape: Sequence[int], itemsize: int, part: int, parts: int) -> tuple[int, int]:
+    """The bytes (start, length) of a row-major tensor that part `part` of `parts` owns: its
+    rows' (a 0-dimensional tensor is one row)."""
+    rows = shape[0] if shape else 1
+    row_bytes = itemsize * math.prod(shape[1:])
+    lo, hi = row_span(rows, part, parts)
+    return lo * row_bytes, (hi - lo) * row_bytes
+
+
+def part_sizes(
+    specs: Sequence[tuple[Sequence[int], int]], part: int, parts: int
+) -> tuple[list[int], list[int]]:
+    """For tensors of (shape, itemsize): where each tensor's owned bytes start, and how many."""
+    ranges = [part_range(shape, itemsize, part, parts) for shape, itemsize in specs]
+    return [start for start, _ in ranges], [length for _, length in ranges]
 
 
 def bucket_count(total: int, bucket_bytes: int) -> int:

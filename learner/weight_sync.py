@@ -2,33 +2,37 @@
 
 A whole state dict in one frame stops working past the transport's frame cap (256 MiB) and makes
 every sync all-or-nothing. Here a version travels as `weights_begin(version, manifest)`, then
-`weights_bucket(version, index, data, checksum)` for each bucket, then `weights_commit(version)`.
-Buckets are flat byte buffers cut from the tensors in order (a tensor bigger than a bucket spans
-several), each at most `bucket_mb` and always under the frame cap, each with a CRC-32. This
-module is the learner side; the plan, limits and config both ends share are in weight_plan.py.
+`weights_bucket(version, part, index, data, checksum)` for each bucket, then
+`weights_commit(version, part)`. Buckets are flat byte buffers cut in order from the bytes a
+part carries (a tensor bigger than a bucket spans several), each at most `bucket_mb` and always
+under the frame cap, each with a CRC-32. This module is the learner side; the plan, limits and
+config both ends share are in weight_plan.py.
 
-The learner side, from `learner_main.py` (every rank runs `build` with the same tensors in the
-same order: the gather of a sharded tensor is a collective; each rank then publishes to its own
-rollout actors)::
+A version is published in `parts`: a sharded model's shard group splits it, each rank the rows
+of every tensor that it holds as its own shard (`row_span`: FSDP2's dim-0 split), so no rank
+gathers a tensor or keeps the whole version in host memory, and each sends its part to every
+rollout actor of the group (the learner's `register` subscribes the actor with its peers). A
+replicated or single rank is one part of one. The learner side, from trainer.py::
 
-    broadcaster = WeightBroadcaster(cfg.weight_sync, source=incarnation)
-    # after each update, on every rank:
-    snapshot = WeightSnapshot.build(version, list(model.state_dict().items()), gather,
-                                    cfg.weight_sync, max_frame_bytes=transport.max_frame_bytes)
+    broadcaster = WeightBroadcaster(cfg.weight_sync, source=group_incarnation)
+    # after each update, on every rank of the shard group:
+    snapshot = WeightSnapshot.plan_for(version, params, cfg.weight_sync, part=p, parts=n)
+    snapshot.attach(loop)
     broadcaster.publish(snapshot)              # newest wins: older in-flight transfers stop
-    broadcaster.add(actor_id, ref)             # in `register`: the actor gets the current snapshot
+    await asyncio.to_thread(snapshot.fill, params, partial(owned_rows, part=p, parts=n))
+    broadcaster.add(actor_id, ref)             # register / subscribe: the actor gets the current part
     broadcaster.remove(actor_id)               # an actor that is gone
     await broadcaster.close()
 
-`gather(t)` returns the whole tensor: `lambda t: t` for a plain model, `lambda t: t.full_tensor()`
-for FSDP2 DTensors. `source` is the learner's incarnation: a rollout actor adopts only weights
-from the incarnation it registered with, so a restarted learner is never confused with its
+`source` is the shard group's incarnation (its first rank's): a rollout actor adopts only
+weights from the one it registered with, so a restarted learner is never confused with its
 predecessor even when its version went back to a checkpoint's.
 
-The receiving side, `WeightAssembler` (weight_assembler.py), is pure: it checks the manifest against the local model's
-own names and shapes before allocating anything, checks every bucket's index, length and
-checksum, and hands out the weights only at commit; a new begin drops a half-received version.
-See docs/weight-sync.md for the limits and failure behaviour.
+The receiving side, `WeightAssembler` (weight_assembler.py), is pure: it checks the manifest
+against the local model's own names and shapes before allocating anything, checks every
+bucket's part, index, length and checksum, and hands out the weights only once every part is
+committed; a newer version drops a half-received one. See docs/weight-sync.md for the limits
+and failure behaviour.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -48,12 +51,14 @@ from shoal.errors import ConfigError
 from shoal.learner.errors import WeightSyncError
 from shoal.learner.weight_plan import (
     MAX_BUCKETS,
+    MAX_PARTS,
     MAX_SOURCE_CHARS,
     WIRE_NAMES,
     Chunk,
     WeightSyncConfig,
     bucket_count,
     checksum,
+    part_sizes,
     plan_buckets,
     wire_dtype,
 )
@@ -82,16 +87,25 @@ class WeightSnapshot:
         specs: list[tuple[str, torch.dtype, tuple[int, ...]]],
         plan: list[list[Chunk]],
         limit: int,
+        part: int = 0,
+        parts: int = 1,
     ) -> None:
         self.version = version
         self.specs = specs
         self.plan = plan
-        sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape in specs]
+        self.part = part
+        self.parts = parts
+        self.owned = part_sizes(
+            [(shape, dtype.itemsize) for _, dtype, shape in specs], part, parts
+        )[1]
+        """Bytes of each tensor this part carries (all of them when it is the only part)."""
         self.manifest: dict[str, Any] = {
             "tensors": [[name, WIRE_NAMES[dtype], list(shape)] for name, dtype, shape in specs],
             "bucket_bytes": limit,
             "buckets": len(plan),
-            "nbytes": sum(sizes),
+            "nbytes": sum(self.owned),
+            "part": part,
+            "parts": parts,
         }
         self.buckets = [np.empty(sum(c.length for c in chunks), np.uint8) for chunks in plan]
         self.checksums = [0] * len(plan)
@@ -103,7 +117,10 @@ class WeightSnapshot:
         self._changed: asyncio.Event | None = None
 
     def __repr__(self) -> str:
-        return f"<WeightSnapshot v{self.version} {self.ready}/{len(self.plan)} buckets ready>"
+        return (
+            f"<WeightSnapshot v{self.version} part {self.part}/{self.parts}: "
+            f"{self.ready}/{len(self.plan)} buckets ready>"
+        )
 
     @property
     def nbytes(self) -> int:
@@ -117,31 +134,40 @@ class WeightSnapshot:
         cfg: WeightSyncConfig,
         *,
         max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
+        part: int = 0,
+        parts: int = 1,
     ) -> WeightSnapshot:
-        """The buckets of `params` (names, wire dtypes, shapes), not filled yet."""
+        """The buckets of `params` (names, wire dtypes, shapes), not filled yet: of all their
+        bytes, or, as part `part` of `parts`, of the rows that part owns (`row_span`)."""
+        if not 0 <= part < parts <= MAX_PARTS:
+            raise WeightSyncError(f"part {part} of {parts} is not a part (at most {MAX_PARTS})")
         limit = cfg.bucket_bytes(max_frame_bytes)
         specs = [(name, wire_dtype(t.dtype, cfg), tuple(t.shape)) for name, t in params]
-        sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape in specs]
+        _, sizes = part_sizes([(shape, dtype.itemsize) for _, dtype, shape in specs], part, parts)
         if bucket_count(sum(sizes), limit) > MAX_BUCKETS:
             raise WeightSyncError(
                 f"{sum(sizes)} bytes in buckets of {limit} make more than {MAX_BUCKETS} buckets: "
                 "raise weight_sync.bucket_mb"
             )
-        return cls(version, specs, plan_buckets(sizes, limit), limit)
+        return cls(version, specs, plan_buckets(sizes, limit), limit, part, parts)
 
     @classmethod
     def build(
         cls,
         version: int,
         params: Sequence[tuple[str, torch.Tensor]],
-        gather: Callable[[torch.Tensor], torch.Tensor],
+        take: Callable[[torch.Tensor], torch.Tensor],
         cfg: WeightSyncConfig,
         *,
         max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
+        part: int = 0,
+        parts: int = 1,
     ) -> WeightSnapshot:
-        """`plan_for` and `fill` in one call: the whole snapshot, ready."""
-        snapshot = cls.plan_for(version, params, cfg, max_frame_bytes=max_frame_bytes)
-        snapshot.fill(params, gather)
+        """`plan_for` and `fill` in one call: the whole snapshot (or part), ready."""
+        snapshot = cls.plan_for(
+            version, params, cfg, max_frame_bytes=max_frame_bytes, part=part, parts=parts
+        )
+        snapshot.fill(params, take)
         return snapshot
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -152,12 +178,13 @@ class WeightSnapshot:
     def fill(
         self,
         params: Sequence[tuple[str, torch.Tensor]],
-        gather: Callable[[torch.Tensor], torch.Tensor],
+        take: Callable[[torch.Tensor], torch.Tensor],
     ) -> None:
-        """Gather each tensor in order (one whole tensor at a time on its device, never the
-        model; `gather` may be a collective, so every rank fills in the same order), cast it
-        to its wire dtype there, copy its bytes into the buckets, and mark each bucket ready
-        once complete. Any thread; a failure is recorded for the waiting transfers, then raised."""
+        """Take this part's rows of each tensor in order (`take(t)`: the whole tensor for the
+        only part; one tensor at a time on its device, never the model; it may gather, a
+        collective, so every rank fills in the same order), cast them to the wire dtype there,
+        copy their bytes into the buckets, and mark each bucket ready once complete. Any
+        thread; a failure is recorded for the waiting transfers, then raised."""
         started = time.perf_counter()
         last_tensor = [max(chunk.tensor for chunk in chunks) for chunks in self.plan]
         by_tensor: list[list[tuple[int, Chunk]]] = [[] for _ in self.specs]
@@ -165,14 +192,19 @@ class WeightSnapshot:
             for chunk in chunks:
                 by_tensor[chunk.tensor].append((b, chunk))
         try:
-            for t, ((_, tensor), (_, dtype, _), placed) in enumerate(
+            for t, ((name, tensor), (_, dtype, _), placed) in enumerate(
                 zip(params, self.specs, by_tensor)
             ):
-                full = gather(tensor).detach().to(dtype).contiguous().reshape(-1).view(torch.uint8)
+                rows = take(tensor).detach().to(dtype).contiguous().reshape(-1).view(torch.uint8)
+                if rows.numel() != self.owned[t]:
+                    raise WeightSyncError(
+                        f"part {self.part} of {self.parts} owns {self.owned[t]} bytes of {name}, "
+                        f"given {rows.numel()}"
+                    )
                 for b, chunk in placed:
                     target = torch.from_numpy(self.buckets[b])[chunk.at : chunk.at + chunk.length]
-                    target.copy_(full[chunk.start : chunk.start + chunk.length])
-                del full
+                    target.copy_(rows[chunk.start : chunk.start + chunk.length])
+                del rows
                 done = self.ready
                 while done < len(self.plan) and last_tensor[done] <= t:
                     self.checksums[done] = checksum(self.buckets[done])
@@ -275,10 +307,19 @@ class WeightBroadcaster:
 
     def stats(self) -> dict[str, float]:
         """Transfers completed, superseded by a newer version, timed out and failed (link
-        gone); bytes sent and seconds spent in completed transfers; those in flight."""
+        gone); bytes sent and seconds spent in completed transfers; those in flight; and the
+        current snapshot's version, part of how many, and host bytes."""
         in_flight = sum(not t.task.done() for t in self._transfers.values())
-        version = -1 if self.snapshot is None else self.snapshot.version
-        return {**self._stats, "in_flight": in_flight, "version": version}
+        snapshot = self.snapshot
+        held = {"version": -1, "part": 0, "parts": 1, "snapshot_bytes": 0}
+        if snapshot is not None:
+            held = {
+                "version": snapshot.version,
+                "part": snapshot.part,
+                "parts": snapshot.parts,
+                "snapshot_bytes": snapshot.nbytes,
+            }
+        return {**self._stats, "in_flight": in_flight, **held}
 
     def _start(self, actor_id: str) -> None:
         snapshot = self.snapshot
@@ -311,10 +352,10 @@ class WeightBroadcaster:
                 await ref.tell.weights_begin(snapshot.version, manifest)
                 for index in range(len(snapshot.buckets)):
                     data, crc = await snapshot.bucket(index)
-                    await ref.tell.weights_bucket(snapshot.version, index, data, crc)
+                    await ref.tell.weights_bucket(snapshot.version, snapshot.part, index, data, crc)
                     sent += 1
                     self._stats["bytes"] += int(data.nbytes)
-                await ref.tell.weights_commit(snapshot.version)
+                await ref.tell.weights_commit(snapshot.version, snapshot.part)
         except TimeoutError:
             self._stats["timed_out"] += 1
             log.error(

@@ -204,7 +204,8 @@ class Learner(Actor):
 
     def register(self, actor_id: str, path: str) -> dict[str, Any]:
         self.broadcaster.add(actor_id, self.context.system.ref(path))
-        return {"incarnation": self.broadcaster.source, "version": 1}
+        source = self.broadcaster.source
+        return {"incarnation": source, "version": 1, "source": source}
 
     def push_fragment(self, payload: Any) -> dict[str, Any]:
         fragment = fragment_from_wire(payload)

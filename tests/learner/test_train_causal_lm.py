@@ -1,5 +1,5 @@
-"""A causal-LM policy end to end: 2 gloo ranks under FSDP2 train it with PPO, each version
-reaches the rollout workers in several buckets, the sharded checkpoint exports as a
+"""A causal-LM policy end to end: 2 gloo ranks under FSDP2 train it with PPO, each rank sends
+the rows it holds of each version to both rollout workers in several buckets, the sharded checkpoint exports as a
 transformers directory that `from_pretrained` loads, and a second job trains on from that
 directory (`model.path`: each rank builds the LM on the meta device and reads its own rows)."""
 
@@ -36,7 +36,7 @@ workers = 2
 num_envs = 16
 horizon = 16
 [weight_sync]
-bucket_mb = 0.05
+bucket_mb = 0.02
 """
 
 
@@ -58,15 +58,21 @@ def train(job_text: str, tmp_path: Path, name: str) -> Path:
 
 def test_a_causal_lm_trains_sharded_and_streams_in_buckets(tmp_path: Path) -> None:
     run_dir = train(JOB, tmp_path, "run")
+    held = 0
     for rank in (0, 1):
         status = json.loads((run_dir / f"status-{rank}.json").read_text())
         assert status["parallel"] == "fsdp"
         assert status["version"] >= 2
         sync = status["weight_sync"]
-        assert sync["completed"] >= 2
+        # Each rank publishes the rows it holds, to both workers (its own and its peer's).
+        assert (sync["part"], sync["parts"]) == (rank, 2)
+        assert sync["completed"] >= 4
         assert sync["timed_out"] == sync["failed"] == 0
-        # 50 KiB buckets: each version of this ~23k-parameter model is two of them.
-        assert sync["bytes"] / sync["completed"] > 0.05 * 2**20
+        held += sync["snapshot_bytes"]
+        # 20 KiB buckets: each rank's half of this model is three of them.
+        assert sync["snapshot_bytes"] > 20 * 2**10
+        assert sync["bytes"] >= sync["completed"] * sync["snapshot_bytes"]
+    assert held == 4 * 22_849  # its 22,849 values once, split between the ranks, in float32
 
     out = tmp_path / "exported"
     exported = subprocess.run(

@@ -83,7 +83,7 @@ def test_a_full_bucket_message_fits_in_one_frame(frame: int) -> None:
     assert limit <= frame - FRAME_HEADROOM
     data = np.zeros(limit, dtype=np.uint8)
     path = "shoal://127.0.0.1:65535/" + "r" * 200
-    envelope = ["t", path, "weights_bucket", [2**62, 2**20, data, 2**32 - 1], {}]
+    envelope = ["t", path, "weights_bucket", [2**62, 1023, 2**20, data, 2**32 - 1], {}]
     assert wire.encode(envelope, frame).nbytes <= frame
 
 
@@ -103,8 +103,8 @@ def _params(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 def _deliver(assembler: WeightAssembler, snap: WeightSnapshot, source: str = "inc") -> Any:
     assembler.begin(snap.version, {**snap.manifest, "source": source})
     for index, (data, crc) in enumerate(zip(snap.buckets, snap.checksums)):
-        assert assembler.bucket(snap.version, index, data, crc)
-    return assembler.commit(snap.version)
+        assert assembler.bucket(snap.version, snap.part, index, data, crc)
+    return assembler.commit(snap.version, snap.part)
 
 
 @pytest.mark.parametrize("wire_dtype", ["float32", "bfloat16"])
@@ -144,19 +144,20 @@ def test_bad_buckets_drop_the_version_and_leftovers_are_ignored() -> None:
     data, crc = snap.buckets[0], snap.checksums[0]
     assembler = WeightAssembler(model.state_dict())
     cases: list[Callable[[], object]] = [
-        lambda: assembler.bucket(5, 1, snap.buckets[1], snap.checksums[1]),  # out of order
-        lambda: assembler.bucket(5, 0, data[:-1], crc),  # short
-        lambda: assembler.bucket(5, 0, data, crc ^ 1),  # corrupt
-        lambda: assembler.bucket(5, 0, data.astype(np.int16), crc),  # wrong dtype
-        lambda: assembler.commit(5),  # incomplete
+        lambda: assembler.bucket(5, 0, 1, snap.buckets[1], snap.checksums[1]),  # out of order
+        lambda: assembler.bucket(5, 0, 0, data[:-1], crc),  # short
+        lambda: assembler.bucket(5, 0, 0, data, crc ^ 1),  # corrupt
+        lambda: assembler.bucket(5, 0, 0, data.astype(np.int16), crc),  # wrong dtype
+        lambda: assembler.bucket(5, 1, 0, data, crc),  # a part that is not one
+        lambda: assembler.commit(5, 0),  # incomplete
     ]
     for dropped, case in enumerate(cases, start=1):
         assembler.begin(5, snap.manifest)
         with pytest.raises(WeightSyncError):
             case()
         assert assembler.dropped == dropped
-        assert assembler.bucket(5, 0, data, crc) is False  # the dropped version's leftovers
-        assert assembler.commit(5) is None
+        assert assembler.bucket(5, 0, 0, data, crc) is False  # the dropped version's leftovers
+        assert assembler.commit(5, 0) is None
     assert _deliver(assembler, snap) is not None  # and the next good version goes through
 
 
@@ -184,7 +185,7 @@ _values = st.recursive(
     ),
     max_leaves=30,
 )
-_MANIFEST_KEYS = ("tensors", "bucket_bytes", "buckets", "nbytes", "source")
+_MANIFEST_KEYS = ("tensors", "bucket_bytes", "buckets", "nbytes", "source", "part", "parts")
 
 
 @settings(max_examples=300, deadline=None)
@@ -233,6 +234,7 @@ class Learner(Actor):
         return {
             "incarnation": self.broadcaster.source,
             "version": snapshot.version if snapshot else 0,
+            "source": self.broadcaster.source,
         }
 
     def push_fragment(self, payload: Any) -> dict[str, Any]:
@@ -254,12 +256,12 @@ class HeldRollout(RolloutActor):
         self.holding = asyncio.Event()
 
     async def weights_bucket(
-        self, version: int, index: int, data: np.ndarray, checksum: int
+        self, version: int, part: int, index: int, data: np.ndarray, checksum: int
     ) -> None:
         if version in self.held and not self.gate.is_set():
             self.holding.set()
             await self.gate.wait()
-        await super().weights_bucket(version, index, data, checksum)
+        await super().weights_bucket(version, part, index, data, checksum)
 
 
 @contextlib.asynccontextmanager
@@ -366,8 +368,10 @@ def test_a_corrupt_or_foreign_version_is_refused_and_the_last_one_kept() -> None
             hostile = learn.context.system.ref(actor.ref.path)  # a peer sending garbage
             await hostile.tell.weights_begin(9, {"tensors": "x" * 1000, "source": "incarnation-1"})
             await hostile.tell.weights_begin(-1, [1, 2])
-            await hostile.tell.weights_bucket(9, 0, np.zeros(10, np.uint8), 0)
-            await hostile.tell.weights_commit("9")
+            await hostile.tell.weights_bucket(9, 0, 0, np.zeros(10, np.uint8), 0)
+            await hostile.tell.weights_bucket(9, "0", [], None, 0)
+            await hostile.tell.weights_commit("9", 0)
+            await hostile.tell.weights_commit(9, 2**40)
             await eventually_async(
                 lambda: _stats(actor)["weights_refused"] == 4, "the garbage refused", WAIT_S
             )
