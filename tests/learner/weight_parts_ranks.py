@@ -1,12 +1,13 @@
 """One rank of a real gloo group publishing its weight-sync part of an FSDP2-sharded causal LM
 (spawned by tests/learner/test_weight_parts.py).
 
-    python -m tests.learner.weight_parts_ranks OUT   (GroupSpec in the env)
+    python -m tests.learner.weight_parts_ranks SHARDING ISLANDS OUT   (GroupSpec in the env)
 
-The rank holds the test's LM sharded over the whole group, cuts its part of a version as the
-learner does (`owned_rows`) with every DTensor gather made to fail (a part needs none), then
-the whole version the old way (every tensor gathered, for comparison), and writes both
-snapshots' manifests and buckets to OUT (.npz).
+The rank holds the test's LM as SHARDING says over ISLANDS (comma-separated, one island label
+per rank: `fsdp` shards over the whole group, `hsdp` inside each island), cuts its part of a
+version as the learner does (`owned_rows`) with every DTensor gather made to fail (a part
+needs none), then the whole version the old way (every tensor gathered, for comparison), and
+writes both snapshots' manifests and buckets to OUT (.npz).
 """
 
 from __future__ import annotations
@@ -47,11 +48,12 @@ def snapshot_arrays(snapshot: WeightSnapshot, prefix: str) -> dict[str, np.ndarr
     return arrays
 
 
-def main(out: str) -> None:
+def main(sharding: str, islands: str, out: str) -> None:
     group = LearnerGroup(GroupSpec.from_env())
     group.join()
     policy = deferred_policy()
-    plan = plan_parallelism("fsdp", ["h0"] * group.world_size, 1, 1)
+    plan = plan_parallelism(sharding, islands.split(","), 1, 1)  # type: ignore[arg-type]
+    assert plan.strategy == sharding
     parallelize(policy, plan, torch.device("cpu"), ShardingOptions(), SEED)
     row = publishing_row(plan, group.rank)
     part, parts = row.index(group.rank), len(row)
@@ -69,4 +71,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:4])
