@@ -267,8 +267,8 @@ def new_policy(model_cfg: Any, tokenizer: Any, shapes_only: bool = False) -> Cau
 
     cfg = replace(model_cfg, vocab_size=int(tokenizer.vocab_size))
     obs, act = policy_spaces(cfg.vocab_size, cfg.max_positions)
-    deferred = CausalLMPolicy.deferred(cfg, obs, act) if shapes_only else None
-    policy = build_model(cfg, obs, act) if deferred is None else deferred
+    deferred = shapes_only and cfg.family == "causal-lm"
+    policy = CausalLMPolicy.deferred(cfg, obs, act) if deferred else build_model(cfg, obs, act)
     if not isinstance(policy, CausalLMPolicy):
         raise PipelineError(f"model family {cfg.family!r} is not a causal LM")
     return policy

@@ -13,8 +13,10 @@ replicated group starts from, so the strategy changes how the model is held, nev
 Only the causal LM is deferred (it says how to fill one module: `PolicyModel.init_module`):
 from `[model]` sizes its values are drawn; from `model.path` they are read from the directory's
 safetensors once the model is held (`read_weights`: DCP's HuggingFace reader, each rank only
-its own rows; learner/models/lm_files.py). A directory with tied embeddings, and the small
-MLP/CNN/multi families, are built whole, as before.
+its own rows; learner/models/lm_files.py). Tied embeddings (a directory's
+`tie_word_embeddings`) stay one parameter: they are in no unit of their own, so the root
+holds them, and the tie is made again once every module has storage. The small MLP/CNN/multi
+families are built whole, as before.
 """
 
 from __future__ import annotations
@@ -42,9 +44,7 @@ def build_policy(
     """A learner's policy: a causal LM on the meta device (`materialize` gives it storage
     once the group knows how it is held), anything else built and moved to `device`."""
     if cfg.family == "causal-lm":
-        deferred = CausalLMPolicy.deferred(cfg, observation_space, action_space)
-        if deferred is not None:
-            return deferred
+        return CausalLMPolicy.deferred(cfg, observation_space, action_space)
     return build_model(cfg, observation_space, action_space).to(device)
 
 
@@ -72,6 +72,7 @@ def materialize(
     units = policy.shard_units()
     inside = {id(m) for unit in units for m in unit.modules()}
     rest = [m for m in policy.modules() if id(m) not in inside]
+    ties = _ties(policy)
     forked = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=forked), torch.no_grad():
         torch.manual_seed(seed)
@@ -80,6 +81,23 @@ def materialize(
             if shard is not None:
                 shard(unit)
         _initialise(policy, rest, device)
+    for module, name, owner, owner_name in ties:
+        setattr(module, name, getattr(owner, owner_name))
+
+
+def _ties(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module, str]]:
+    """Every parameter that a module shares with an earlier one (tied embeddings: the LM head's
+    weight is the input embeddings'), as (module, name, owner, owner's name). Giving modules
+    storage one at a time gives each its own tensor, so the ties are made again afterwards;
+    a shard unit keeps its ties inside it (`shard_units`), so they are all in one unit."""
+    first: dict[int, tuple[nn.Module, str]] = {}
+    ties = []
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            owner = first.setdefault(id(param), (module, name))
+            if owner[0] is not module:
+                ties.append((module, name, *owner))
+    return ties
 
 
 def _initialise(policy: PolicyModel, modules: Iterable[nn.Module], device: torch.device) -> None:

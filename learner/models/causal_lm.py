@@ -123,17 +123,14 @@ class CausalLMPolicy(PolicyModel):
         cfg: ModelConfig,
         observation_space: spaces.Space[Any],
         action_space: spaces.Space[Any],
-    ) -> CausalLMPolicy | None:
+    ) -> CausalLMPolicy:
         """The policy `from_config` builds, on the meta device: shapes only, every value drawn
         (from sizes, `init_module`) once the module has storage, or read from `cfg.path`'s
-        safetensors (`source`, checked against the LM here) once it is held. None for a
-        directory with tied embeddings, which is built whole instead (one parameter in two
-        modules does not survive being given storage module by module)."""
+        safetensors (`source`, checked against the LM here) once it is held. Tied embeddings
+        (one parameter, listed once in the files) stay tied (learner/materialize.py)."""
         weights: LMWeights | None = None
         if cfg.path:
             config = pretrained_config(Path(cfg.path))
-            if config.tie_word_embeddings:
-                return None
             weights = LMWeights(Path(cfg.path), aside=frozenset({VALUE_HEAD_FILE}))
         else:
             config = _sized_config(cfg)

@@ -177,19 +177,50 @@ def test_a_directory_is_read_into_exactly_its_weights(tmp_path: Path) -> None:
         assert np.array_equal(got[name], value), name
 
 
-def test_a_directory_with_tied_embeddings_is_built_whole(tmp_path: Path) -> None:
+def tied_directory(directory: Path) -> dict[str, np.ndarray]:
+    """A save_pretrained directory of a small Qwen2 with tied embeddings (as Qwen2.5-0.5B
+    ships: the head's weight is not in the files); the LM's tensors as transformers loads it."""
     import transformers
 
     config = transformers.Qwen2Config(
-        vocab_size=48, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=48, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32,
         tie_word_embeddings=True,
     )  # fmt: skip
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tied")
+    torch.manual_seed(3)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    return {f"lm.{k}": v.detach().numpy().copy() for k, v in loaded.state_dict().items()}
+
+
+def assert_tied_and_read(state: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    """`state` (`full_state`: a shared parameter under its first name only) holds `want`, and
+    the head is still the embeddings' parameter (so it is not listed apart)."""
+    head = want.pop("lm.lm_head.weight")
+    assert "lm.lm_head.weight" not in state
+    assert np.array_equal(head, want["lm.model.embed_tokens.weight"])
+    for name, value in want.items():
+        assert np.array_equal(state[name], value), name
+
+
+def test_a_directory_with_tied_embeddings_is_deferred_and_stays_tied(tmp_path: Path) -> None:
+    want = tied_directory(tmp_path / "tied")
     policy = from_directory(tmp_path / "tied")
-    assert not is_deferred(policy)
+    assert is_deferred(policy)
+    materialize(policy, CPU, SEED)
+    read_weights(policy)
     lm = policy.lm
     assert lm.get_output_embeddings().weight is lm.get_input_embeddings().weight
+    assert_tied_and_read(full_state(policy), want)
+
+
+@pytest.mark.timeout(600)
+def test_two_sharded_ranks_read_a_tied_directory(tmp_path: Path) -> None:
+    want = tied_directory(tmp_path / "tied")
+    for got in run_two_ranks(tmp_path, "fsdp", str(tmp_path / "tied")):
+        assert str(got.pop("strategy")) == "fsdp"
+        got.pop("held")
+        assert_tied_and_read(got, dict(want))
 
 
 def rewrite(directory: Path, change: Callable[[dict[str, torch.Tensor]], None]) -> None:
