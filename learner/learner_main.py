@@ -42,19 +42,22 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from shoal.errors import ConfigError
 from shoal.files import write_json_atomically
 from shoal.learner.config import TrainConfig
 from shoal.learner.diskfull import unless_disk_full
-from shoal.learner.errors import BadFragment, LearnerError, RegistrationRefused
+from shoal.learner.errors import BadFragment, LearnerError, PolicyError, RegistrationRefused
 from shoal.learner.events import append_event
 from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
 from shoal.learner.job_metrics import MetricsTarget, post_forever, post_once
+from shoal.learner.parallel import ParallelError
 from shoal.learner.peers import LEARNER_NAME, LEARNER_ROLE, Publication, PublishedRendezvous
 from shoal.learner.sequences import AnyFragment, fragment_from_wire
 from shoal.learner.trainer import LearnerCore
@@ -75,6 +78,7 @@ READY_POLL_S = 0.002
 PEER_STOPPED_EXIT = 3
 CLOSE_LIMIT_S = 1.0
 MAX_ACTOR_CHARS = 1024
+UNFIXABLE = (ParallelError, PolicyError, ConfigError)
 
 
 class LearnerActor(Actor):
@@ -271,7 +275,8 @@ async def serve(
         gpus=os.environ.get("SHOAL_TASK_GPUS", ""),  # what its node handed it, for all to see
     )
     group = LearnerGroup(spec, PublishedRendezvous(publication, spec.epoch))
-    core = LearnerCore(cfg, env_id, group, run_dir, publication)
+    with published_if_unfixable(publication, spec.rank):
+        core = LearnerCore(cfg, env_id, group, run_dir, publication)
     core.mark("built")
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -290,7 +295,8 @@ async def serve(
                 core.checkpoints.close()
                 return 0
             core.mark("joined")
-            await asyncio.to_thread(core.shard)
+            with published_if_unfixable(publication, spec.rank):
+                await asyncio.to_thread(core.shard)
             await asyncio.to_thread(core.meet, f"{transport.address}/{LEARNER_NAME}")
             resumed = await asyncio.to_thread(core.restore)
             core.mark("restored")
@@ -356,6 +362,19 @@ async def serve(
         file=sys.stderr,
     )
     return PEER_STOPPED_EXIT
+
+
+@contextlib.contextmanager
+def published_if_unfixable(publication: Publication, rank: int) -> Iterator[None]:
+    """An error no restart of the group can fix (a model that does not fit the ranks' memory,
+    a model directory that does not hold the LM, a bad setting) is published as the task's
+    `error`, which ends the job at once with it, instead of five restarts of the same
+    refusal; then it is raised, as any other error."""
+    try:
+        yield
+    except UNFIXABLE as exc:
+        publication.fail(f"learner rank {rank}: {exc}")
+        raise
 
 
 async def join_unless_stopped(group: LearnerGroup, stopping: asyncio.Event) -> bool:

@@ -19,6 +19,8 @@ from shoal.task_exchange import publish, read_peers, wait_for_peer
 LEARNER_NAME = "learner"
 """The name of the actor every learner rank serves on its transport."""
 LEARNER_ROLE = "learner"
+MAX_ERROR_CHARS = 1000
+"""The longest `error` a task publishes (its task state is in every coordinator's log)."""
 
 
 class Publication:
@@ -32,6 +34,12 @@ class Publication:
         """Set `fields` and publish; False when no node daemon started this process."""
         self.fields.update(fields)
         return publish(self.fields)
+
+    def fail(self, error: str) -> bool:
+        """Publish `error`, a reason no restart of this task can fix: the job's driver ends the
+        job with it (shoal/cluster_train.py) instead of restarting the task again and again.
+        False when no node daemon started this process."""
+        return self.update(error=error[:MAX_ERROR_CHARS])
 
 
 def _is_rank(peer: dict[str, Any], rank: int) -> bool:

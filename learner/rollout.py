@@ -87,8 +87,6 @@ REGISTER_RETRY_MAX_S = 0.25
 YIELD_EVERY_STEPS = 4
 YIELD_EVERY_S = 0.02
 LEDGER_EVERY_S = 1.0
-MAX_ERROR_CHARS = 1000
-"""A published error is cut to this (the task exchange takes 1024 characters of text)."""
 
 
 @dataclass(frozen=True)
@@ -341,7 +339,7 @@ class RolloutActor(Actor):
         published `error`); with no one to tell, fail the worker."""
         self.error = f"{self.spec.name}: {exc}"
         log.error("%s", self.error)
-        if self.publication.update(error=self.error[:MAX_ERROR_CHARS]):
+        if self.publication.fail(self.error):
             return
         if self._failed is not None and not self._failed.done():
             self._failed.set_exception(exc)
