@@ -27,6 +27,9 @@ def test_quick_bench_learner_has_every_row_with_positive_finite_figures() -> Non
     metrics = [row.metric for row in rows]
     assert sum("peak RSS per rank" in m and "2 ranks FSDP2" in m for m in metrics) == 2
     assert sum(m.startswith("peak RSS per rank, building") for m in metrics) == 2
+    parts = [row for row in rows if row.metric.startswith("weight-sync snapshot")]
+    assert len(parts) == 2
+    assert parts[0].shoal * 4 == pytest.approx(parts[0].baseline, rel=0.01)  # a quarter each
     sync = [m for m in metrics if m.startswith("weight sync")]
     # one size in quick mode, fp32 and bf16, a time row and a throughput row each
     assert len(sync) == 4
