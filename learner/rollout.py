@@ -252,7 +252,7 @@ class RolloutActor(Actor):
         self, version: int, part: int, index: int, data: np.ndarray, checksum: int
     ) -> None:
         """One bucket of the version being received; a bad one drops that version. Checked
-        and copied in a worker thread (CRC-32 and numpy copies release the GIL): hundreds of
+        and copied in a worker thread (the checksum and numpy copies release the GIL): hundreds of
         MB per bucket would otherwise hold the event loop, and with it the link's pings and
         the environment steps, for a fraction of a second each."""
         if self._assembler is None:

@@ -9,13 +9,13 @@ definition is what makes "the same plan on both ends" true by construction.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
+import xxhash
 
 from shoal.config import check_number
 from shoal.errors import ConfigError
@@ -150,9 +150,10 @@ def bucket_count(total: int, bucket_bytes: int) -> int:
 
 
 def checksum(data: np.ndarray) -> int:
-    """CRC-32 of a bucket: 2.7 GB/s here against 0.5 GB/s for BLAKE2b (docs/weight-sync.md);
-    it guards against corruption and mix-ups, the link itself is authenticated."""
-    return zlib.crc32(data.data)
+    """XXH3-64 of a bucket: 19 GB/s here against 3.9 GB/s for CRC-32, on the critical path at
+    both ends of every sync (docs/weight-sync.md); it guards against corruption and mix-ups,
+    the link itself is authenticated."""
+    return int(xxhash.xxh3_64_intdigest(data.data))
 
 
 def wire_dtype(dtype: torch.dtype, cfg: WeightSyncConfig) -> torch.dtype:

@@ -5,7 +5,7 @@ every sync all-or-nothing. Here a version travels as `weights_begin(version, man
 `weights_bucket(version, part, index, data, checksum)` for each bucket, then
 `weights_commit(version, part)`. Buckets are flat byte buffers cut in order from the bytes a
 part carries (a tensor bigger than a bucket spans several), each at most `bucket_mb` and always
-under the frame cap, each with a CRC-32. This module is the learner side; the plan, limits and
+under the frame cap, each with an XXH3-64 checksum. This module is the learner side; the plan, limits and
 config both ends share are in weight_plan.py.
 
 A version is published in `parts`: a sharded model's shard group splits it, each rank the rows

@@ -83,7 +83,7 @@ def test_a_full_bucket_message_fits_in_one_frame(frame: int) -> None:
     assert limit <= frame - FRAME_HEADROOM
     data = np.zeros(limit, dtype=np.uint8)
     path = "shoal://127.0.0.1:65535/" + "r" * 200
-    envelope = ["t", path, "weights_bucket", [2**62, 1023, 2**20, data, 2**32 - 1], {}]
+    envelope = ["t", path, "weights_bucket", [2**62, 1023, 2**20, data, 2**64 - 1], {}]
     assert wire.encode(envelope, frame).nbytes <= frame
 
 

@@ -42,7 +42,7 @@ def _no_gather(tensor: DTensor) -> torch.Tensor:
 
 def snapshot_arrays(snapshot: WeightSnapshot, prefix: str) -> dict[str, np.ndarray]:
     arrays = {f"{prefix}manifest": np.array(json.dumps(snapshot.manifest))}
-    arrays[f"{prefix}checksums"] = np.array(snapshot.checksums, dtype=np.int64)
+    arrays[f"{prefix}checksums"] = np.array(snapshot.checksums, dtype=np.uint64)
     for index, bucket in enumerate(snapshot.buckets):
         arrays[f"{prefix}bucket{index}"] = bucket
     return arrays
