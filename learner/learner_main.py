@@ -141,7 +141,7 @@ class LearnerActor(Actor):
             return {"incarnation": core.incarnation, "admission": "rejected", "error": str(exc)}
         core.record(fragment)
         admission = await core.intake.put(fragment)
-        registered = fragment.actor_id in core.actors
+        registered = core.weights.serves(fragment.actor_id)
         return {
             "incarnation": core.incarnation,
             "admission": admission.value,

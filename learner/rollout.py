@@ -53,6 +53,7 @@ from shoal.config import load
 from shoal.envs.packed_obs import PackingError
 from shoal.errors import ConfigError
 from shoal.files import write_atomically
+from shoal.learner.buffer import Admission
 from shoal.learner.collector import Collector
 from shoal.learner.errors import PolicyError, WeightSyncError
 from shoal.learner.fragment import Fragment
@@ -87,6 +88,9 @@ REGISTER_RETRY_MAX_S = 0.25
 YIELD_EVERY_STEPS = 4
 YIELD_EVERY_S = 0.02
 LEDGER_EVERY_S = 1.0
+STALE_LIMIT = 4
+"""Fragments refused as stale in a row, at one held version, before the actor registers again
+(`StaleWatch`): with pacing, a fragment every PACE_TIMEOUT_S once weights stop."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,29 @@ class Pacer:
         return self.per_version <= 0 or self.produced < self.allowance(version)
 
 
+class StaleWatch:
+    """Notices that weights stopped arriving: `limit` fragments in a row refused as stale while
+    the actor held one version. A learner rank that lost this actor (a transfer's link failed,
+    so that rank dropped it) sends it no part of any later version, and only registering again
+    subscribes it anew; stale refusals while new versions still arrive are lag, not loss."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.reset()
+
+    def reset(self) -> None:
+        """Registered again: the refusals so far no longer count."""
+        self.version, self.run = -1, 0
+
+    def observe(self, admission: str, version: int) -> bool:
+        """Take one push's admission at the held `version`; True once weights look lost."""
+        stale = admission == Admission.STALE.value
+        if not stale or version != self.version:
+            self.version, self.run = version, 0
+        self.run += stale
+        return self.run >= self.limit
+
+
 class RolloutActor(Actor):
     """Streams fragments to the learner at `spec.learner_path`; runs in a rollout worker process.
 
@@ -193,6 +220,7 @@ class RolloutActor(Actor):
         self._weights_arrived = asyncio.Event()
         self._lost = False
         self.pacer = Pacer(spec.fragments_per_version)
+        self._stale = StaleWatch(STALE_LIMIT)
         self._collector: AnyCollector | None = None
         self._incarnation = ""
         self._source = ""
@@ -456,6 +484,13 @@ class RolloutActor(Actor):
                 )
             kinds = self.acked.setdefault(incarnation, {})
             kinds.setdefault(admission, SeqRanges()).add(fragment.seq)
+            if self._stale.observe(admission, self._newest_version()):
+                log.warning(
+                    "%s: %d fragments in a row refused as stale at version %d, and no newer "
+                    "weights: registering again", self.spec.name, self._stale.run,
+                    self._newest_version(),
+                )  # fmt: skip
+                return False
         # A new learner incarnation, or one that stopped sending us weights: register again.
         return (
             isinstance(reply, dict)
@@ -470,6 +505,7 @@ class RolloutActor(Actor):
             learner, version = await self._register_once(collector)
             if await self._await_weights(collector, learner, version):
                 self.pacer.reset(collector.policy_version)
+                self._stale.reset()
                 log.info(
                     "%s: registered with learner incarnation %s; collecting with version %d",
                     self.spec.name,

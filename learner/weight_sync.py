@@ -250,8 +250,11 @@ class WeightBroadcaster:
 
     Used on the event loop that owns the refs. Each transfer sends with `await ref.tell...`, so a
     slow actor's link back-pressures only its own transfer; each has `deadline_s`, after which it
-    is abandoned with an ERROR and counted, and that actor gets the next version. A newer
-    snapshot cancels every older transfer still in flight (the actor drops the half it holds)."""
+    is abandoned with an ERROR and counted, and that actor gets the next version. A transfer
+    whose link fails drops its actor (a rollout worker that died would otherwise be sent every
+    version for the rest of the job); a live one registers again (rollout.py `StaleWatch`). A
+    newer snapshot cancels every older transfer still in flight (the actor drops the half it
+    holds)."""
 
     def __init__(self, cfg: WeightSyncConfig, source: str) -> None:
         if not isinstance(source, str) or not 0 < len(source) <= MAX_SOURCE_CHARS:
@@ -289,6 +292,10 @@ class WeightBroadcaster:
         """Register (or re-register) an actor; it gets the current snapshot, if any, at once."""
         self._actors[actor_id] = ref
         self._start(actor_id)
+
+    def serves(self, actor_id: str) -> bool:
+        """Whether `actor_id` gets each new version (registered, and not dropped since)."""
+        return actor_id in self._actors
 
     def remove(self, actor_id: str) -> None:
         self._actors.pop(actor_id, None)
@@ -365,10 +372,19 @@ class WeightBroadcaster:
                 len(snapshot.buckets),
             )  # fmt: skip
             return
-        except (ActorError, WireError, WeightSyncError) as exc:
+        except WeightSyncError as exc:  # the snapshot's fill failed: no actor's doing
             self._stats["failed"] += 1
             log.warning(
-                "weights version %d to actor %s failed after %d buckets: %s",
+                "weights version %d to actor %s failed: %s", snapshot.version, actor_id, exc
+            )
+            return
+        except (ActorError, WireError) as exc:
+            self._stats["failed"] += 1
+            if self._actors.get(actor_id) is ref:  # gone: not sent to again unless it registers
+                del self._actors[actor_id]
+            log.warning(
+                "weights version %d to actor %s failed after %d buckets (%s); dropped it until "
+                "it registers again",
                 snapshot.version, actor_id, sent, exc,
             )  # fmt: skip
             return

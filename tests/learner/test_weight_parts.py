@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from shoal.learner.errors import WeightSyncError
 from shoal.learner.parallel import ParallelPlan, owned_rows, publishing_row
+from shoal.learner.rollout import StaleWatch
 from shoal.learner.weight_assembler import WeightAssembler
 from shoal.learner.weight_plan import WeightSyncConfig, part_range, row_span
 from shoal.learner.weight_sync import WeightSnapshot
@@ -113,6 +114,22 @@ def test_a_rank_publishes_with_its_shard_group_or_alone() -> None:
     assert publishing_row(hsdp, 4) == (3, 4, 5)
     assert publishing_row(ParallelPlan("fsdp", ((0, 1),), ""), 1) == (0, 1)
     assert publishing_row(ParallelPlan("replicate", ((0, 1),), ""), 1) == (1,)
+
+
+@settings(deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["accepted", "stale", "duplicate"]), st.integers(0, 2))),
+    st.integers(1, 5),
+)
+def test_the_stale_watch_fires_after_limit_stale_refusals_at_one_version(
+    pushes: list[tuple[str, int]], limit: int
+) -> None:
+    watch = StaleWatch(limit)
+    for n, (admission, version) in enumerate(pushes, start=1):
+        fired = watch.observe(admission, version)
+        tail = pushes[max(0, n - limit) : n]
+        expected = len(tail) == limit and all(p == ("stale", version) for p in tail)
+        assert fired is expected
 
 
 # -- the assembler ---------------------------------------------------------------------------

@@ -227,6 +227,7 @@ class Learner(Actor):
     def __init__(self, broadcaster: WeightBroadcaster) -> None:
         self.broadcaster = broadcaster
         self.versions: list[int] = []
+        self.admission = "accepted"
 
     def register(self, actor_id: str, path: str) -> dict[str, Any]:
         self.broadcaster.add(actor_id, self.context.system.ref(path))
@@ -239,7 +240,7 @@ class Learner(Actor):
 
     def push_fragment(self, payload: Any) -> dict[str, Any]:
         self.versions.append(Fragment.from_wire(payload).policy_version)
-        return {"incarnation": self.broadcaster.source, "admission": "accepted"}
+        return {"incarnation": self.broadcaster.source, "admission": self.admission}
 
     def ping(self) -> None:
         """The rollout actor's link check."""
@@ -477,6 +478,40 @@ def test_an_actor_without_weights_registers_again_and_collects_only_once_they_ar
                 lambda: learn.versions, "fragments once version 1 arrived", WAIT_S
             )
             assert set(learn.versions) == {1}
+
+    run(main())
+
+
+@pytest.mark.timeout(120)
+def test_an_actor_that_dies_is_dropped_and_one_no_longer_sent_weights_registers_again() -> None:
+    cfg = WeightSyncConfig()
+
+    async def main() -> None:
+        async with learner(cfg) as (learn, broadcaster, path), node() as (system, _):
+            broadcaster.publish(_snapshot(1, cfg))
+            async with node() as (doomed_system, _):
+                doomed = RolloutActor(_spec("doomed", path))
+                await doomed_system.spawn(lambda: doomed, name="doomed")
+                await eventually_async(lambda: learn.versions, "the doomed actor collecting")
+            doomed_id = next(a for a in broadcaster._actors if a.startswith("doomed#"))
+            broadcaster.publish(_snapshot(2, cfg))  # its process is gone: the link fails
+            await eventually_async(
+                lambda: not broadcaster.serves(doomed_id), "the dead actor dropped", WAIT_S
+            )
+            assert broadcaster.stats()["failed"] == 1
+
+            actor = RolloutActor(_spec("r", path))
+            await system.spawn(lambda: actor, name="rollout")
+            await eventually_async(lambda: actor.registrations == 1, "registered", WAIT_S)
+            actor_id = next(a for a in broadcaster._actors if a.startswith("r#"))
+            await eventually_async(lambda: actor.pushed >= 1, "collecting", WAIT_S)
+            learn.admission = "stale"  # the learner moves on ...
+            broadcaster.remove(actor_id)  # ... without this actor: as if a link had failed
+            await eventually_async(
+                lambda: actor.registrations >= 2, "registering again after stale refusals", WAIT_S
+            )
+            assert broadcaster.serves(actor_id)
+            learn.admission = "accepted"
 
     run(main())
 
