@@ -195,15 +195,13 @@ class WeightSnapshot:
             for t, ((name, tensor), (_, dtype, _), placed) in enumerate(
                 zip(params, self.specs, by_tensor)
             ):
-                rows = take(tensor).detach().to(dtype).contiguous().reshape(-1).view(torch.uint8)
-                if rows.numel() != self.owned[t]:
+                rows = take(tensor).detach().reshape(-1)
+                if rows.numel() * dtype.itemsize != self.owned[t]:
                     raise WeightSyncError(
                         f"part {self.part} of {self.parts} owns {self.owned[t]} bytes of {name}, "
-                        f"given {rows.numel()}"
+                        f"given {rows.numel() * dtype.itemsize}"
                     )
-                for b, chunk in placed:
-                    target = torch.from_numpy(self.buckets[b])[chunk.at : chunk.at + chunk.length]
-                    target.copy_(rows[chunk.start : chunk.start + chunk.length])
+                self._cut(rows, dtype, placed)
                 del rows
                 done = self.ready
                 while done < len(self.plan) and last_tensor[done] <= t:
@@ -216,6 +214,24 @@ class WeightSnapshot:
             raise
         finally:
             self.build_s = time.perf_counter() - started
+
+    def _cut(self, rows: torch.Tensor, dtype: torch.dtype, placed: list[tuple[int, Chunk]]) -> None:
+        """Copy one tensor's `rows` (flat, in their own dtype, on their device) into its chunks
+        of the buckets as `dtype`. A chunk on element boundaries takes the cast as it copies,
+        into the bucket itself: no temporary the size of the tensor (allocating one, and its
+        page faults, cost 5x the copy here, docs/weight-sync.md); a chunk that splits an
+        element (after an odd-sized bool tensor, say) copies bytes of a cast temporary."""
+        size = dtype.itemsize
+        cast: torch.Tensor | None = None
+        for b, chunk in placed:
+            target = torch.from_numpy(self.buckets[b])[chunk.at : chunk.at + chunk.length]
+            if chunk.at % size == chunk.start % size == chunk.length % size == 0:
+                lo = chunk.start // size
+                target.view(dtype).copy_(rows[lo : lo + chunk.length // size])
+                continue
+            if cast is None:
+                cast = rows.to(dtype).contiguous().view(torch.uint8)
+            target.copy_(cast[chunk.start : chunk.start + chunk.length])
 
     def _mark(self, ready: int) -> None:
         self.ready = ready
