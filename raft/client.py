@@ -145,7 +145,8 @@ class CoordinatorClient:
                 try:
                     return await self._once(method, url, path, body, query, headers, hold)
                 except RETRYABLE as exc:
-                    last = exc
+                    if not isinstance(exc, Unavailable) or isinstance(last, Unavailable):
+                        last = exc  # a replica's answer (NoQuorum, ...) beats a dead one's silence
                     self._follow_hint(exc)
                 if time.monotonic() >= deadline:
                     raise last

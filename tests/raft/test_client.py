@@ -11,7 +11,14 @@ from aiohttp import web
 
 from shoal.raft.batcher import CommandBatcher
 from shoal.raft.client import CoordinatorClient
-from shoal.raft.errors import Conflict, Forbidden, NotFound, Unavailable, ValidationError
+from shoal.raft.errors import (
+    Conflict,
+    Forbidden,
+    NoQuorum,
+    NotFound,
+    Unavailable,
+    ValidationError,
+)
 
 from .inprocess import TOKEN, InProcessReplica, free_port
 
@@ -148,4 +155,33 @@ def test_a_reply_nested_too_deep_is_unavailable_not_a_recursion_error() -> None:
             await runner.cleanup()
 
     with pytest.raises(Unavailable, match="deeper than"):
+        asyncio.run(main())
+
+
+def test_a_replicas_answer_beats_a_dead_replicas_silence() -> None:
+    """With a majority down the one replica left answers NoQuorum and the others refuse the
+    connection: the caller is told NoQuorum (what to do: bring replicas back), whichever
+    replica the client tried last (tests/raft/test_failover.py once got "connection
+    refused" on a loaded machine)."""
+
+    async def no_quorum(request: web.Request) -> web.Response:
+        body = {"error": "no_quorum", "message": "this replica reaches no majority"}
+        return web.json_response(body, status=503)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/events", no_quorum)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+        try:
+            urls = [f"http://127.0.0.1:{port}", *dead]
+            async with CoordinatorClient(urls, TOKEN, timeout=0.5) as c:
+                await c.add_event("acked", "never")
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(NoQuorum):
         asyncio.run(main())
