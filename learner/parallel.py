@@ -201,14 +201,15 @@ def _own_shard(tensor: torch.Tensor, part: int, parts: int, rows: int) -> torch.
     placement, the same on every rank, so no rank gathers a tensor its peers do not."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    if not isinstance(tensor, DTensor) or "shard" not in (tensor.device_mesh.mesh_dim_names or ()):
+    if not isinstance(tensor, DTensor):
         return None
     mesh, placements = tensor.device_mesh, tensor.placements
-    at = list(mesh.mesh_dim_names or ()).index("shard")
-    others = [p for i, p in enumerate(placements) if i != at]
-    if placements[at] != Shard(0) or mesh.size(at) != parts:
+    names = mesh.mesh_dim_names or ()
+    if "shard" not in names:
         return None
-    if not all(isinstance(p, Replicate) for p in others):
+    at = names.index("shard")
+    replicated = all(isinstance(p, Replicate) for i, p in enumerate(placements) if i != at)
+    if placements[at] != Shard(0) or mesh.size(at) != parts or not replicated:
         return None
     local = tensor.to_local()
     if mesh.get_local_rank(at) != part or local.shape[0] != rows:
