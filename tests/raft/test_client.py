@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -23,6 +24,8 @@ from shoal.raft.errors import (
 from .inprocess import TOKEN, InProcessReplica, free_port
 
 pytestmark = pytest.mark.timeout(60)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def run(
@@ -135,6 +138,21 @@ def test_the_client_finds_the_leader(replica: InProcessReplica) -> None:
     assert run(replica, lambda c: c.find_leader()) == replica.url
 
 
+@contextlib.asynccontextmanager
+async def stub_replica(method: str, path: str, handler: Handler) -> AsyncIterator[str]:
+    """Whatever answers on a replica's port: one route of `handler`; yields its URL."""
+    app = web.Application()
+    app.router.add_route(method, path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
 def test_a_reply_nested_too_deep_is_unavailable_not_a_recursion_error() -> None:
     """A replica (or whatever answers on its port) is not trusted to send sane JSON either."""
 
@@ -142,17 +160,11 @@ def test_a_reply_nested_too_deep_is_unavailable_not_a_recursion_error() -> None:
         return web.Response(body=b"[" * 100_000, content_type="application/json")
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_get("/v1/nodes", deep)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        try:
-            async with CoordinatorClient([f"http://127.0.0.1:{port}"], TOKEN, timeout=0.5) as c:
-                await c.nodes()
-        finally:
-            await runner.cleanup()
+        async with (
+            stub_replica("GET", "/v1/nodes", deep) as url,
+            CoordinatorClient([url], TOKEN, timeout=0.5) as c,
+        ):
+            await c.nodes()
 
     with pytest.raises(Unavailable, match="deeper than"):
         asyncio.run(main())
@@ -169,19 +181,12 @@ def test_a_replicas_answer_beats_a_dead_replicas_silence() -> None:
         return web.json_response(body, status=503)
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/events", no_quorum)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
         dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
-        try:
-            urls = [f"http://127.0.0.1:{port}", *dead]
-            async with CoordinatorClient(urls, TOKEN, timeout=0.5) as c:
-                await c.add_event("acked", "never")
-        finally:
-            await runner.cleanup()
+        async with (
+            stub_replica("POST", "/v1/events", no_quorum) as url,
+            CoordinatorClient([url, *dead], TOKEN, timeout=0.5) as c,
+        ):
+            await c.add_event("acked", "never")
 
     with pytest.raises(NoQuorum):
         asyncio.run(main())
