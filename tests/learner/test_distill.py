@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.errors import ConfigError
+from shoal.learner import distill
 from shoal.learner.distill import (
     DistillError,
     FitConfig,
+    TeacherTargets,
     distill_kl,
     fit,
     lm_logits,
@@ -112,3 +116,47 @@ def test_empty_or_uneven_examples_are_refused():
 def test_bad_fit_config_names_the_key(key, value):
     with pytest.raises(ConfigError, match=f"fit.{key}"):
         FitConfig(**{key: value})
+
+
+@given(examples, st.integers(1, 4), st.randoms(use_true_random=False))
+@settings(max_examples=40, deadline=None)
+def test_cached_teacher_rows_are_the_rows_a_batch_of_any_examples_masks(pairs, size, rnd):
+    teacher = tiny_lm(3)
+    prompts, completions = [p for p, _ in pairs], [c for _, c in pairs]
+    targets = TeacherTargets.cached(
+        teacher, prompts, completions, PAD, size, contextlib.nullcontext
+    )
+    assert targets is not None
+    chunk = rnd.sample(range(len(pairs)), rnd.randint(1, len(pairs)))
+    batch = pack([prompts[i] for i in chunk], [completions[i] for i in chunk], PAD)
+    with torch.no_grad():
+        expected = lm_logits(teacher, batch)[batch.target_mask()]
+    torch.testing.assert_close(targets.take(chunk), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_distilling_from_cached_rows_trains_the_student_as_the_teacher_each_step_does(
+    monkeypatch,
+):
+    prompts = [[1, 2 + i % 5, 3] for i in range(12)]
+    completions = [[10 + (i % 5), 20 + (i % 3)] + [30] * (i % 4) for i in range(12)]
+    teacher, cfg = tiny_lm(0, hidden=48), FitConfig(epochs=3, lr=1e-2, batch_size=5)
+    runs = []
+    for cache_bytes in (distill.TEACHER_CACHE_BYTES, 0):
+        monkeypatch.setattr(distill, "TEACHER_CACHE_BYTES", cache_bytes)
+        student = tiny_lm(1)
+        metrics = fit(student, prompts, completions, PAD, cfg, teacher=teacher)
+        runs.append((metrics, [p.detach().clone() for p in student.parameters()]))
+    (cached, cached_weights), (stepwise, stepwise_weights) = runs
+    assert cached["kl"] == pytest.approx(stepwise["kl"], rel=1e-4)
+    for a, b in zip(cached_weights, stepwise_weights):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_teacher_rows_over_the_bound_are_not_cached(monkeypatch):
+    monkeypatch.setattr(distill, "TEACHER_CACHE_BYTES", 4 * VOCAB * 3 - 1)
+    assert (
+        TeacherTargets.cached(tiny_lm(0), [[1]], [[2, 3, 4]], PAD, 8, contextlib.nullcontext)
+        is None
+    )
+    monkeypatch.setattr(distill, "TEACHER_CACHE_BYTES", 4 * VOCAB * 3)
+    assert TeacherTargets.cached(tiny_lm(0), [[1]], [[2, 3, 4]], PAD, 8, contextlib.nullcontext)
