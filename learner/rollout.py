@@ -292,7 +292,7 @@ class RolloutActor(Actor):
 
     async def weights_commit(self, version: int, part: int) -> None:
         """A part is complete; once every part is, the version becomes the pending one, adopted
-        between steps (its tensors are cast to the local dtypes in a worker thread)."""
+        between steps (its tensors are cast to the local dtypes as they are copied in)."""
         if self._assembler is None:
             return
         try:

@@ -259,10 +259,12 @@ class WeightAssembler:
         receiving.received[part] += 1
 
     def commit(self, version: Any, part: Any) -> tuple[str, dict[str, torch.Tensor]] | None:
-        """The complete version as (source, name -> tensor in the local dtype) once `part` was
-        the last one missing; None while parts are missing, or when `version` is not the one
-        being received. Raises WeightSyncError (and drops the version) when the part has not
-        begun or lacks buckets."""
+        """The complete version as (source, name -> tensor) once `part` was the last one
+        missing; None while parts are missing, or when `version` is not the one being received.
+        Each tensor is a view of the received bytes in the wire dtype: `set_weights` casts it
+        to the local dtype as it copies, so a bf16 version of an fp32 model never has a second
+        whole copy made beside the received one. Raises WeightSyncError (and drops the
+        version) when the part has not begun or lacks buckets."""
         receiving = self.receiving
         if receiving is None or version != receiving.version:
             return None
@@ -282,11 +284,10 @@ class WeightAssembler:
         self.receiving = None
         weights = {}
         for (name, dtype, shape), data in zip(receiving.specs, receiving.data):
-            local_dtype = self.expected[name][1]
             if not data.size:  # a 0-element tensor has no bytes to view
-                weights[name] = torch.empty(shape, dtype=local_dtype)
+                weights[name] = torch.empty(shape, dtype=dtype)
                 continue
-            weights[name] = torch.from_numpy(data).view(dtype).reshape(shape).to(local_dtype)
+            weights[name] = torch.from_numpy(data).view(dtype).reshape(shape)
         return receiving.source, weights
 
 

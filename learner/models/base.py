@@ -283,12 +283,13 @@ class PolicyModel(nn.Module):
                         f"weight {name!r} has shape {list(source.shape)}, this policy needs "
                         f"{list(tensor.shape)}"
                     )
-                source = source.to(dtype=tensor.dtype)
                 if isinstance(tensor, DTensor):
                     source = distribute_tensor(
-                        source.to(tensor.device), tensor.device_mesh, tensor.placements
+                        source.to(tensor.device, tensor.dtype),
+                        tensor.device_mesh,
+                        tensor.placements,
                     )
-                tensor.copy_(source)
+                tensor.copy_(source)  # casts as it copies: no whole-tensor temporary
 
     def spec(self) -> dict[str, Any]:
         """Plain JSON values that `model_from_spec` rebuilds this architecture from (fresh

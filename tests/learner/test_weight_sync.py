@@ -123,10 +123,19 @@ def test_a_snapshot_reassembles_exactly_with_odd_tensors(wire_dtype: str) -> Non
     assert source == "inc"
     for name, tensor in state.items():
         expected = tensor
+        wire = tensor.dtype
         if wire_dtype == "bfloat16" and tensor.is_floating_point():
-            expected = tensor.to(torch.bfloat16).to(tensor.dtype)
-        assert weights[name].dtype == tensor.dtype
-        assert torch.equal(weights[name], expected), name
+            expected, wire = tensor.to(torch.bfloat16).to(tensor.dtype), torch.bfloat16
+        assert weights[name].dtype == wire  # cast by set_weights as it copies, not here
+        assert torch.equal(weights[name].to(tensor.dtype), expected), name
+    model = _model((8, 8))
+    snap = WeightSnapshot.build(4, _params(model), lambda t: t, cfg)
+    _, weights = _deliver(WeightAssembler(model.state_dict()), snap)
+    policy = _model((8, 8), seed=1)
+    policy.set_weights(weights)
+    for name, tensor in model.state_dict().items():
+        expected = tensor.to(torch.bfloat16).float() if wire_dtype == "bfloat16" else tensor
+        assert torch.equal(policy.state_dict()[name], expected), name
 
 
 def test_bfloat16_on_the_wire_halves_the_floating_bytes() -> None:
