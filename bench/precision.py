@@ -1,10 +1,12 @@
 """`shoal bench precision`: what bfloat16 saves on this CPU, per policy family, beside float32
 measured in the same run.
 
-Two places use it: a rollout worker's forward with `rollout.precision = "bfloat16"` (the
-policy cast by `PolicyModel.run_in`), and a CPU learner's PPO update under bf16 autocast
+Three places use it: a rollout worker's forward with `rollout.precision = "bfloat16"` (the
+policy cast by `PolicyModel.run_in`), a CPU learner's PPO update under bf16 autocast
 (`learner.mixed_precision`, which shoal applies only to families that declare `cpu_autocast`
-and only on a CPU with bf16 instructions: the rows for the other families show why). Each
+and only on a CPU with bf16 instructions: the rows for the other families show why), and the
+language-model pipeline's SFT and distillation steps (`pipeline.mixed_precision`, on such a
+CPU: the causal-LM rows, at the pipeline's model sizes). Each
 figure is thread CPU time per call with one torch thread, so the machine's load matters less;
 the variants alternate in rounds and the median round counts.
 """
@@ -12,10 +14,11 @@ the variants alternate in rounds and the median round counts.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,7 @@ from gymnasium import spaces
 
 from shoal.bench.report import Row
 from shoal.learner.cpu_features import native_bf16
+from shoal.learner.distill import lm_logits, pack, sft_loss
 from shoal.learner.fragment import Fragment
 from shoal.learner.models import ModelConfig, build_model
 from shoal.learner.models.base import PolicyModel
@@ -52,6 +56,26 @@ CASES = (
     Case("MLP, CartPole", CARTPOLE, spaces.Discrete(2), 32, 8),
     Case("MLP, HalfCheetah", MUJOCO, spaces.Box(-1, 1, (6,), np.float32), 32, 8),
 )
+
+
+@dataclass(frozen=True)
+class LMCase:
+    """A Qwen2 causal LM's sizes; a step trains on 32 CodeGen-v1-long examples in bytes."""
+
+    name: str
+    hidden: int
+    layers: int
+    intermediate: int
+
+
+LM_CASES = (
+    LMCase("0.25M (the default student before 2026-12-07)", 96, 2, 256),
+    LMCase("0.42M (the default teacher before 2026-12-07)", 128, 2, 336),
+    LMCase("1.3M", 192, 3, 512),
+    LMCase("3.1M", 256, 4, 704),
+)
+LM_VOCAB, LM_PROMPT, LM_COMPLETION, LM_BATCH = 259, 73, 24, 32
+"""The byte tokenizer's vocabulary and CodeGen-v1's mean prompt and reference lengths in it."""
 
 
 def _observations(space: spaces.Box, shape: tuple[int, ...], rng: np.random.Generator) -> Any:
@@ -129,12 +153,52 @@ def _update_rows(case: Case, repeats: int, rounds: int) -> list[Row]:
     return [Row(metric, "CPU ms", ms["bf16"], ms["fp32"], "float32", False)]
 
 
+def _sft_rows(case: LMCase, repeats: int, rounds: int) -> list[Row]:
+    from shoal.learner.lm_config import qwen2_sizes
+    from shoal.learner.lm_pipeline import policy_spaces
+    from shoal.learner.models.causal_lm import CausalLMPolicy
+
+    torch.manual_seed(0)
+    sizes = qwen2_sizes(case.hidden, case.layers, 4, case.intermediate)
+    policy = build_model(replace(sizes, vocab_size=LM_VOCAB), *policy_spaces(LM_VOCAB, 512))
+    assert isinstance(policy, CausalLMPolicy)
+    rng = np.random.default_rng(2)
+    batch = pack(
+        [rng.integers(3, LM_VOCAB, LM_PROMPT).tolist() for _ in range(LM_BATCH)],
+        [rng.integers(3, LM_VOCAB, LM_COMPLETION).tolist() for _ in range(LM_BATCH)],
+        pad_id=0,
+    )
+    optimizer = torch.optim.AdamW(policy.lm.parameters(), lr=1e-4)
+
+    def step(autocast: bool) -> Callable[[], object]:
+        def once() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = sft_loss(lm_logits(policy.lm, batch), batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        return once
+
+    ms = _alternating({"bf16": step(True), "fp32": step(False)}, repeats, rounds)
+    applied = "applied" if native_bf16() else "not applied"
+    metric = (
+        f"causal LM {case.name}: SFT step of {LM_BATCH} x {LM_PROMPT + LM_COMPLETION} tokens, "
+        f"bf16 autocast ({applied} by shoal here)"
+    )
+    return [Row(metric, "CPU ms", ms["bf16"], ms["fp32"], "float32", False)]
+
+
 def run(quick: bool) -> list[Row]:
-    """Every case's act row and update row; `quick` takes a handful of calls (shape only)."""
+    """Every case's act row and update row, and the causal LMs' SFT step rows where the `lm`
+    extra is installed; `quick` takes a handful of calls (shape only)."""
     torch.set_num_threads(1)
     act_repeats, update_repeats, rounds = (3, 1, 1) if quick else (200, 5, 5)
     rows: list[Row] = []
     for case in CASES:
         rows.extend(_act_rows(case, act_repeats, rounds))
         rows.extend(_update_rows(case, update_repeats, rounds))
+    if importlib.util.find_spec("transformers") is not None:  # the `lm` extra
+        for lm_case in LM_CASES[: 1 if quick else None]:
+            rows.extend(_sft_rows(lm_case, update_repeats, rounds))
     return rows

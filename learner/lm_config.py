@@ -30,7 +30,8 @@ AUTO = "auto"
 DEVICE_SPEC = re.compile(r"auto|cpu|cuda(:[0-9]{1,3})?")
 
 
-def _lm(hidden: int, layers: int, heads: int, intermediate: int) -> ModelConfig:
+def qwen2_sizes(hidden: int, layers: int, heads: int, intermediate: int) -> ModelConfig:
+    """A small Qwen2's sizes, half as many KV heads as heads (grouped-query attention)."""
     return ModelConfig(family="causal-lm", arch="qwen2", hidden_size=hidden, num_layers=layers,
                        num_heads=heads, num_kv_heads=max(1, heads // 2),
                        intermediate_size=intermediate, max_positions=512)  # fmt: skip
@@ -143,8 +144,9 @@ class LMPipelineConfig:
     refused before any work; recorded in pipeline.json."""
     mixed_precision: bool = True
     """On a CUDA device, forward passes of SFT, distillation and the RL update run under bf16
-    autocast (float32 weights, optimiser state and losses) where the GPU has bf16; a CPU
-    computes in float32 either way."""
+    autocast (float32 weights, optimiser state and losses) where the GPU has bf16; on a CPU
+    with bf16 instructions (AVX512-BF16, AMX) those of SFT and distillation do, where a
+    few-million-parameter step takes about half the time, and the RL update stays float32."""
     fit_threads: int = 2
     """torch intra-op threads for stage 2 (SFT and distillation), one thread of work whose
     matrix products split well: on 2 idle cores the default teacher's SFT step of 32 CodeGen-v1
@@ -152,9 +154,9 @@ class LMPipelineConfig:
     283 s against 464 s, with the same results (docs/pipeline.md). On a machine other work keeps
     busy, set 1 (a 0.5M-parameter step took 9x longer with 2 there: the threads spin waiting for
     each other)."""
-    teacher: ModelConfig = field(default_factory=lambda: _lm(128, 2, 4, 336))
+    teacher: ModelConfig = field(default_factory=lambda: qwen2_sizes(128, 2, 4, 336))
     """0.39M parameters: past the copying plateau in 625 steps on one CPU core."""
-    student: ModelConfig = field(default_factory=lambda: _lm(96, 2, 4, 256))
+    student: ModelConfig = field(default_factory=lambda: qwen2_sizes(96, 2, 4, 256))
     sft: FitConfig = field(default_factory=lambda: FitConfig(epochs=16, lr=3e-3, batch_size=32))
     """How the teacher learns the reference solutions. 16 epochs (1,008 steps), not the 10 that
     first passed the copying plateau: at 10 its held-out pass@1 swung from 0.09 to 0.47 with

@@ -19,7 +19,8 @@ Each stage reads only the previous stages' recorded outputs, checked against the
 
 Stages 2-4 run on one device (`pipeline.device`: the first GPU where there is one, else the
 CPU), chosen before stage 1 and recorded in pipeline.json; on a GPU the forward passes of
-SFT, distillation and the RL update run under bf16 autocast (`pipeline.mixed_precision`).
+SFT, distillation and the RL update run under bf16 autocast (`pipeline.mixed_precision`), on a
+CPU with bf16 instructions those of SFT and distillation.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 from gymnasium import spaces
 
 from shoal import boundedjson
+from shoal.learner.cpu_features import native_bf16
 from shoal.learner.distill import fit
 from shoal.learner.errors import PipelineError, PolicyError
 from shoal.learner.lm_config import AUTO, BPE, BYTES, STAGES, LMPipelineConfig
@@ -152,18 +154,32 @@ class Placement:
 
     device: torch.device
     bf16: bool
-    """Forward passes under bf16 autocast (a CUDA device with bf16, mixed_precision on)."""
+    """Every training forward pass under bf16 autocast (a CUDA device with bf16,
+    mixed_precision on)."""
+    fit_bf16: bool = False
+    """Stage 2's forward passes under bf16 autocast: on such a GPU, and on a CPU with bf16
+    instructions, where a few-million-parameter LM's SFT step takes half the time
+    (docs/pipeline.md). The RL update on a CPU stays float32: its log-probabilities are divided
+    by the float32 sampler's, and bf16 logits would put their rounding into every ratio."""
 
     @classmethod
     def of(cls, cfg: LMPipelineConfig) -> Placement:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         device = torch.device(pick_device(cfg.device, count))
         bf16 = device.type == "cuda" and cfg.mixed_precision and torch.cuda.is_bf16_supported()
-        return cls(device, bf16)
+        cpu_fit = device.type == "cpu" and cfg.mixed_precision and native_bf16()
+        return cls(device, bf16, fit_bf16=bf16 or cpu_fit)
 
     def forward(self) -> AbstractContextManager[object]:
-        """The context every training forward pass runs in."""
-        if self.bf16:
+        """The context the RL update's forward passes run in."""
+        return self._autocast(self.bf16)
+
+    def fit_forward(self) -> AbstractContextManager[object]:
+        """The context SFT's and distillation's forward passes run in."""
+        return self._autocast(self.fit_bf16)
+
+    def _autocast(self, on: bool) -> AbstractContextManager[object]:
+        if on:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
@@ -428,12 +444,12 @@ def _stage_distillation(cfg: LMPipelineConfig, rec: Recorder, place: Placement) 
     teacher = new_policy(cfg.teacher, tokenizer).to(place.device)
     t0 = time.perf_counter()
     teacher_fit = fit(teacher.lm, prompts, completions, tokenizer.pad_id, cfg.sft, seed=cfg.seed,
-                      forward=place.forward)  # fmt: skip
+                      forward=place.fit_forward)  # fmt: skip
     teacher_s = time.perf_counter() - t0
     student = new_policy(cfg.student, tokenizer).to(place.device)
     t0 = time.perf_counter()
     student_fit = fit(student.lm, prompts, completions, tokenizer.pad_id, cfg.distill,
-                      seed=cfg.seed, teacher=teacher.lm, forward=place.forward)  # fmt: skip
+                      seed=cfg.seed, teacher=teacher.lm, forward=place.fit_forward)  # fmt: skip
     student_s = time.perf_counter() - t0
     outputs = {}
     for name, policy in (("teacher", teacher), ("student", student)):
@@ -443,7 +459,7 @@ def _stage_distillation(cfg: LMPipelineConfig, rec: Recorder, place: Placement) 
         "student": {**student_fit, "params": _params(student), "wall_s": student_s},
         "tokenizer": tokenizer.fingerprint(),
         "device": str(place.device),
-        "bf16": place.bf16,
+        "bf16": place.fit_bf16,
     }
     rec.stage("distillation", started, None, outputs, metrics)
 

@@ -1,6 +1,7 @@
 """Where the language-model pipeline computes: `pipeline.device` parsed and resolved before
-stage 1, a GPU that is not there refused with one line, and the forward context (bf16 autocast
-on a GPU) wrapping every training forward pass of SFT, distillation and the RL update."""
+stage 1, a GPU that is not there refused with one line, and the forward contexts (bf16 autocast
+on a GPU for every training forward pass of SFT, distillation and the RL update; on a CPU with
+bf16 instructions for SFT's and distillation's)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 
 from shoal.cli import main
 from shoal.errors import ConfigError
+from shoal.learner import lm_pipeline
+from shoal.learner.cpu_features import native_bf16
 from shoal.learner.distill import FitConfig, fit
 from shoal.learner.errors import PipelineError
 from shoal.learner.lm_config import DEVICE_SPEC, LMPipelineConfig, RLStageConfig
@@ -81,10 +84,25 @@ def test_any_text_is_refused_by_the_config_or_resolved_to_a_device_present(spec,
 
 
 @no_gpu
-def test_on_a_machine_without_a_gpu_auto_computes_on_the_cpu_in_float32():
+def test_on_a_machine_without_a_gpu_auto_computes_on_the_cpu_rl_in_float32():
     place = Placement.of(LMPipelineConfig())
-    assert place == Placement(torch.device("cpu"), bf16=False)
+    assert place == Placement(torch.device("cpu"), bf16=False, fit_bf16=native_bf16())
     with place.forward():
+        assert not torch.is_autocast_enabled("cpu")
+    with place.fit_forward():
+        assert torch.is_autocast_enabled("cpu") == native_bf16()
+
+
+@no_gpu
+@pytest.mark.parametrize("native", [True, False])
+def test_stage_two_autocasts_on_a_cpu_only_with_bf16_instructions_and_mixed_precision(
+    monkeypatch, native
+):
+    monkeypatch.setattr(lm_pipeline, "native_bf16", lambda: native)
+    assert Placement.of(LMPipelineConfig()).fit_bf16 is native
+    off = Placement.of(LMPipelineConfig(mixed_precision=False))
+    assert not off.fit_bf16
+    with off.fit_forward():
         assert not torch.is_autocast_enabled("cpu")
 
 
