@@ -69,8 +69,8 @@ class LMCase:
 
 
 LM_CASES = (
-    LMCase("0.25M (the default student before 2026-12-07)", 96, 2, 256),
-    LMCase("0.42M (the default teacher before 2026-12-07)", 128, 2, 336),
+    LMCase("0.25M, the pipeline's default student", 96, 2, 256),
+    LMCase("0.42M, the pipeline's default teacher", 128, 2, 336),
     LMCase("1.3M", 192, 3, 512),
     LMCase("3.1M", 256, 4, 704),
 )

@@ -1,7 +1,7 @@
 """`LMPipelineConfig`: every setting of the language-model pipeline, checked before stage 1.
 
-The defaults are the CPU recipe (byte-level Qwen2 models, a 0.39M-parameter teacher and a 0.25M
-student, all four stages on 2 cores in about 7 minutes; docs/pipeline.md has the measurements
+The defaults are the CPU recipe (byte-level Qwen2 models, a 0.42M-parameter teacher and a 0.25M
+student, all four stages on 2 cores in about 5 minutes; docs/pipeline.md has the measurements
 and why the models are smaller than the issue's "few million"). A GPU host's recipe is the
 same table with bigger `[pipeline.teacher]`/`[pipeline.student]` sizes and more steps: the
 stages run on its first GPU by default (`device`).
@@ -155,7 +155,7 @@ class LMPipelineConfig:
     busy, set 1 (a 0.5M-parameter step took 9x longer with 2 there: the threads spin waiting for
     each other)."""
     teacher: ModelConfig = field(default_factory=lambda: qwen2_sizes(128, 2, 4, 336))
-    """0.39M parameters: past the copying plateau in 625 steps on one CPU core."""
+    """0.42M parameters: past the copying plateau in 625 steps on one CPU core."""
     student: ModelConfig = field(default_factory=lambda: qwen2_sizes(96, 2, 4, 256))
     sft: FitConfig = field(default_factory=lambda: FitConfig(epochs=16, lr=3e-3, batch_size=32))
     """How the teacher learns the reference solutions. 16 epochs (1,008 steps), not the 10 that
