@@ -19,15 +19,17 @@ old group's, let go like one that went away.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal, Protocol
+from typing import Literal, NoReturn, Protocol
 
 import torch
 import torch.distributed as dist
@@ -330,6 +332,8 @@ class LearnerGroup:
                 time.sleep(LISTEN_POLL_S * 5)
 
     def leave(self) -> None:
+        """Destroy the process group. Its gloo worker threads may still be releasing the last
+        collective's tensors afterwards, so a rank ends its process with `exit_after_group`."""
         if self._joined:
             dist.destroy_process_group()
             self._joined = False
@@ -408,3 +412,23 @@ def _transient(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, dist.DistNetworkError) and "timed out" not in text
+
+
+def exit_after_group(code: int) -> NoReturn:
+    """End a process that used torch.distributed, with `code`, without finalizing Python.
+
+    A gloo worker thread drops its reference to a finished collective after the caller's
+    `wait` returned, so it can free the last reference to a tensor Python saw a moment later,
+    and that takes the GIL. If the interpreter is finalizing by then, the thread is ended with
+    `pthread_exit`, whose unwinding through a noexcept destructor calls std::terminate: the
+    process dies of SIGABRT ("terminate called without an active exception") after all its
+    work was done and written, and its node would report the rank failed. Under load it
+    happened to rank 0 of a two-rank test group, once in a full suite, twice in all. Exiting
+    with `os._exit` skips finalization; what finalization would have done that matters here,
+    flushing logs and standard streams, is done first.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)

@@ -55,7 +55,7 @@ from shoal.learner.config import TrainConfig
 from shoal.learner.diskfull import unless_disk_full
 from shoal.learner.errors import BadFragment, LearnerError, PolicyError, RegistrationRefused
 from shoal.learner.events import append_event
-from shoal.learner.group import GroupError, GroupSpec, LearnerGroup
+from shoal.learner.group import GroupError, GroupSpec, LearnerGroup, exit_after_group
 from shoal.learner.job_metrics import MetricsTarget, post_forever, post_once
 from shoal.learner.parallel import ParallelError
 from shoal.learner.peers import LEARNER_NAME, LEARNER_ROLE, Publication, PublishedRendezvous
@@ -453,6 +453,10 @@ async def listen(system: ActorSystem, config: TransportConfig, retry_s: float) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one rank. A rank that ran to its end (checkpoints closed, group left) ends its
+    process with `exit_after_group`, so a gloo thread cannot abort it as Python finalizes; one
+    that failed returns 2 and exits normally, which lets a checkpoint still being written
+    finish."""
     from shoal.errors import ShoalError
     from shoal.learner.job import add_task_arguments, listen_host, read_task
     from shoal.runtime.logs import configure_logging
@@ -469,10 +473,11 @@ def main(argv: list[str] | None = None) -> int:
         metrics = None if entry is None else MetricsTarget.from_job(entry)
         spec = GroupSpec.from_env()
         listen_at = (listen_host(), args.port)
-        return run(serve(task.cfg, task.env_id, task.run_dir, listen_at, spec, task.token, metrics))
+        code = run(serve(task.cfg, task.env_id, task.run_dir, listen_at, spec, task.token, metrics))
     except (ShoalError, OSError) as exc:
         print(f"shoal-learner: error: {exc}", file=sys.stderr)
         return 2
+    exit_after_group(code)
 
 
 if __name__ == "__main__":

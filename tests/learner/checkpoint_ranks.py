@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from shoal.learner.checkpoint import CheckpointManager
+from shoal.learner.group import exit_after_group
 from shoal.learner.train_state import model_optimizer_state, restore_model_optimizer
 
 
@@ -95,3 +96,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_group(0)

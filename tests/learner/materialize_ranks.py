@@ -18,7 +18,7 @@ import torch
 from gymnasium import spaces
 from torch.distributed.tensor import DTensor
 
-from shoal.learner.group import GroupSpec, LearnerGroup
+from shoal.learner.group import GroupSpec, LearnerGroup, exit_after_group
 from shoal.learner.materialize import build_policy, is_deferred
 from shoal.learner.models import ModelConfig, PolicyModel
 from shoal.learner.parallel import ShardingOptions, full_tensor, parallelize, plan_parallelism
@@ -58,3 +58,4 @@ def main(sharding: str, out: str, directory: str | None) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    exit_after_group(0)

@@ -17,12 +17,14 @@ from shoal.errors import ConfigError
 from shoal.learner.group import GroupError, GroupSpec, LearnerGroup, assign, resolve_backend
 from shoal.ports import free_port
 
-# One learner rank: join, gather every rank's value, agree on a flag, leave.
+# One learner rank: join, gather every rank's value, agree on a flag, leave, and end the process
+# as a learner does (its buffered output and its log must still come out).
 _RANK_SCRIPT = textwrap.dedent(
     """
+    import logging
     import sys
     import numpy as np
-    from shoal.learner.group import GroupSpec, LearnerGroup
+    from shoal.learner.group import GroupSpec, LearnerGroup, exit_after_group
 
     out = sys.argv[1]
     spec = GroupSpec.from_env()
@@ -34,6 +36,10 @@ _RANK_SCRIPT = textwrap.dedent(
     group.leave()
     np.savez(out, ranks=np.array([g["rank"] for g in gathered]), stop=np.array(stop),
              keep_going=np.array(keep_going))
+    logging.basicConfig(stream=sys.stderr, format="%(message)s")
+    logging.getLogger("rank").warning("rank %d logged", spec.rank)
+    sys.stdout.write(f"rank {spec.rank} done")
+    exit_after_group(3 + spec.rank)
     """
 )
 
@@ -48,13 +54,14 @@ def test_two_rank_gloo_group_gathers_and_agrees(tmp_path: Path) -> None:
         for rank in range(2):
             spec = GroupSpec(rank=rank, world_size=2, port=port, backend="gloo", timeout_s=60)
             env = {**os.environ, **spec.to_env(), "OMP_NUM_THREADS": "1"}
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(script), str(tmp_path / f"r{rank}.npz")], env=env
-                )
-            )
-        for proc in procs:
-            assert proc.wait(timeout=100) == 0
+            command = [sys.executable, str(script), str(tmp_path / f"r{rank}.npz")]
+            procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE))  # fmt: skip
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=100)
+            assert proc.returncode == 3 + rank, err.decode(errors="replace")
+            assert out == f"rank {rank} done".encode()
+            assert f"rank {rank} logged".encode() in err
     finally:
         for proc in procs:
             if proc.poll() is None:

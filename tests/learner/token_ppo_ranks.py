@@ -15,7 +15,6 @@ copy's largest log-prob error and the epochs it ran to OUT (.npz).
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +24,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from shoal.learner.group import GroupSpec, LearnerGroup
+from shoal.learner.group import GroupSpec, LearnerGroup, exit_after_group
 from shoal.learner.models import CausalLMPolicy, ModelConfig, build_model
 from shoal.learner.parallel import ShardingOptions, full_tensor, parallelize, plan_parallelism
 from shoal.learner.ppo import PPOConfig, PPOLearner
@@ -173,8 +172,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # The results are written: skip interpreter finalization, where a gloo AsyncWork still
-    # holding a tensor can take the GIL as Python tears down and abort (SIGABRT, "terminate
-    # called without an active exception"; pytorch/pytorch PR 179291). Seen once in a full
-    # suite (rank 0 of the fsdp group), not reproduced in 15 reruns.
-    os._exit(0)
+    exit_after_group(0)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.distributed.tensor import DTensor
 
-from shoal.learner.group import GroupSpec, LearnerGroup
+from shoal.learner.group import GroupSpec, LearnerGroup, exit_after_group
 from shoal.learner.parallel import (
     ShardingOptions,
     full_tensor,
@@ -72,3 +72,4 @@ def main(sharding: str, islands: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
+    exit_after_group(0)

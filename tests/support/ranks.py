@@ -26,7 +26,7 @@ def run_ranks(commands: Sequence[Sequence[str]], timeout_s: float = RANK_TIMEOUT
         procs = []
         for rank, command in enumerate(commands):
             spec = GroupSpec(rank=rank, world_size=world, port=port, backend="gloo", timeout_s=90)
-            env = {**os.environ, **spec.to_env(), "OMP_NUM_THREADS": "1"}
+            env = {**os.environ, **spec.to_env(), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
             procs.append(stack.enter_context(child_process(command, env=env, cwd=REPO)))
         codes = [proc.wait(timeout=timeout_s) for proc in procs]
         assert codes == [0] * world, f"rank exit codes {codes}: {commands[0]}"
