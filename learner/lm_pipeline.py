@@ -25,10 +25,11 @@ CPU with bf16 instructions those of SFT and distillation.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,10 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 from gymnasium import spaces
+from torch import nn
 
 from shoal import boundedjson
 from shoal.learner.cpu_features import native_bf16
-from shoal.learner.distill import fit
+from shoal.learner.distill import TokenBatch, fit, pack
 from shoal.learner.errors import PipelineError, PolicyError
 from shoal.learner.lm_config import AUTO, BPE, BYTES, STAGES, LMPipelineConfig
 from shoal.learner.lm_records import (
@@ -60,6 +62,7 @@ from shoal.learner.models import build_model
 from shoal.learner.models.causal_lm import CausalLMPolicy, export_pretrained, pretrained_config
 from shoal.learner.parallel import rank_memory_bytes, training_bytes
 from shoal.learner.pipeline import Recorder
+from shoal.learner.precision_probe import ProbeResult, faster_precision, sft_step
 from shoal.learner.sequence_collector import prompt_ids
 
 EVAL_SPLITS = ("heldout", "heldout_families", "perturbed", "train_dist")
@@ -156,27 +159,35 @@ class Placement:
     bf16: bool
     """Every training forward pass under bf16 autocast (a CUDA device with bf16,
     mixed_precision on)."""
-    fit_bf16: bool = False
-    """Stage 2's forward passes under bf16 autocast: on such a GPU, and on a CPU with bf16
-    instructions, where a few-million-parameter LM's SFT step takes half the time
-    (docs/pipeline.md). The RL update on a CPU stays float32: its log-probabilities are divided
-    by the float32 sampler's, and bf16 logits would put their rounding into every ratio."""
+    probe_fit: bool = False
+    """A CPU with bf16 instructions, mixed_precision on: whether SFT's and distillation's
+    forward passes autocast to bf16 is measured for each model (`fit_context`), since the
+    flags do not tell whether it pays (learner/precision_probe.py). The RL update on a CPU
+    stays float32: its log-probabilities are divided by the float32 sampler's, and bf16
+    logits would put their rounding into every ratio."""
 
     @classmethod
     def of(cls, cfg: LMPipelineConfig) -> Placement:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         device = torch.device(pick_device(cfg.device, count))
         bf16 = device.type == "cuda" and cfg.mixed_precision and torch.cuda.is_bf16_supported()
-        cpu_fit = device.type == "cpu" and cfg.mixed_precision and native_bf16()
-        return cls(device, bf16, fit_bf16=bf16 or cpu_fit)
+        probe = device.type == "cpu" and cfg.mixed_precision and native_bf16()
+        return cls(device, bf16, probe_fit=probe)
 
     def forward(self) -> AbstractContextManager[object]:
         """The context the RL update's forward passes run in."""
         return self._autocast(self.bf16)
 
-    def fit_forward(self) -> AbstractContextManager[object]:
-        """The context SFT's and distillation's forward passes run in."""
-        return self._autocast(self.fit_bf16)
+    def fit_context(
+        self, lm: nn.Module, batch: TokenBatch
+    ) -> tuple[Callable[[], AbstractContextManager[object]], ProbeResult | None]:
+        """The context `lm`'s SFT or distillation forward passes run in, and the timings that
+        chose it where they were measured (a few steps of `lm` on `batch`, which stays as it
+        was)."""
+        if not self.probe_fit:
+            return functools.partial(self._autocast, self.bf16), None
+        probe = faster_precision(sft_step(lm, batch))
+        return functools.partial(self._autocast, probe.bf16), probe
 
     def _autocast(self, on: bool) -> AbstractContextManager[object]:
         if on:
@@ -441,27 +452,40 @@ def _stage_distillation(cfg: LMPipelineConfig, rec: Recorder, place: Placement) 
     tasks = read_tasks(_input(rec, "synthesis", "train"))
     prompts, completions = examples(tasks, env)
     check_memory(cfg, tokenizer, place)
+    probe_batch = pack(prompts[: cfg.sft.batch_size], completions[: cfg.sft.batch_size],
+                       tokenizer.pad_id).to(place.device)  # fmt: skip
     teacher = new_policy(cfg.teacher, tokenizer).to(place.device)
+    teacher_forward, teacher_probe = place.fit_context(teacher.lm, probe_batch)
     t0 = time.perf_counter()
     teacher_fit = fit(teacher.lm, prompts, completions, tokenizer.pad_id, cfg.sft, seed=cfg.seed,
-                      forward=place.fit_forward)  # fmt: skip
+                      forward=teacher_forward)  # fmt: skip
     teacher_s = time.perf_counter() - t0
     student = new_policy(cfg.student, tokenizer).to(place.device)
+    student_forward, student_probe = place.fit_context(student.lm, probe_batch)
     t0 = time.perf_counter()
     student_fit = fit(student.lm, prompts, completions, tokenizer.pad_id, cfg.distill,
-                      seed=cfg.seed, teacher=teacher.lm, forward=place.fit_forward)  # fmt: skip
+                      seed=cfg.seed, teacher=teacher.lm, forward=student_forward)  # fmt: skip
     student_s = time.perf_counter() - t0
     outputs = {}
     for name, policy in (("teacher", teacher), ("student", student)):
         outputs[name] = _output(rec, export_pretrained(policy, rec.run_dir / "models" / name))
     metrics = {
-        "teacher": {**teacher_fit, "params": _params(teacher), "wall_s": teacher_s},
-        "student": {**student_fit, "params": _params(student), "wall_s": student_s},
+        "teacher": {**teacher_fit, "params": _params(teacher), "wall_s": teacher_s,
+                    **_precision(place, teacher_probe)},
+        "student": {**student_fit, "params": _params(student), "wall_s": student_s,
+                    **_precision(place, student_probe)},
         "tokenizer": tokenizer.fingerprint(),
         "device": str(place.device),
-        "bf16": place.fit_bf16,
-    }
+    }  # fmt: skip
     rec.stage("distillation", started, None, outputs, metrics)
+
+
+def _precision(place: Placement, probe: ProbeResult | None) -> dict[str, Any]:
+    """A model's stage-2 precision as pipeline.json records it: `bf16`, and the probe's step
+    times where it was measured."""
+    if probe is None:
+        return {"bf16": place.bf16}
+    return {"bf16": probe.bf16, "probe": probe.record()}
 
 
 def _stage_rl(cfg: LMPipelineConfig, rec: Recorder, place: Placement) -> None:

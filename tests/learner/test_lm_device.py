@@ -1,7 +1,7 @@
 """Where the language-model pipeline computes: `pipeline.device` parsed and resolved before
 stage 1, a GPU that is not there refused with one line, and the forward contexts (bf16 autocast
 on a GPU for every training forward pass of SFT, distillation and the RL update; on a CPU with
-bf16 instructions for SFT's and distillation's)."""
+bf16 instructions for a model's SFT or distillation where its step measured faster so)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.cli import main
+from shoal.envs.tokenizer import ByteTokenizer
 from shoal.errors import ConfigError
 from shoal.learner import lm_pipeline
 from shoal.learner.cpu_features import native_bf16
-from shoal.learner.distill import FitConfig, fit
+from shoal.learner.distill import FitConfig, TokenBatch, fit, pack
 from shoal.learner.errors import PipelineError
 from shoal.learner.lm_config import DEVICE_SPEC, LMPipelineConfig, RLStageConfig
 from shoal.learner.lm_pipeline import Placement, new_policy, pick_device
 from shoal.learner.lm_rl import train_rl
 from shoal.learner.models import ModelConfig
+from shoal.learner.precision_probe import ProbeResult
 from shoal.learner.token_ppo import TokenRLConfig
 from tests.support.lm_jobs import TINY_CODEGEN_JOB
 
@@ -83,27 +85,58 @@ def test_any_text_is_refused_by_the_config_or_resolved_to_a_device_present(spec,
     assert device.type == "cpu" or (device.index is not None and device.index < gpus)
 
 
+def _probe_batch(tokenizer) -> TokenBatch:
+    return pack([[tokenizer.bos_id, 40 + i] for i in range(4)],
+                [[50 + i, tokenizer.eos_id] for i in range(4)], tokenizer.pad_id)  # fmt: skip
+
+
 @no_gpu
 def test_on_a_machine_without_a_gpu_auto_computes_on_the_cpu_rl_in_float32():
     place = Placement.of(LMPipelineConfig())
-    assert place == Placement(torch.device("cpu"), bf16=False, fit_bf16=native_bf16())
+    assert place == Placement(torch.device("cpu"), bf16=False, probe_fit=native_bf16())
     with place.forward():
         assert not torch.is_autocast_enabled("cpu")
-    with place.fit_forward():
-        assert torch.is_autocast_enabled("cpu") == native_bf16()
 
 
 @no_gpu
 @pytest.mark.parametrize("native", [True, False])
-def test_stage_two_autocasts_on_a_cpu_only_with_bf16_instructions_and_mixed_precision(
+def test_stage_two_measures_bf16_on_a_cpu_only_with_bf16_instructions_and_mixed_precision(
     monkeypatch, native
 ):
     monkeypatch.setattr(lm_pipeline, "native_bf16", lambda: native)
-    assert Placement.of(LMPipelineConfig()).fit_bf16 is native
+    assert Placement.of(LMPipelineConfig()).probe_fit is native
     off = Placement.of(LMPipelineConfig(mixed_precision=False))
-    assert not off.fit_bf16
-    with off.fit_forward():
+    assert not off.probe_fit
+    tokenizer = ByteTokenizer()
+    context, probe = off.fit_context(new_policy(TINY_LM, tokenizer).lm, _probe_batch(tokenizer))
+    assert probe is None
+    with context():
         assert not torch.is_autocast_enabled("cpu")
+
+
+@no_gpu
+@pytest.mark.parametrize(("bf16_s", "fp32_s"), [(0.1, 0.2), (0.2, 0.1), (0.1, 0.1)])
+def test_stage_two_autocasts_a_model_only_where_its_step_measured_faster(
+    monkeypatch, bf16_s, fp32_s
+):
+    monkeypatch.setattr(lm_pipeline, "native_bf16", lambda: True)
+    timed: list[bool] = []
+
+    def measured(step, rounds=3):  # runs the real step both ways; the times are given
+        step(True)
+        step(False)
+        timed.append(True)
+        return ProbeResult(bf16_s, fp32_s)
+
+    monkeypatch.setattr(lm_pipeline, "faster_precision", measured)
+    tokenizer = ByteTokenizer()
+    context, probe = Placement.of(LMPipelineConfig()).fit_context(
+        new_policy(TINY_LM, tokenizer).lm, _probe_batch(tokenizer)
+    )
+    assert timed == [True]
+    assert probe == ProbeResult(bf16_s, fp32_s)
+    with context():
+        assert torch.is_autocast_enabled("cpu") == (bf16_s < fp32_s)
 
 
 @no_gpu
@@ -154,8 +187,6 @@ def _linear_output_dtypes(lm: torch.nn.Module) -> list[torch.dtype]:
 
 
 def test_sft_and_distillation_run_every_forward_pass_inside_the_forward_context():
-    from shoal.envs.tokenizer import ByteTokenizer
-
     tokenizer = ByteTokenizer()
     teacher = new_policy(TINY_LM, tokenizer).lm
     student = new_policy(TINY_LM, tokenizer).lm
