@@ -145,8 +145,9 @@ class LMPipelineConfig:
     mixed_precision: bool = True
     """On a CUDA device, forward passes of SFT, distillation and the RL update run under bf16
     autocast (float32 weights, optimiser state and losses) where the GPU has bf16; on a CPU
-    with bf16 instructions (AVX512-BF16, AMX) those of SFT and distillation do, where a
-    few-million-parameter step takes about half the time, and the RL update stays float32."""
+    with bf16 instructions (AVX512-BF16, AMX) those of a model's SFT or distillation do where
+    a few of its steps measured faster so (learner/precision_probe.py: the flags do not tell),
+    and the RL update stays float32."""
     fit_threads: int = 2
     """torch intra-op threads for stage 2 (SFT and distillation), one thread of work whose
     matrix products split well: on 2 idle cores the default teacher's SFT step of 32 CodeGen-v1

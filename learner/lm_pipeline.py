@@ -20,7 +20,8 @@ Each stage reads only the previous stages' recorded outputs, checked against the
 Stages 2-4 run on one device (`pipeline.device`: the first GPU where there is one, else the
 CPU), chosen before stage 1 and recorded in pipeline.json; on a GPU the forward passes of
 SFT, distillation and the RL update run under bf16 autocast (`pipeline.mixed_precision`), on a
-CPU with bf16 instructions those of SFT and distillation.
+CPU with bf16 instructions those of a model's SFT or distillation where its steps measured
+faster so.
 """
 
 from __future__ import annotations
