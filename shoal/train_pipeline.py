@@ -39,7 +39,8 @@ SHOWN: dict[str, tuple[str, ...]] = {
 }
 LM_SHOWN: dict[str, tuple[str, ...]] = {
     "synthesis": ("train_tasks", "heldout_tasks", "heldout_families_tasks"),
-    "distillation": ("teacher.ce", "student.kl", "student.ce", "student.params"),
+    "distillation": ("teacher.ce", "student.kl", "student.ce", "student.params",
+                     "teacher.bf16", "student.bf16"),
     "rl": ("updates", "reward_first5", "reward_last5", "mean_staleness",
            "validation_student", "validation_selected", "selected_step"),
     "evaluation": ("teacher.heldout.pass_at.1", "student.heldout.pass_at.1",
@@ -147,7 +148,9 @@ def _metric(metrics: Mapping[str, Any], dotted: str) -> Any:
 
 
 def _number(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool):  # a choice the stage made, e.g. stage 2's precision per model
+        return str(value).lower()
+    if not isinstance(value, int | float):
         return "-"
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))

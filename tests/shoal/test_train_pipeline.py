@@ -109,6 +109,13 @@ def test_a_stage_line_shows_its_number_time_and_headline_metrics() -> None:
     )
 
 
+def test_the_distillation_stage_line_shows_each_model_s_precision() -> None:
+    metrics = {"teacher": {"ce": 0.001, "bf16": True}, "student": {"kl": 0.002, "ce": 0.003,
+               "params": 253344, "bf16": False}}  # fmt: skip
+    line = stage_line({"name": "distillation", "wall_s": 233.0, "metrics": metrics})
+    assert line.endswith("student.params 2.533e+05, teacher.bf16 true, student.bf16 false")
+
+
 def test_the_rl_stage_line_shows_which_checkpoint_validation_kept() -> None:
     metrics = {"updates": 120, "reward_first5": 0.4, "reward_last5": 0.5, "mean_staleness": 0.9,
                "validation_student": 0.25, "validation_selected": 0.3125, "selected_step": 60}  # fmt: skip
