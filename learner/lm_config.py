@@ -1,10 +1,10 @@
 """`LMPipelineConfig`: every setting of the language-model pipeline, checked before stage 1.
 
 The defaults are the CPU recipe (byte-level Qwen2 models, a 0.42M-parameter teacher and a 0.25M
-student, all four stages on 2 cores in about 5 minutes; docs/pipeline.md has the measurements
-and why the models are smaller than the issue's "few million"). A GPU host's recipe is the
-same table with bigger `[pipeline.teacher]`/`[pipeline.student]` sizes and more steps: the
-stages run on its first GPU by default (`device`).
+student, all four stages on 2 cores in 5-6.5 minutes on the hosts measured; docs/pipeline.md
+has the measurements and why the models are smaller than the issue's "few million"). A GPU
+host's recipe is the same table with bigger `[pipeline.teacher]`/`[pipeline.student]` sizes
+and more steps: the stages run on its first GPU by default (`device`).
 """
 
 from __future__ import annotations
