@@ -10,10 +10,15 @@ drawing k of the samples once.
 Every sample that does not pass is put in one bucket of the failure breakdown: the sandbox's
 status (syntax_error, timeout, runtime_error, ...) when the program did not run to the end, or
 `wrong_answer` when it ran and a test failed.
+
+Policies evaluated on the same tasks are compared task by task (`compare`): the report says how
+far RL moved held-out pass@1 from the distilled student, with the paired standard error, which
+is far smaller than either policy's own (a task one finds hard the other mostly does too).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -32,6 +37,9 @@ WRONG_ANSWER = "wrong_answer"
 MAX_EXAMPLES = 4
 """Failing samples kept per split for the report (the first of each failure kind)."""
 MAX_SHOWN_CHARS = 400
+COMPARED = (("rl", "student"), ("student", "teacher"))
+"""(policy, baseline) pairs `compare` reports where both were evaluated: what RL added to the
+distilled student, and what distillation kept of the teacher."""
 
 
 class EvalError(LearnerError):
@@ -94,6 +102,28 @@ class SplitResult:
     examples: list[dict[str, str]] = field(default_factory=list)
     """A few failing samples (task id, outcome, completion), one per failure kind."""
     wall_s: float = 0.0
+    tasks_digest: str = ""
+    """sha256 of the task ids in order (16 hex digits): `compare` pairs only equal digests."""
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """pass@1 of `policy` minus `baseline` on one split's tasks, task by task."""
+
+    split: str
+    policy: str
+    baseline: str
+    tasks: int
+    difference: float
+    se: float
+    """Standard error of the mean per-task difference; NaN for one task."""
+    better: int
+    """Tasks where `policy`'s pass@1 is higher."""
+    worse: int
+
+
+Results = Mapping[str, Mapping[str, SplitResult]]
+"""policy name -> split name -> result."""
 
 
 def outcome_of(score: ScoreLike) -> str:
@@ -139,7 +169,51 @@ def evaluate_split(
         passes=passes,
         examples=_examples(flat_tasks, flat, outcomes),
         wall_s=time.perf_counter() - started,
+        tasks_digest=tasks_digest([str(t.id) for t in tasks]),
     )
+
+
+def tasks_digest(ids: Sequence[str]) -> str:
+    """The `tasks_digest` of a split whose tasks have these ids, in this order."""
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+
+
+def paired_difference(
+    policy: str, result: SplitResult, baseline: str, base: SplitResult
+) -> PairedDifference:
+    """`result` minus `base` task by task; EvalError unless both scored the same tasks in the
+    same order (equal `tasks_digest`) and kept their passes."""
+    if result.tasks_digest != base.tasks_digest or len(result.passes) != len(base.passes):
+        raise EvalError(
+            f"{policy} and {baseline} were not evaluated on the same {result.split} tasks in "
+            "the same order: evaluate both on one split to compare them"
+        )
+    if not result.passes or len(result.passes) != result.tasks:
+        raise EvalError(f"{policy}'s {result.split} result holds no per-task passes to compare")
+    ours = [pass_at_k(result.samples_per_task, c, 1) for c in result.passes]
+    theirs = [pass_at_k(base.samples_per_task, c, 1) for c in base.passes]
+    deltas = [a - b for a, b in zip(ours, theirs)]
+    return PairedDifference(
+        split=result.split,
+        policy=policy,
+        baseline=baseline,
+        tasks=len(deltas),
+        difference=_mean(deltas),
+        se=_standard_error(deltas),
+        better=sum(d > 0 for d in deltas),
+        worse=sum(d < 0 for d in deltas),
+    )
+
+
+def compare(results: Results) -> list[PairedDifference]:
+    """Every `COMPARED` pair on every split both policies were evaluated on."""
+    return [
+        paired_difference(policy, results[policy][split], baseline, results[baseline][split])
+        for policy, baseline in COMPARED
+        if policy in results and baseline in results
+        for split in results[policy]
+        if split in results[baseline]
+    ]
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -176,10 +250,6 @@ def evaluate_policy(
     return {name: evaluate_split(env, name, tasks, sample, n, ks) for name, tasks in splits.items()}
 
 
-Results = Mapping[str, Mapping[str, SplitResult]]
-"""policy name -> split name -> result."""
-
-
 def report_dict(
     results: Results, meta: Mapping[str, Any], validation: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -188,6 +258,7 @@ def report_dict(
     report = {
         "meta": dict(meta),
         "policies": {p: {s: asdict(r) for s, r in by.items()} for p, by in results.items()},
+        "comparisons": [asdict(c) for c in compare(results)],
     }
     if validation is not None:
         report["validation"] = dict(validation)
@@ -208,6 +279,19 @@ def validation_html(validation: Mapping[str, Any]) -> str:
     )
     chart = report_html.line_svg(curve, "validation pass@1 during RL", "update", "pass@1")
     return f'{words}<div class="plots">{chart}</div>'
+
+
+def comparisons_html(differences: Sequence[PairedDifference]) -> str:
+    """One row per compared pair and split: the mean difference, its paired standard error and
+    how many tasks went each way."""
+    if not differences:
+        return "<p>Only one policy was evaluated: nothing to compare.</p>"
+    return report_html.table_html(
+        ["policy", "minus", "split", "tasks", "pass@1 difference", "paired SE", "better",
+         "worse"],
+        [[d.policy, d.baseline, d.split, d.tasks, d.difference, d.se, d.better, d.worse]
+         for d in differences],
+    )  # fmt: skip
 
 
 def render_html(
@@ -256,6 +340,7 @@ def render_html(
     sections = [
         ("Run", run),
         ("pass@k", f'{table}<div class="plots">{"".join(charts)}</div>'),
+        ("pass@1 differences, task by task", comparisons_html(compare(results))),
         ("Failure breakdown (samples)", failures),
         ("pass@1 by task family", families),
         ("Failing samples", examples),

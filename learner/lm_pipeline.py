@@ -532,7 +532,7 @@ def _validator(cfg: LMPipelineConfig, env: Any, tasks: Sequence[Any]) -> Any:
 
 
 def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder, place: Placement) -> None:
-    from shoal.learner.lm_eval import evaluate_policy, write_report
+    from shoal.learner.lm_eval import compare, evaluate_policy, write_report
     from shoal.learner.lm_sampling import sampler
 
     started = time.perf_counter()
@@ -555,10 +555,13 @@ def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder, place: Placement) ->
     validation = parse_record(read_regular(record, MAX_RECORD_BYTES, "rerun from stage rl"))
     json_path, html_path = write_report(results, meta, rec.run_dir / "report", validation)
     outputs = {"report_json": _output(rec, json_path), "report_html": _output(rec, html_path)}
-    metrics = {
+    metrics: dict[str, Any] = {
         name: {split: {"pass_at": r.pass_at, "outcomes": r.outcomes} for split, r in by.items()}
         for name, by in results.items()
     }
+    for d in compare(results):
+        pair = metrics.setdefault(f"{d.policy}_minus_{d.baseline}", {})
+        pair[d.split] = {"difference": d.difference, "se": d.se}
     rec.stage("evaluation", started, digest_, outputs, metrics)
 
 

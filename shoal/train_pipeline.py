@@ -44,7 +44,8 @@ LM_SHOWN: dict[str, tuple[str, ...]] = {
     "rl": ("updates", "reward_first5", "reward_last5", "mean_staleness",
            "validation_student", "validation_selected", "selected_step"),
     "evaluation": ("teacher.heldout.pass_at.1", "student.heldout.pass_at.1",
-                   "rl.heldout.pass_at.1"),
+                   "rl.heldout.pass_at.1", "rl_minus_student.heldout.difference",
+                   "rl_minus_student.heldout.se"),
 }  # fmt: skip
 AnyPipelineConfig = PipelineConfig | LMPipelineConfig
 WATCH_EVERY_S = 0.5

@@ -11,7 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.learner.lm_eval import EvalError, evaluate_split, pass_at_k, write_report
+from shoal.learner.lm_eval import (
+    EvalError,
+    SplitResult,
+    compare,
+    evaluate_split,
+    paired_difference,
+    pass_at_k,
+    tasks_digest,
+    write_report,
+)
 
 counts = st.integers(1, 30).flatmap(
     lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))
@@ -79,7 +88,7 @@ def test_a_split_scores_every_sample_and_breaks_failures_down(codegen, tmp_path)
     assert result.passes == [1, 1, 1, 1]
     assert result.pass_at_1_se == 0.0  # every task at 0.25
     assert result.outcomes["syntax_error"] == 4
-    assert result.outcomes["timeout"] + result.outcomes.get("cpu_limit", 0) == 4
+    assert result.outcomes.get("timeout", 0) + result.outcomes.get("cpu_limit", 0) == 4
     assert sum(result.outcomes.values()) == 16
     assert result.outcomes.get("wrong_answer", 0) <= 4  # `return 0` passes a test that wants 0
     assert {e["outcome"] for e in result.examples} <= set(result.outcomes) - {"passed"}
@@ -111,3 +120,64 @@ def test_a_sampler_that_drops_samples_is_refused(codegen):
         evaluate_split(codegen, "heldout", tasks, lambda ts, n: [["x"]] * len(ts), n=2, ks=(1,))
     with pytest.raises(EvalError, match="every k"):
         evaluate_split(codegen, "heldout", tasks, lambda ts, n: [["x"] * n] * len(ts), 2, (3,))
+
+
+def _result(passes, n, digest="d", split="heldout"):
+    return SplitResult(
+        split=split, tasks=len(passes), samples_per_task=n,
+        pass_at={"1": sum(passes) / n / max(1, len(passes))}, mean_reward=0.0, format_rate=1.0,
+        outcomes={}, family_pass_at_1={}, passes=list(passes), tasks_digest=digest,
+    )  # fmt: skip
+
+
+paired_passes = st.integers(1, 8).flatmap(
+    lambda n: st.tuples(
+        st.just(n),
+        st.lists(st.tuples(st.integers(0, n), st.integers(0, n)), min_size=1, max_size=60),
+    )
+)
+
+
+@given(paired_passes)
+def test_a_paired_difference_is_the_difference_of_the_means_task_by_task(case):
+    n, pairs = case
+    ours, theirs = _result([a for a, _ in pairs], n), _result([b for _, b in pairs], n)
+    d = paired_difference("rl", ours, "student", theirs)
+    assert d.difference == pytest.approx(ours.pass_at["1"] - theirs.pass_at["1"], abs=1e-12)
+    assert d.tasks == len(pairs)
+    assert d.better == sum(a > b for a, b in pairs)
+    assert d.worse == sum(a < b for a, b in pairs)
+    back = paired_difference("student", theirs, "rl", ours)
+    assert back.difference == pytest.approx(-d.difference, abs=1e-12)
+    if len(pairs) == 1:
+        assert math.isnan(d.se)
+    else:
+        deltas = [(a - b) / n for a, b in pairs]
+        assert d.se == pytest.approx(np.std(deltas, ddof=1) / math.sqrt(len(pairs)), abs=1e-12)
+    same = paired_difference("rl", ours, "rl", ours)
+    assert (same.difference, same.better, same.worse) == (0.0, 0, 0)
+
+
+def test_results_on_other_tasks_are_not_compared():
+    with pytest.raises(EvalError, match="not evaluated on the same heldout tasks"):
+        paired_difference("rl", _result([1, 2], 4, "a"), "student", _result([1, 2], 4, "b"))
+    with pytest.raises(EvalError, match="no per-task passes"):
+        paired_difference("rl", _result([], 4), "student", _result([], 4))
+    assert tasks_digest(["a", "b"]) != tasks_digest(["b", "a"])
+
+
+def test_the_report_compares_rl_with_the_student_and_the_student_with_the_teacher(tmp_path):
+    results = {
+        "teacher": {"heldout": _result([4, 4, 2], 4)},
+        "student": {"heldout": _result([2, 1, 2], 4)},
+        "rl": {"heldout": _result([4, 0, 3], 4), "train_dist": _result([4], 4)},
+    }
+    pairs = [(d.policy, d.baseline, d.split) for d in compare(results)]
+    assert pairs == [("rl", "student", "heldout"), ("student", "teacher", "heldout")]
+    json_path, html_path = write_report(results, {"env_id": "CodeGen-v1"}, tmp_path)
+    first = json.loads(json_path.read_text())["comparisons"][0]
+    assert first["difference"] == pytest.approx((2 / 4 - 1 / 4 + 1 / 4) / 3)
+    assert (first["better"], first["worse"]) == (2, 1)
+    assert "pass@1 differences, task by task" in html_path.read_text()
+    alone, _ = write_report({"rl": results["rl"]}, {}, tmp_path / "alone")
+    assert json.loads(alone.read_text())["comparisons"] == []

@@ -106,6 +106,14 @@ def test_the_report_has_every_policy_split_and_failure_kind(finished):
             assert sum(result["outcomes"].values()) == 3 * 2
     html = (run_dir / evaluation["outputs"]["report_html"]["path"]).read_text()
     assert "Failure breakdown" in html
+    pairs = {(c["policy"], c["baseline"], c["split"]): c for c in report["comparisons"]}
+    assert set(pairs) == {(p, b, s) for p, b in (("rl", "student"), ("student", "teacher"))
+                          for s in EVAL_SPLITS}  # fmt: skip
+    rl, student = report["policies"]["rl"]["heldout"], report["policies"]["student"]["heldout"]
+    difference = pairs["rl", "student", "heldout"]["difference"]
+    assert difference == pytest.approx(rl["pass_at"]["1"] - student["pass_at"]["1"])
+    shown = evaluation["metrics"]["rl_minus_student"]["heldout"]
+    assert shown["difference"] == pytest.approx(difference)
 
 
 def test_the_validation_curve_is_in_pipeline_json_and_the_report(finished):

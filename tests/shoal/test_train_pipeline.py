@@ -124,6 +124,16 @@ def test_the_rl_stage_line_shows_which_checkpoint_validation_kept() -> None:
     assert line.endswith("validation_student 0.25, validation_selected 0.3125, selected_step 60")
 
 
+def test_the_evaluation_stage_line_shows_what_rl_added_to_the_student() -> None:
+    metrics = {"rl": {"heldout": {"pass_at": {"1": 0.47}}},
+               "rl_minus_student": {"heldout": {"difference": 0.275, "se": 0.0354}}}  # fmt: skip
+    line = stage_line({"name": "evaluation", "wall_s": 32.0, "metrics": metrics})
+    assert line.endswith(
+        "rl.heldout.pass_at.1 0.47, rl_minus_student.heldout.difference 0.275, "
+        "rl_minus_student.heldout.se 0.0354"
+    )
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner),
