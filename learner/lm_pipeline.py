@@ -561,7 +561,7 @@ def _stage_evaluation(cfg: LMPipelineConfig, rec: Recorder, place: Placement) ->
     }
     for d in compare(results):
         pair = metrics.setdefault(f"{d.policy}_minus_{d.baseline}", {})
-        pair[d.split] = {"difference": d.difference, "se": d.se}
+        pair[d.split] = {"difference": d.difference, "se": d.se, "se_by_family": d.se_by_family}
     rec.stage("evaluation", started, digest_, outputs, metrics)
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from shoal.learner.lm_eval import (
     EvalError,
     SplitResult,
+    clustered_standard_error,
     compare,
     evaluate_split,
     paired_difference,
@@ -122,12 +123,52 @@ def test_a_sampler_that_drops_samples_is_refused(codegen):
         evaluate_split(codegen, "heldout", tasks, lambda ts, n: [["x"] * n] * len(ts), 2, (3,))
 
 
-def _result(passes, n, digest="d", split="heldout"):
+def _result(passes, n, digest="d", split="heldout", families=()):
     return SplitResult(
         split=split, tasks=len(passes), samples_per_task=n,
         pass_at={"1": sum(passes) / n / max(1, len(passes))}, mean_reward=0.0, format_rate=1.0,
         outcomes={}, family_pass_at_1={}, passes=list(passes), tasks_digest=digest,
+        families=list(families),
     )  # fmt: skip
+
+
+values = st.lists(st.floats(-1, 1), min_size=2, max_size=40)
+
+
+@given(values)
+def test_one_cluster_per_value_is_the_plain_standard_error(xs):
+    plain = np.std(xs, ddof=1) / math.sqrt(len(xs))
+    clustered = clustered_standard_error(xs, [str(i) for i in range(len(xs))])
+    assert clustered == pytest.approx(plain, abs=1e-12)
+
+
+@given(
+    values.flatmap(
+        lambda xs: st.tuples(
+            st.just(xs), st.lists(st.sampled_from("abcd"), min_size=len(xs), max_size=len(xs))
+        )
+    )
+)
+def test_a_clustered_error_ignores_labels_and_scales_with_the_values(case):
+    xs, labels = case
+    se = clustered_standard_error(xs, labels)
+    if len(set(labels)) < 2:
+        assert math.isnan(se)
+        return
+    renamed = clustered_standard_error(xs, [label.upper() for label in labels])
+    assert renamed == pytest.approx(se, abs=1e-12)
+    assert clustered_standard_error([3 * x for x in xs], labels) == pytest.approx(3 * se, abs=1e-9)
+    assert se >= 0.0
+
+
+def test_a_family_that_moves_together_widens_the_clustered_error():
+    """Two families, each all gain or all loss: per task it looks certain, by family it is two
+    draws."""
+    deltas = [0.5] * 10 + [-0.25] * 10
+    families = ["add"] * 10 + ["sub"] * 10
+    clustered = clustered_standard_error(deltas, families)
+    assert clustered == pytest.approx(math.sqrt(2 * (3.75**2 + 3.75**2)) / 20)  # 0.375
+    assert clustered > 4 * np.std(deltas, ddof=1) / math.sqrt(20)
 
 
 paired_passes = st.integers(1, 8).flatmap(
@@ -156,6 +197,7 @@ def test_a_paired_difference_is_the_difference_of_the_means_task_by_task(case):
         assert d.se == pytest.approx(np.std(deltas, ddof=1) / math.sqrt(len(pairs)), abs=1e-12)
     same = paired_difference("rl", ours, "rl", ours)
     assert (same.difference, same.better, same.worse) == (0.0, 0, 0)
+    assert math.isnan(d.se_by_family)  # no families recorded: one cluster
 
 
 def test_results_on_other_tasks_are_not_compared():
@@ -167,17 +209,21 @@ def test_results_on_other_tasks_are_not_compared():
 
 
 def test_the_report_compares_rl_with_the_student_and_the_student_with_the_teacher(tmp_path):
+    families = ("add", "add", "sub")
     results = {
-        "teacher": {"heldout": _result([4, 4, 2], 4)},
-        "student": {"heldout": _result([2, 1, 2], 4)},
-        "rl": {"heldout": _result([4, 0, 3], 4), "train_dist": _result([4], 4)},
+        "teacher": {"heldout": _result([4, 4, 2], 4, families=families)},
+        "student": {"heldout": _result([2, 1, 2], 4, families=families)},
+        "rl": {"heldout": _result([4, 0, 3], 4, families=families), "train_dist": _result([4], 4)},
     }
     pairs = [(d.policy, d.baseline, d.split) for d in compare(results)]
     assert pairs == [("rl", "student", "heldout"), ("student", "teacher", "heldout")]
     json_path, html_path = write_report(results, {"env_id": "CodeGen-v1"}, tmp_path)
     first = json.loads(json_path.read_text())["comparisons"][0]
     assert first["difference"] == pytest.approx((2 / 4 - 1 / 4 + 1 / 4) / 3)
-    assert (first["better"], first["worse"]) == (2, 1)
+    assert (first["better"], first["worse"], first["families"]) == (2, 1, 2)
+    assert first["se_by_family"] == pytest.approx(
+        clustered_standard_error([0.5, -0.25, 0.25], families)
+    )
     assert "pass@1 differences, task by task" in html_path.read_text()
     alone, _ = write_report({"rl": results["rl"]}, {}, tmp_path / "alone")
     assert json.loads(alone.read_text())["comparisons"] == []

@@ -114,6 +114,8 @@ def test_the_report_has_every_policy_split_and_failure_kind(finished):
     assert difference == pytest.approx(rl["pass_at"]["1"] - student["pass_at"]["1"])
     shown = evaluation["metrics"]["rl_minus_student"]["heldout"]
     assert shown["difference"] == pytest.approx(difference)
+    assert pairs["rl", "student", "heldout"]["families"] == len(set(rl["families"]))
+    assert shown.keys() == {"difference", "se", "se_by_family"}
 
 
 def test_the_validation_curve_is_in_pipeline_json_and_the_report(finished):
