@@ -202,7 +202,7 @@ def paired_difference(
     ours = [pass_at_k(result.samples_per_task, c, 1) for c in result.passes]
     theirs = [pass_at_k(base.samples_per_task, c, 1) for c in base.passes]
     deltas = [a - b for a, b in zip(ours, theirs)]
-    families = result.families if len(result.families) == len(deltas) else ["?"] * len(deltas)
+    families = result.families or ["?"] * len(deltas)  # none recorded: one cluster, NaN
     return PairedDifference(
         split=result.split,
         policy=policy,
